@@ -1,0 +1,184 @@
+"""The data config: which parquet files make up each mixture source, and how to stream them.
+
+A run's YAML has a ``data:`` section with these keys (``configs/demo.yaml`` is the worked example)::
+
+    data:
+      sources:                       # mixture source -> files (and an optional row filter)
+        web:     {paths: ["demo_corpus/web/*.parquet"]}
+        curated: {paths: ["dolma3/*.parquet"], filter: {column: source, values: ["arxiv*", "wiki*"]}}
+      weights: {web: 0.62, code: 0.18, books: 0.12, curated: 0.08}   # fixed mixture (or `schedule:`)
+      seed: 1234
+      batch_size: 8                  # sequences per rank per step (micro-batch)
+      seq_len: 2048
+
+Parsing goes through jsonargparse, so unknown keys and wrong types are refused with the key named;
+relations between fields are checked in :meth:`DataConfig.validate`.
+"""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+from data.errors import ConfigError
+
+SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
+"""Dolma3 columns every shard must have, with their Arrow types (large_string also accepted)."""
+
+
+@dataclass
+class FilterConfig:
+    """Keep only the rows whose ``column`` matches one of ``values`` (fnmatch patterns, e.g. ``arxiv*``)."""
+
+    column: Literal["source", "category"]
+    """Column to filter on: Dolma3's ``source`` (sub-source) or ``category``."""
+    values: list[str]
+    """Patterns; sub-source values may carry suffixes, so ``wikipedia*`` is the usual form."""
+
+
+@dataclass
+class SourceConfig:
+    """One mixture source: a set of parquet files, optionally a filter on its rows."""
+
+    paths: list[str]
+    """Glob patterns of parquet files (relative to the working directory, ``~`` expanded)."""
+    filter: Optional[FilterConfig] = None
+    """Row filter for corpora whose files mix sources (e.g. dolma3_300B_sample_shuffled)."""
+
+    def files(self) -> list[str]:
+        out: list[str] = []
+        for pattern in self.paths:
+            out.extend(sorted(glob.glob(str(Path(pattern).expanduser()), recursive=True)))
+        return sorted(dict.fromkeys(out))
+
+
+@dataclass
+class DataConfig:
+    """Everything the data path needs; every permutation is a function of ``seed`` only."""
+
+    sources: dict[str, SourceConfig]
+    """Mixture sources, in the order they are reported and indexed (source id = position)."""
+    weights: Optional[dict[str, float]] = None
+    """Fixed mixture: share of *tokens* per source. Exactly one of ``weights`` / ``schedule``."""
+    schedule: Optional[dict[str, Any]] = None
+    """Step-pure schedules (mixture phases, sequence-length warmup, LR); see data/schedules.py."""
+    seed: int = 1234
+    """Global seed: shard permutations per (seed, source, epoch); local RNGs per (seed, consumer)."""
+    batch_size: int = 8
+    """Sequences per rank per optimizer step (the micro-batch)."""
+    seq_len: int = 2048
+    """Tokens per sequence when no schedule is given (the schedule's ``seq_len.end`` otherwise)."""
+    open_shards: int = 8
+    """k: chunks each consumer reads at once, interleaved at random (level 2 of the shuffle)."""
+    buffer_size: int = 10_000
+    """B: documents in each consumer's per-source shuffle buffer."""
+    min_chunks_per_source: int = 64
+    """Row groups are split into row ranges until a source has at least this many chunks, so a
+    small source (say 2 clustered shards) still spreads over many consumers and buffers."""
+    selector: Literal["deficit", "random"] = "deficit"
+    """How the mixer picks the next document's source: furthest below its token target, or i.i.d."""
+    num_workers: int = 2
+    """DataLoader workers per rank; each worker is one consumer of the global order."""
+    text_column: str = "text"
+    id_column: Optional[str] = None
+    """Column holding a document ID (Dolma3 has none: IDs are then ``<shard stem>:<row>``)."""
+    on_bad_shard: Literal["error", "skip"] = "error"
+    """A corrupt/unreadable/wrong-schema file stops the run (default), or is logged and skipped."""
+    manifest_cache: Optional[str] = None
+    """Directory for the cached manifest (default: $WELLMIXED_CACHE or ~/.cache/wellmixed)."""
+    val_docs_per_source: int = 0
+    """Documents per source held out for validation (taken from chunks training never reads)."""
+    order_log: bool = False
+    """Write per-step, per-rank document pieces (the order-dump format) into the run directory."""
+    tokenizer_threads: int = 4
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def source_names(self) -> list[str]:
+        return list(self.sources)
+
+    def validate(self) -> None:
+        if not self.sources:
+            raise ConfigError("data.sources: no sources configured; name at least one mixture source")
+        for key in ("batch_size", "seq_len", "open_shards", "buffer_size", "min_chunks_per_source"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"data.{key} must be >= 1 (got {getattr(self, key)})")
+        if self.num_workers < 0:
+            raise ConfigError(f"data.num_workers must be >= 0 (got {self.num_workers})")
+        if (self.weights is None) == (self.schedule is None):
+            raise ConfigError("data: give exactly one of `weights` (a fixed mixture) or `schedule`")
+        if self.weights is not None:
+            check_weights(self.weights, self.source_names, "data.weights")
+        for name, src in self.sources.items():
+            if not src.paths:
+                raise ConfigError(f"data.sources.{name}.paths is empty: give at least one parquet glob")
+            if src.filter is not None and not src.filter.values:
+                raise ConfigError(f"data.sources.{name}.filter.values is empty: give patterns to keep")
+
+
+def check_weights(weights: dict[str, float], sources: list[str], key: str) -> None:
+    """Weights are token shares: non-negative, summing to 1, one per configured source."""
+    missing = [s for s in sources if s not in weights]
+    unknown = [s for s in weights if s not in sources]
+    if unknown:
+        raise ConfigError(f"{key}: unknown source(s) {unknown}; the corpus has {sources}")
+    if missing:
+        raise ConfigError(f"{key}: no weight for source(s) {missing}; give every source a weight (0 is allowed)")
+    negative = {s: w for s, w in weights.items() if w < 0}
+    if negative:
+        raise ConfigError(f"{key}: negative weight(s) {negative}")
+    total = sum(weights.values())
+    if abs(total - 1.0) > 1e-6:
+        raise ConfigError(f"{key}: weights sum to {total:.6g}, must sum to 1")
+
+
+def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataConfig:
+    """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--data", type=DataConfig)
+    try:
+        return parser.instantiate(parser.parse_object({"data": section})).data
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
+    except Exception as e:  # jsonargparse's ArgumentError names the key; keep its text
+        raise ConfigError(f"{origin}: invalid data section:\n{e}") from None
+
+
+def load_data_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> DataConfig:
+    """Read the ``data:`` section of a run config (or a bare data config) from YAML."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: file not found")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    section = doc.get("data", doc) if isinstance(doc, dict) else None
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: expected a mapping with a `data:` section")
+    section = {**section, **(overrides or {})}
+    return parse_data_config(section, origin=str(path))
+
+
+def corpus_sources(corpus_dir: str | Path, names: Optional[list[str]] = None) -> dict[str, SourceConfig]:
+    """Sources for the ``DIR/<source>/*.parquet`` layout (one folder per mixture source)."""
+    root = Path(corpus_dir).expanduser()
+    if not root.is_dir():
+        raise ConfigError(f"--corpus {root}: not a directory")
+    found = sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.parquet")))
+    if names is not None:
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise ConfigError(f"--corpus {root}: no parquet files for source(s) {missing} (expected {root}/<source>/*.parquet)")
+        found = list(names)
+    if not found:
+        raise ConfigError(f"--corpus {root}: no <source>/*.parquet folders found")
+    return {name: SourceConfig(paths=[str(root / name / "*.parquet")]) for name in found}

@@ -1,0 +1,308 @@
+"""The manifest: every shard, row group, row and token count per source -- from metadata, no text read.
+
+Built once at start-up, before any compute, and cached (keyed by each file's path, size and mtime),
+so a 20B-token corpus starts in seconds instead of a rescan. Building it is also where bad input
+is caught: a missing or empty glob, a missing column, a wrong column type, a truncated or corrupt
+file -> one ``ConfigError`` that names every bad file and its problem. With ``on_bad_shard: skip``
+bad files are logged, left out and counted in ``Manifest.skipped`` instead.
+
+The unit of splitting is the *chunk*: a row range inside one row group of one shard. A source gets
+one chunk per row group, and its row groups are split into equal row ranges until it has at least
+``min_chunks_per_source`` chunks, so a 2-shard curated source still spreads over 64 consumers. The
+chunking depends on the files only, never on the number of ranks or workers.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from data.config import SCHEMA, DataConfig, FilterConfig
+from data.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MANIFEST_VERSION = 1  # bump when the cached entry layout changes (the cache file name carries it)
+_STRING_TYPES = (pa.string(), pa.large_string())
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows [start, stop) of one shard, inside a single row group."""
+
+    shard: int  # index into Manifest.shards
+    start: int
+    stop: int
+
+
+@dataclass
+class Shard:
+    path: str
+    stem: str  # prefix of document IDs: "<stem>:<row>"
+    row_groups: list[tuple[int, int]]  # (first row, rows) per row group
+
+
+@dataclass
+class SourceInfo:
+    name: str
+    filter: FilterConfig | None
+    chunks: list[Chunk]  # canonical order: by shard, then row
+    val_chunks: list[Chunk]  # held out for validation, never read by training
+    docs: int
+    tokens: int  # sum of the token_count column over the training chunks' documents
+    shards: list[int]
+
+
+@dataclass
+class Manifest:
+    shards: list[Shard]
+    sources: dict[str, SourceInfo]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, problem)
+
+    @property
+    def source_names(self) -> list[str]:
+        return list(self.sources)
+
+    def fingerprint(self) -> str:
+        """Identifies the corpus as the data path sees it (files, row groups, filters, chunking)."""
+        h = hashlib.sha256()
+        for s in self.shards:
+            h.update(f"{s.stem}|{s.row_groups}\n".encode())
+        for name, src in self.sources.items():
+            h.update(f"{name}|{src.filter}|{len(src.chunks)}|{src.docs}|{src.tokens}\n".encode())
+        return h.hexdigest()[:16]
+
+    def doc_id(self, shard: int, row: int) -> str:
+        return f"{self.shards[shard].stem}:{row}"
+
+    def summary(self) -> str:
+        lines = [f"{'source':<10} {'shards':>6} {'chunks':>7} {'docs':>10} {'tokens':>14}"]
+        for name, src in self.sources.items():
+            lines.append(f"{name:<10} {len(src.shards):>6} {len(src.chunks):>7} {src.docs:>10,} {src.tokens:>14,}")
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} bad file(s): " + "; ".join(f"{p}: {why}" for p, why in self.skipped))
+        return "\n".join(lines)
+
+
+def _cache_dir(cfg: DataConfig) -> Path:
+    root = cfg.manifest_cache or os.environ.get("WELLMIXED_CACHE") or "~/.cache/wellmixed"
+    return Path(root).expanduser()
+
+
+def _check_schema(pf: pq.ParquetFile, needed: dict[str, str]) -> str | None:
+    schema = pf.schema_arrow
+    problems = []
+    for col, want in needed.items():
+        if col not in schema.names:
+            problems.append(f"missing column '{col}'")
+            continue
+        got = schema.field(col).type
+        ok = got in _STRING_TYPES if want == "string" else str(got) == want
+        if not ok:
+            problems.append(f"column '{col}' has type {got}, expected {want}")
+    return "; ".join(problems) or None
+
+
+def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None) -> dict:
+    """Row groups with (rows, matching docs, matching tokens). Raises ValueError(problem)."""
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # ArrowInvalid for truncated files / bad magic, OSError for unreadable
+        raise ValueError(f"not a readable parquet file (truncated or corrupt?): {e}") from None
+    problem = _check_schema(pf, needed)
+    if problem:
+        raise ValueError(problem)
+    groups = []
+    first = 0
+    cols = ["token_count"] + ([filt.column] if filt else [])
+    for i in range(pf.num_row_groups):
+        rows = pf.metadata.row_group(i).num_rows
+        try:
+            table = pf.read_row_group(i, columns=cols)
+        except Exception as e:
+            raise ValueError(f"row group {i} unreadable (truncated or corrupt?): {e}") from None
+        counts = table.column("token_count")
+        if counts.null_count:
+            raise ValueError(f"row group {i}: token_count has {counts.null_count} null value(s)")
+        if filt:
+            mask = matches(table.column(filt.column), filt.values)
+            counts = pc.filter(counts, mask)
+        groups.append([first, rows, len(counts), int(pc.sum(counts).as_py() or 0)])
+        first += rows
+    return {"row_groups": groups}
+
+
+def matches(column: pa.ChunkedArray | pa.Array, patterns: list[str]) -> pa.Array:
+    """Boolean mask of the rows whose value matches any fnmatch pattern."""
+    mask = None
+    for pat in patterns:
+        regex = fnmatch.translate(pat)
+        m = pc.match_substring_regex(column, regex)
+        mask = m if mask is None else pc.or_(mask, m)
+    return pc.fill_null(mask, False)
+
+
+def _stems(paths: list[str]) -> dict[str, str]:
+    """File stem as the doc-ID prefix; qualified by the parent folder(s) where stems collide."""
+    by_stem: dict[str, list[str]] = {}
+    for p in paths:
+        by_stem.setdefault(Path(p).stem, []).append(p)
+    out = {}
+    for stem, group in by_stem.items():
+        if len(group) == 1:
+            out[group[0]] = stem
+            continue
+        common = os.path.commonpath([os.path.abspath(p) for p in group])
+        for p in group:
+            out[p] = str(Path(os.path.relpath(os.path.abspath(p), common)).with_suffix(""))
+    return out
+
+
+def build_manifest(cfg: DataConfig) -> Manifest:
+    """Scan (or load from cache) every configured file; validate; cut sources into chunks."""
+    needed = dict(SCHEMA)
+    needed[cfg.text_column] = "string"
+    if cfg.id_column:
+        needed[cfg.id_column] = "string"
+
+    files_per_source: dict[str, list[str]] = {}
+    empty = []
+    for name, src in cfg.sources.items():
+        files = src.files()
+        if not files:
+            empty.append(f"data.sources.{name}.paths {src.paths}: no file matches")
+        files_per_source[name] = files
+    if empty:
+        raise ConfigError("no input files:\n  " + "\n  ".join(empty))
+
+    cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
+    cache = _load_cache(cache_path)
+    dirty = False
+    scanned: dict[tuple[str, str], dict] = {}
+    bad: list[tuple[str, str]] = []
+    for name, files in files_per_source.items():
+        filt = cfg.sources[name].filter
+        fkey = json.dumps([filt.column, filt.values]) if filt else ""
+        for path in files:
+            st = os.stat(path)
+            key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{fkey}|{sorted(needed.items())}"
+            entry = cache.get(key)
+            if entry is None:
+                try:
+                    entry = _scan_file(path, needed, filt)
+                except ValueError as e:
+                    bad.append((path, str(e)))
+                    continue
+                cache[key] = entry
+                dirty = True
+            scanned[(name, path)] = entry
+
+    if bad:
+        if cfg.on_bad_shard == "error":
+            raise ConfigError(
+                f"{len(bad)} bad input file(s):\n  "
+                + "\n  ".join(f"{p}: {why}" for p, why in bad)
+                + "\nFix or remove them, or set data.on_bad_shard: skip to leave them out (logged and counted)."
+            )
+        for p, why in bad:
+            log.warning("skipping bad shard %s: %s", p, why)
+    if dirty:
+        _save_cache(cache_path, cache)
+
+    good_paths = sorted({p for (_, p) in scanned})
+    stems = _stems(good_paths)
+    index = {p: i for i, p in enumerate(good_paths)}
+    shards = [Shard(p, stems[p], []) for p in good_paths]
+    sources: dict[str, SourceInfo] = {}
+    for name, files in files_per_source.items():
+        groups = []  # (shard, first, rows, docs, tokens)
+        for path in files:
+            entry = scanned.get((name, path))
+            if entry is None:
+                continue
+            shard = index[path]
+            shards[shard].row_groups = [(g[0], g[1]) for g in entry["row_groups"]]
+            groups.extend((shard, *g) for g in entry["row_groups"] if g[2] > 0)
+        if not groups:
+            raise ConfigError(f"data.sources.{name}: no documents (all files bad, empty, or filtered out)")
+        chunks, docs_of = _cut_chunks(groups, cfg.min_chunks_per_source)
+        train, val = _hold_out(chunks, docs_of, cfg.val_docs_per_source, name)
+        tokens = sum(g[4] for g in groups)
+        if val:  # token counts per chunk are estimated pro rata within a row group
+            tokens -= sum(_chunk_tokens(c, groups) for c in val)
+        sources[name] = SourceInfo(
+            name=name,
+            filter=cfg.sources[name].filter,
+            chunks=train,
+            val_chunks=val,
+            docs=sum(docs_of[c] for c in train),
+            tokens=int(tokens),
+            shards=sorted({g[0] for g in groups}),
+        )
+    return Manifest(shards=shards, sources=sources, skipped=bad)
+
+
+def _cut_chunks(groups: list[tuple], min_chunks: int) -> tuple[list[Chunk], dict[Chunk, int]]:
+    parts = max(1, math.ceil(min_chunks / len(groups)))
+    chunks, docs_of = [], {}
+    for shard, first, rows, docs, _tokens in groups:
+        n = min(parts, rows)
+        bounds = np.linspace(first, first + rows, n + 1).round().astype(int)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            c = Chunk(shard, int(a), int(b))
+            chunks.append(c)
+            docs_of[c] = round(docs * (b - a) / rows)  # exact without a filter; pro rata with one
+    return chunks, docs_of
+
+
+def _chunk_tokens(c: Chunk, groups: list[tuple]) -> float:
+    for shard, first, rows, _docs, tokens in groups:
+        if shard == c.shard and first <= c.start < first + rows:
+            return tokens * (c.stop - c.start) / rows
+    return 0.0
+
+
+def _hold_out(chunks: list[Chunk], docs_of: dict[Chunk, int], want: int, name: str):
+    """Chunks for validation: a fixed, seed-independent spread (every arm sees the same val set)."""
+    if want <= 0:
+        return chunks, []
+    order = np.random.default_rng(0).permutation(len(chunks))
+    val, have = set(), 0
+    for i in order:
+        if have >= want:
+            break
+        val.add(int(i))
+        have += docs_of[chunks[i]]
+    if len(val) >= len(chunks):
+        raise ConfigError(
+            f"data.val_docs_per_source={want} would hold out all of source '{name}' ({have} docs); lower it"
+        )
+    return [c for i, c in enumerate(chunks) if i not in val], [c for i, c in enumerate(chunks) if i in val]
+
+
+def _load_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cache(path: Path, cache: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only cache dir only costs a rescan next time
+        log.warning("could not write manifest cache %s: %s", path, e)

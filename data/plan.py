@@ -1,0 +1,162 @@
+"""Plan a run before spending compute: tokens and epochs per source, a printed table, a plot.
+
+The schedule says how many tokens each source gives; the corpus manifest says how many it has.
+Their ratio is the number of epochs a source will be repeated, which is worth knowing before
+step 0 (curated data repeated 10 times is a different experiment)::
+
+    schedule = ScheduleConfig.from_dict(cfg["schedule"]).build()
+    check_epochs(schedule, available_tokens, max_epochs=4.0)   # warns per over-repeated source
+    print(plan_table(schedule, available_tokens))
+    plot_schedule(schedule, "plan.png")                         # weights, LR, seq len vs step
+
+Everything here is computed from the schedule's pure functions; nothing reads data.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from data.errors import ConfigError
+from data.schedules import Schedule, tokens_per_phase, tokens_per_source
+
+
+def implied_epochs(schedule: Schedule, available_tokens: dict[str, int]) -> dict[str, float]:
+    """Tokens drawn over available tokens, per source; ``inf`` when a drawn source has no tokens.
+
+    Raises:
+        ConfigError: when ``available_tokens`` lacks one of the schedule's sources.
+    """
+    missing = [s for s in schedule.sources if s not in available_tokens]
+    if missing:
+        raise ConfigError(f"schedule.mixture: sources {missing} have no token count in the corpus "
+                          f"(it counts {sorted(available_tokens)})")
+    return {source: (drawn / available_tokens[source] if available_tokens[source] > 0
+                     else float("inf") if drawn > 0 else 0.0)
+            for source, drawn in tokens_per_source(schedule).items()}
+
+
+def check_epochs(schedule: Schedule, available_tokens: dict[str, int], max_epochs: float = 4.0,
+                 error: bool = False) -> None:
+    """Warns (one ``UserWarning`` per source) or raises when a source repeats more than ``max_epochs``.
+
+    Args:
+        schedule: the run's schedule.
+        available_tokens: tokens per source in the corpus (the manifest's ``token_count`` sums).
+        max_epochs: the limit, ``data.max_epochs`` in the config.
+        error: raise one ConfigError listing every offending source instead of warning.
+    """
+    drawn = tokens_per_source(schedule)
+    lines = [
+        f"source {source!r} would be repeated {epochs:.2f} epochs ({_human(drawn[source])} tokens drawn of "
+        f"{_human(available_tokens[source])} available), above data.max_epochs = {max_epochs:g}: lower its "
+        "weight in schedule.mixture, lower schedule.train_tokens or raise data.max_epochs"
+        for source, epochs in implied_epochs(schedule, available_tokens).items() if epochs > max_epochs
+    ]
+    if error and lines:
+        raise ConfigError("\n".join(lines))
+    for line in lines:
+        warnings.warn(line, stacklevel=2)
+
+
+def plan_table(schedule: Schedule, available_tokens: dict[str, int]) -> str:
+    """A fixed-width text table of the run's data plan.
+
+    One row per source: tokens available, tokens drawn, implied epochs and its share of each
+    phase's tokens (ramps included); then the step and token totals, the decay start, the phase
+    boundaries and the end of the sequence-length warmup.
+    """
+    drawn = tokens_per_source(schedule)
+    epochs = implied_epochs(schedule, available_tokens)
+    phases = tokens_per_phase(schedule)
+    header = ["source", "available", "drawn", "epochs"] + [f"{name} share" for name in phases]
+    rows = [header]
+    for source in schedule.sources:
+        shares = [f"{100 * t[source] / sum(t.values()):.1f}%" for t in phases.values()]
+        rows.append([source, _human(available_tokens[source]), _human(drawn[source]),
+                     f"{epochs[source]:.2f}"] + shares)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    config, seq = schedule.config, schedule.config.seq_len
+    boundaries = ", ".join(f"{name} @ {step:,}" for name, step in schedule.phase_boundaries)
+    warmup_end = f"step {seq.warmup_steps:,} ({seq.start} -> {seq.end})" if seq.warmup_steps else f"none ({seq.end})"
+    facts = [
+        ("total steps", f"{schedule.total_steps:,} x {config.global_batch_size} sequences"),
+        ("total tokens", f"{_human(schedule.total_tokens)} (budget {_human(config.train_tokens)})"),
+        ("decay start", f"step {schedule.decay_start:,} (schedule.anneal_start = {config.anneal_start:g})"),
+        ("phase boundaries", boundaries + (f" (ramps of {config.mixture.ramp_steps} steps)"
+                                           if config.mixture.ramp_steps else "")),
+        ("seq-len warmup end", warmup_end),
+        ("lr", f"peak {config.lr.peak:.2e} after {config.lr.warmup_steps:,} steps, {config.lr.min:.2e} at the end"),
+    ]
+    return "\n".join(lines + [""] + [f"{name:<20}{value}" for name, value in facts]) + "\n"
+
+
+def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
+    """Writes one PNG: mixture weights, learning rate and sequence length against the step.
+
+    The three panels share the step axis; dashed vertical lines mark the phase boundaries and the
+    LR decay start. The file is written to a temporary name in the same folder, then renamed, so
+    a reader never sees half a PNG.
+    """
+    from matplotlib.figure import Figure  # imported here: the data stream imports this module too
+
+    steps = _plot_steps(schedule)
+    weights = np.array([[schedule.mixture_weights(s)[src] for src in schedule.sources] for s in steps])
+    fig = Figure(figsize=(10, 8), layout="constrained")
+    ax_mix, ax_lr, ax_seq = fig.subplots(3, 1, sharex=True)
+    ax_mix.stackplot(steps, weights.T, labels=schedule.sources, alpha=0.85)
+    ax_mix.set(ylabel="mixture weight", ylim=(0, 1), xlim=(0, schedule.total_steps - 1))
+    ax_mix.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    ax_lr.plot(steps, [schedule.lr(s) for s in steps])
+    ax_lr.set(ylabel="learning rate")
+    ax_seq.plot(steps, [schedule.max_seq_len(s) for s in steps], drawstyle="steps-post")
+    ax_seq.set(ylabel="max sequence length", xlabel="optimizer step")
+
+    marks: dict[int, list[str]] = {}
+    for name, first in schedule.phase_boundaries[1:]:
+        marks.setdefault(first, []).append(name)
+    if schedule.decay_start < schedule.total_steps:
+        marks.setdefault(schedule.decay_start, []).append("LR decay")
+    for step, labels in marks.items():
+        for ax in (ax_mix, ax_lr, ax_seq):
+            ax.axvline(step, color="black", linestyle="--", linewidth=0.8)
+        ax_mix.annotate(" / ".join(labels), (step, 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize="small")
+    fig.suptitle(f"{schedule.total_steps:,} steps, {_human(schedule.total_tokens)} tokens")
+
+    out_path = Path(out_path)
+    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=110)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out_path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _plot_steps(schedule: Schedule, n: int = 1000) -> list[int]:
+    """About ``n`` evenly spaced steps plus every step of the warmups and ramps and each boundary's neighbours."""
+    last, ramp = schedule.total_steps - 1, schedule.config.mixture.ramp_steps
+    steps = set(np.linspace(0, last, n).round().astype(int).tolist())
+    steps |= set(range(schedule.config.seq_len.warmup_steps + 1))  # every seq-len jump
+    for _, first in schedule.phase_boundaries:
+        steps |= set(range(first - 1, first + ramp + 1))
+    steps |= {schedule.decay_start - 1, schedule.decay_start}
+    return sorted(s for s in steps if 0 <= s <= last)
+
+
+def _human(n: float) -> str:
+    """``20.00B``, ``1.23M``, ``512.00K``; plain below a thousand."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return f"{n:.0f}"

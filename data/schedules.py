@@ -1,0 +1,460 @@
+"""Step-pure schedules: mixture weights, sequence length and learning rate as functions of the step.
+
+One ``schedule:`` config block drives all three, so they cannot drift apart: ``anneal_start`` is the
+single value at which both the LR decay and the anneal mixture begin, and the number of steps
+follows from the token budget with the warmup's shorter sequences counted::
+
+    schedule = ScheduleConfig.from_dict(yaml.safe_load(text)["schedule"]).build()
+    schedule.total_steps, schedule.decay_start     # 38_929 and 35_036 for the 350M/20B default
+    schedule.mixture_weights(step)                 # {"web": 0.62, "code": 0.18, ...}
+    schedule.max_seq_len(step), schedule.lr(step)
+
+Every method is a pure function of the global optimizer step (not of micro-batches), so a resume
+only passes the step in. Steps past the end behave like the last step, because a prefetching loader
+may ask for one. Nothing here imports the data stream: the stream, the LR scheduler and the plan
+all call into this module. Every invalid config raises :class:`ConfigError` naming its YAML key,
+e.g. ``schedule.mixture.phases[1].weights: weights sum to 0.97, must sum to 1 (±1e-06)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from data.errors import ConfigError
+
+WEIGHT_SUM_TOLERANCE = 1e-6
+ANNEAL = "anneal"  # a phase start that means "at schedule.anneal_start"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeqLenConfig:
+    """Sequence-length warmup (``schedule.seq_len``)."""
+
+    start: int = 512
+    """Tokens per sequence at step 0."""
+    end: int = 2048
+    """Tokens per sequence from ``warmup_steps`` on; at most the model's context."""
+    warmup_steps: int = 2000
+    """Steps of the linear warmup from ``start`` to ``end``; 0 trains at ``end`` throughout."""
+    multiple: int = 64
+    """Warmup lengths are rounded down to a multiple of this (fewer shapes for torch.compile)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LRConfig:
+    """Warmup-stable-decay learning rate (``schedule.lr``); the decay starts at ``anneal_start``."""
+
+    peak: float = 3.0e-3
+    """Learning rate after the warmup and until the decay."""
+    min: float = 0.0
+    """Learning rate at the last step, reached linearly from the decay start."""
+    warmup_steps: int = 2000
+    """Steps of the linear warmup from ``peak / warmup_steps`` to ``peak``; 0 = no warmup."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseConfig:
+    """One phase of a scheduled mixture (``schedule.mixture.phases[i]``)."""
+
+    name: str
+    """Unique phase name, used in plans, plots and per-phase token counts."""
+    weights: dict[str, float]
+    """Token share per source; non-negative, summing to 1."""
+    start: float | str = 0.0
+    """First step as a fraction of total steps in [0, 1), or ``anneal`` (= ``anneal_start``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureConfig:
+    """Source mixture (``schedule.mixture``): exactly one of ``phases``, ``weights``, ``fixed_equivalent_of``."""
+
+    phases: tuple[PhaseConfig, ...] = ()
+    """Scheduled phases; the first starts at step 0, starts strictly increase."""
+    ramp_steps: int = 0
+    """Steps of linear interpolation after each phase boundary (0 = step change); phases only."""
+    weights: dict[str, float] | None = None
+    """A fixed mixture for the whole run."""
+    fixed_equivalent_of: MixtureConfig | None = None
+    """A phases mixture whose token-weighted average over the run becomes a fixed mixture, so a
+    scheduled-vs-fixed ablation draws the same tokens per source in both arms."""
+
+    @classmethod
+    def from_dict(cls, d: Any, key: str) -> MixtureConfig:
+        """Parses ``d`` found at config key ``key``; the mixture's form is checked by ``validate``."""
+        _check_keys(d, ("phases", "ramp_steps", "weights", "fixed_equivalent_of"), key)
+        phases = d.get("phases", [])
+        if not isinstance(phases, list):
+            raise ConfigError(f"{key}.phases: expected a list of phases, got {phases!r}")
+        parsed = []
+        for i, p in enumerate(phases):
+            _check_keys(p, ("name", "start", "weights"), f"{key}.phases[{i}]", required=("name", "weights"))
+            start = p.get("start", 0.0)
+            parsed.append(PhaseConfig(
+                name=str(p["name"]),
+                weights=_weights(p["weights"], f"{key}.phases[{i}].weights"),
+                start=start if start == ANNEAL else _float(start, f"{key}.phases[{i}].start"),
+            ))
+        inner = d.get("fixed_equivalent_of")
+        return cls(
+            phases=tuple(parsed),
+            ramp_steps=_int(d.get("ramp_steps", 0), f"{key}.ramp_steps"),
+            weights=None if d.get("weights") is None else _weights(d["weights"], f"{key}.weights"),
+            fixed_equivalent_of=None if inner is None else cls.from_dict(inner, f"{key}.fixed_equivalent_of"),
+        )
+
+    def validate(self, key: str, anneal_start: float) -> None:
+        """Checks the form, the weights and the phase starts; raises ConfigError naming the key."""
+        forms = [name for name in ("phases", "weights", "fixed_equivalent_of") if getattr(self, name)]
+        if len(forms) != 1:
+            raise ConfigError(f"{key}: give exactly one of phases, weights, fixed_equivalent_of (got {forms})")
+        if self.ramp_steps < 0:
+            raise ConfigError(f"{key}.ramp_steps: {self.ramp_steps} is negative")
+        if self.ramp_steps and not self.phases:
+            raise ConfigError(f"{key}.ramp_steps: only a phases mixture has ramps")
+        if self.weights is not None:
+            _validate_weights(self.weights, f"{key}.weights")
+        if self.fixed_equivalent_of is not None:
+            if not self.fixed_equivalent_of.phases:
+                raise ConfigError(f"{key}.fixed_equivalent_of: must be a phases mixture")
+            self.fixed_equivalent_of.validate(f"{key}.fixed_equivalent_of", anneal_start)
+        self._validate_phases(f"{key}.phases", anneal_start)
+
+    def _validate_phases(self, key: str, anneal_start: float) -> None:
+        names = [p.name for p in self.phases]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{key}: phase names must be unique, got {names}")
+        previous = -1.0
+        for i, phase in enumerate(self.phases):
+            _validate_weights(phase.weights, f"{key}[{i}].weights")
+            if set(phase.weights) != set(self.phases[0].weights):
+                raise ConfigError(
+                    f"{key}[{i}].weights: names sources {sorted(phase.weights)}, but {key}[0] names "
+                    f"{sorted(self.phases[0].weights)}; every phase must name the same sources")
+            if i == 0 and phase.start != 0:
+                raise ConfigError(f"{key}[0].start: the first phase starts at step 0; omit start")
+            fraction = anneal_start if phase.start == ANNEAL else phase.start
+            if phase.start == ANNEAL and anneal_start >= 1:
+                raise ConfigError(f"{key}[{i}].start: 'anneal' needs schedule.anneal_start < 1 (got {anneal_start})")
+            if not 0 <= fraction < 1:
+                raise ConfigError(f"{key}[{i}].start: {phase.start!r} must be a fraction in [0, 1) or 'anneal'")
+            if fraction <= previous:
+                raise ConfigError(f"{key}[{i}].start: {phase.start!r} must come after the previous phase's start")
+            previous = fraction
+        if len(self.phases) > 1 and anneal_start < 1 and self.phases[-1].start != ANNEAL:
+            raise ConfigError(
+                f"{key}[-1].start: {self.phases[-1].start!r} must be 'anneal' (= schedule.anneal_start) "
+                "so the LR decay and the anneal begin together")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """The ``schedule:`` block: token budget, batch, sequence-length warmup, LR and mixture."""
+
+    mixture: MixtureConfig
+    """Source mixture, fixed or by phases."""
+    train_tokens: int = 20_000_000_000
+    """Token budget; total steps are the fewest whose tokens reach it."""
+    global_batch_size: int = 256
+    """Sequences per optimizer step, summed over all ranks and micro-batches."""
+    seq_len: SeqLenConfig = field(default_factory=SeqLenConfig)
+    """Sequence-length warmup."""
+    lr: LRConfig = field(default_factory=LRConfig)
+    """Learning-rate schedule."""
+    anneal_start: float = 0.9
+    """Fraction of total steps where both the LR decay and the anneal phase start; 1 = no decay."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ScheduleConfig:
+        """Builds the config from the plain dict under ``schedule:`` in a YAML file.
+
+        Raises:
+            ConfigError: on an unknown or missing key, a value of the wrong type, or an invalid value.
+        """
+        key = "schedule"
+        _check_keys(d, [f.name for f in dataclasses.fields(cls)], key, required=("mixture",))
+        kwargs: dict[str, Any] = {"mixture": MixtureConfig.from_dict(d["mixture"], f"{key}.mixture")}
+        for name, sub in (("seq_len", SeqLenConfig), ("lr", LRConfig)):
+            if name in d:
+                _check_keys(d[name], [f.name for f in dataclasses.fields(sub)], f"{key}.{name}")
+                kwargs[name] = sub(**{k: _SCALARS[_field_type(sub, k)](v, f"{key}.{name}.{k}")
+                                      for k, v in d[name].items()})
+        for name in ("train_tokens", "global_batch_size", "anneal_start"):
+            if name in d:
+                kwargs[name] = _SCALARS[_field_type(cls, name)](d[name], f"{key}.{name}")
+        return cls(**kwargs)
+
+    def validate(self) -> None:
+        """Checks every relation that does not need the total steps; ``build`` checks the rest."""
+        seq, lr = self.seq_len, self.lr
+        for name, value in (("train_tokens", self.train_tokens), ("global_batch_size", self.global_batch_size),
+                            ("seq_len.multiple", seq.multiple), ("seq_len.start", seq.start)):
+            if value <= 0:
+                raise ConfigError(f"schedule.{name}: {value} must be positive")
+        for name, value in (("seq_len.warmup_steps", seq.warmup_steps), ("lr.warmup_steps", lr.warmup_steps),
+                            ("lr.min", lr.min)):
+            if value < 0:
+                raise ConfigError(f"schedule.{name}: {value} is negative")
+        for name, value in (("start", seq.start), ("end", seq.end)):
+            if value % seq.multiple:
+                raise ConfigError(f"schedule.seq_len.{name}: {value} is not a multiple of "
+                                  f"schedule.seq_len.multiple ({seq.multiple})")
+        if seq.start > seq.end:
+            raise ConfigError(f"schedule.seq_len.start: {seq.start} is above schedule.seq_len.end ({seq.end})")
+        if not 0 < lr.peak or lr.min > lr.peak:
+            raise ConfigError(f"schedule.lr.peak: {lr.peak} must be positive and at least lr.min ({lr.min})")
+        if not 0 < self.anneal_start <= 1:
+            raise ConfigError(f"schedule.anneal_start: {self.anneal_start} must be in (0, 1]")
+        self.mixture.validate("schedule.mixture", self.anneal_start)
+
+    def build(self) -> Schedule:
+        """Returns the Schedule; raises ConfigError when the budget does not fit the warmups."""
+        return Schedule.from_config(self)
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """Mixture weights, sequence length and learning rate as pure functions of the optimizer step.
+
+    Build it with ``ScheduleConfig.build()``. ``phase_weights[i]`` holds phase i's weights in
+    ``sources`` order, normalized to sum to 1 exactly (the config allows 1e-6 of slack).
+    """
+
+    config: ScheduleConfig
+    sources: list[str]
+    total_steps: int
+    total_tokens: int
+    decay_start: int
+    phase_boundaries: list[tuple[str, int]]
+    phase_weights: np.ndarray
+
+    @classmethod
+    def from_config(cls, config: ScheduleConfig, mixture_key: str = "schedule.mixture") -> Schedule:
+        """Computes the step counts and resolves the mixture; ``mixture_key`` names it in errors."""
+        seq, lr, mixture = config.seq_len, config.lr, config.mixture
+        segments = _seq_len_segments(seq)
+        warm_tokens = sum(config.global_batch_size * length * (stop - first)
+                          for (first, length), (stop, _) in zip(segments, segments[1:]))
+        if warm_tokens >= config.train_tokens:
+            raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens end within the "
+                              f"{seq.warmup_steps} steps of schedule.seq_len.warmup_steps")
+        after = -(-(config.train_tokens - warm_tokens) // (config.global_batch_size * seq.end))
+        total_steps = seq.warmup_steps + after
+        total_tokens = warm_tokens + after * config.global_batch_size * seq.end
+        if total_steps <= lr.warmup_steps:
+            raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} is not below the "
+                              f"{total_steps} total steps of schedule.train_tokens")
+        decay_start = round(config.anneal_start * total_steps)
+        if config.anneal_start < 1 and decay_start > total_steps - 2:
+            raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under "
+                              f"2 of {total_steps} steps")
+        if lr.warmup_steps > decay_start:
+            raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} reaches into the LR decay, "
+                              f"which starts at step {decay_start} (schedule.anneal_start)")
+
+        if mixture.fixed_equivalent_of is not None:
+            inner = dataclasses.replace(config, mixture=mixture.fixed_equivalent_of)
+            weights = fixed_equivalent_weights(cls.from_config(inner, f"{mixture_key}.fixed_equivalent_of"))
+            phases = [PhaseConfig(name="fixed", weights=weights)]
+        elif mixture.weights is not None:
+            phases = [PhaseConfig(name="fixed", weights=mixture.weights)]
+        else:
+            phases = list(mixture.phases)
+        boundaries = [decay_start if p.start == ANNEAL else round(p.start * total_steps) for p in phases]
+        for i, (first, stop) in enumerate(zip(boundaries, boundaries[1:] + [total_steps])):
+            ramp = mixture.ramp_steps if i else 0
+            if stop < first + ramp + 1:
+                raise ConfigError(
+                    f"{mixture_key}.phases[{i}].start: phase {phases[i].name!r} spans steps [{first}, {stop}) "
+                    f"of {total_steps}, too few for itself and its {ramp} {mixture_key}.ramp_steps")
+        sources = list(phases[0].weights)
+        matrix = np.array([[p.weights[s] for s in sources] for p in phases], dtype=np.float64)
+        matrix /= matrix.sum(axis=1, keepdims=True)
+        matrix.flags.writeable = False
+        return cls(config=config, sources=sources, total_steps=total_steps, total_tokens=total_tokens,
+                   decay_start=decay_start, phase_weights=matrix,
+                   phase_boundaries=[(p.name, b) for p, b in zip(phases, boundaries)])
+
+    def max_seq_len(self, step: int) -> int:
+        """Tokens per sequence at ``step``: the warmup line rounded down to ``multiple``, then ``end``."""
+        seq = self.config.seq_len
+        if _check_step(step) >= seq.warmup_steps:
+            return seq.end
+        line = seq.start + (seq.end - seq.start) * step // seq.warmup_steps
+        return max(seq.start, line // seq.multiple * seq.multiple)
+
+    def tokens_at(self, step: int) -> int:
+        """Tokens trained at ``step`` over all ranks: global batch size times the sequence length."""
+        return self.config.global_batch_size * self.max_seq_len(step)
+
+    def lr(self, step: int) -> float:
+        """Warmup-stable-decay LR: ``peak * (step + 1) / warmup``, ``peak``, then linear to ``min``.
+
+        The decay runs from ``decay_start`` (at ``peak``) to exactly ``min`` at step ``total_steps - 1``.
+        """
+        lr, step = self.config.lr, min(_check_step(step), self.total_steps - 1)
+        if step < lr.warmup_steps:
+            return lr.peak * (step + 1) / lr.warmup_steps
+        if step < self.decay_start:
+            return lr.peak
+        if step == self.total_steps - 1:
+            return lr.min
+        fraction = (step - self.decay_start) / (self.total_steps - 1 - self.decay_start)
+        return lr.peak + (lr.min - lr.peak) * fraction
+
+    def mixture_weights(self, step: int) -> dict[str, float]:
+        """Token share per source at ``step``; non-negative and summing to 1, ramps included."""
+        return dict(zip(self.sources, self._weights_array(step).tolist()))
+
+    def _weights_array(self, step: int) -> np.ndarray:
+        starts = [first for _, first in self.phase_boundaries]
+        i = bisect.bisect_right(starts, _check_step(step)) - 1
+        ramp = self.config.mixture.ramp_steps
+        if i == 0 or step >= starts[i] + ramp:
+            return self.phase_weights[i]
+        t = (step - starts[i] + 1) / (ramp + 1)  # in (0, 1): never either phase's weights exactly
+        return (1 - t) * self.phase_weights[i - 1] + t * self.phase_weights[i]
+
+    def _tokens_by_phase(self) -> np.ndarray:
+        """Tokens per (phase, source), summed exactly over constant-length, linear-weight pieces."""
+        starts = [first for _, first in self.phase_boundaries]
+        ramp = self.config.mixture.ramp_steps
+        cuts = {first for first, _ in _seq_len_segments(self.config.seq_len) if first < self.total_steps}
+        cuts |= set(starts) | {s + ramp for s in starts[1:]} | {self.total_steps}
+        cuts = sorted(cuts)
+        out = np.zeros_like(self.phase_weights)
+        for a, stop in zip(cuts, cuts[1:]):
+            i, n = bisect.bisect_right(starts, a) - 1, stop - a
+            if i == 0 or a >= starts[i] + ramp:
+                weight_sums = n * self.phase_weights[i]
+            else:  # sum over the piece of t = (s - start + 1) / (ramp + 1), linear in s
+                t_sum = (n * (a - starts[i] + 1) + n * (n - 1) / 2) / (ramp + 1)
+                weight_sums = (n - t_sum) * self.phase_weights[i - 1] + t_sum * self.phase_weights[i]
+            out[i] += self.tokens_at(a) * weight_sums
+        return out
+
+
+def fixed_equivalent_weights(schedule: Schedule) -> dict[str, float]:
+    """Fixed weights drawing the same tokens per source as ``schedule`` over the same budget.
+
+    The token-weighted average of ``mixture_weights`` over all steps, sum_s w(s) tokens(s) /
+    sum_s tokens(s), computed exactly from a handful of piecewise sums.
+    """
+    return {s: t / schedule.total_tokens for s, t in tokens_per_source(schedule).items()}
+
+
+def tokens_per_source(schedule: Schedule) -> dict[str, float]:
+    """Tokens drawn from each source over the whole run."""
+    return dict(zip(schedule.sources, schedule._tokens_by_phase().sum(axis=0).tolist()))
+
+
+def tokens_per_phase(schedule: Schedule) -> dict[str, dict[str, float]]:
+    """Tokens drawn from each source in each phase (a ramp counts toward the phase it leads into)."""
+    by_phase = schedule._tokens_by_phase()
+    return {name: dict(zip(schedule.sources, row.tolist()))
+            for (name, _), row in zip(schedule.phase_boundaries, by_phase)}
+
+
+def validate_sources(schedule: Schedule, corpus_sources: list[str]) -> None:
+    """Raises ConfigError when the schedule names a source the corpus lacks or misses one it has."""
+    mixture = schedule.config.mixture
+    key = ("schedule.mixture.weights" if mixture.weights is not None else
+           "schedule.mixture.fixed_equivalent_of.phases[*].weights" if mixture.fixed_equivalent_of
+           else "schedule.mixture.phases[*].weights")
+    for source in schedule.sources:
+        if source not in corpus_sources:
+            raise ConfigError(f"{key}: source {source!r} is not in the corpus (it has {sorted(corpus_sources)})")
+    for source in corpus_sources:
+        if source not in schedule.sources:
+            raise ConfigError(f"{key}: corpus source {source!r} is missing; give it weight 0 to leave it out")
+
+
+def validate_model_context(schedule: Schedule, max_seq_len: int) -> None:
+    """Raises ConfigError when the final sequence length exceeds the model's context."""
+    if schedule.config.seq_len.end > max_seq_len:
+        raise ConfigError(f"schedule.seq_len.end: {schedule.config.seq_len.end} exceeds the model's "
+                          f"context of {max_seq_len} tokens (max_seq_len)")
+
+
+def _seq_len_segments(seq: SeqLenConfig) -> list[tuple[int, int]]:
+    """``(first step, length)`` of each run of equal warmup lengths, ending with ``(warmup_steps, end)``.
+
+    ``line // multiple >= v // multiple`` exactly when ``step >= ceil((v - start) * warmup / span)``.
+    """
+    if seq.warmup_steps == 0 or seq.start == seq.end:
+        return [(0, seq.start), (seq.warmup_steps, seq.end)] if seq.warmup_steps else [(0, seq.end)]
+    span, segments = seq.end - seq.start, [(0, seq.start)]
+    for length in range(seq.start + seq.multiple, seq.end, seq.multiple):
+        first = -(-(length - seq.start) * seq.warmup_steps // span)
+        if first >= seq.warmup_steps:
+            break
+        if first == segments[-1][0]:  # the line crossed several multiples in one step
+            segments.pop()
+        segments.append((first, length))
+    return segments + [(seq.warmup_steps, seq.end)]
+
+
+def _check_step(step: int) -> int:
+    if step < 0:
+        raise ValueError(f"step must be non-negative, got {step}")
+    return step
+
+
+def _check_keys(d: Any, allowed: Any, key: str, required: tuple[str, ...] = ()) -> None:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{key}: expected a mapping, got {d!r}")
+    for name in d:
+        if name not in allowed:
+            raise ConfigError(f"{key}.{name}: unknown key (allowed: {', '.join(allowed)})")
+    for name in required:
+        if name not in d:
+            raise ConfigError(f"{key}.{name}: missing")
+
+
+def _int(value: Any, key: str) -> int:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    return value
+
+
+def _float(value: Any, key: str) -> float:
+    if isinstance(value, str):
+        raise ConfigError(f"{key}: expected a number, got the string {value!r} (YAML 1.1 reads 3e-3 as a string; "
+                          "write 3.0e-3)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    return float(value)
+
+
+_SCALARS = {"int": _int, "float": _float}
+
+
+def _field_type(cls: type, name: str) -> str:
+    return next(f.type for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _weights(d: Any, key: str) -> dict[str, float]:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{key}: expected a mapping of source to weight, got {d!r}")
+    return {str(source): _float(w, f"{key}.{source}") for source, w in d.items()}
+
+
+def _validate_weights(weights: dict[str, float], key: str) -> None:
+    if not weights:
+        raise ConfigError(f"{key}: names no source")
+    for source, w in weights.items():
+        if not w >= 0:
+            raise ConfigError(f"{key}.{source}: weight {w} is negative")
+    total = sum(weights.values())
+    if abs(total - 1) > WEIGHT_SUM_TOLERANCE:
+        raise ConfigError(f"{key}: weights sum to {total:.6g}, must sum to 1 (±{WEIGHT_SUM_TOLERANCE:g})")
