@@ -1,16 +1,18 @@
 """Choosing the source of the next document, by *tokens* (a code file and a book differ 100x).
 
 - ``deficit`` (default): every emitted token adds ``w_s(step)`` of a token to each source's target;
-  the next document comes from the source furthest below its target. Deterministic, and the
+  the next document comes from the source whose *committed* tokens (emitted + still in flight in
+  the batch rows) are furthest below its target. Deterministic, and the
   cumulative token error stays within about one document per source, so per-batch histograms are
   flat instead of multinomial (Megatron's blended datasets use the same argmax(w*n - c) rule on
   samples; i.i.d. draws drift like sqrt(n)).
 - ``random``: the seed article's ``rng.choices``: draw a source per document with probability
   proportional to w_s / (mean tokens per document of s), so token shares match only in expectation.
 
-Tokens count when they are *emitted* into a sequence, not when a document is chosen: with
-row-parallel packing a long document is emitted over many steps, and counting it up front would make
-the long-run shares drift.
+Targets grow when tokens are *emitted* into a sequence, not when a document is chosen: with
+row-parallel packing a long document is emitted over many steps. But the choice must see the tokens
+already in flight, or every row that needs a document while a source is behind picks that source,
+and B long documents overshoot it together.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Mixer:
         self.selector = selector
         self.inv_len = 1.0 / np.asarray(avg_doc_tokens, dtype=np.float64)
         self.emitted = np.zeros(n_sources, dtype=np.int64)
+        self.committed = np.zeros(n_sources, dtype=np.int64)  # emitted + chosen but not yet emitted
         self.target = np.zeros(n_sources, dtype=np.float64)
         self.rng = np.random.Generator(np.random.PCG64([*seed, 11]))
 
@@ -33,9 +36,16 @@ class Mixer:
         if self.selector == "random":
             p = weights * self.inv_len
             return int(self.rng.choice(len(p), p=p / p.sum()))
-        deficit = self.target - self.emitted
+        # Project the target over the tokens already in flight (they will be emitted at about this
+        # step's weights); in steady state this is argmax(w_s * committed_total - committed_s).
+        in_flight = self.committed.sum() - self.emitted.sum()
+        deficit = self.target + weights * in_flight - self.committed
         deficit[weights <= 0] = -np.inf  # a source weighted 0 at this step is never chosen
         return int(np.argmax(deficit))
+
+    def commit(self, source: int, n_tokens: int) -> None:
+        """A document of n_tokens (EOT included) from ``source`` was chosen; it will be emitted in full."""
+        self.committed[source] += n_tokens
 
     def emit(self, source: int, n_tokens: int, weights: np.ndarray) -> None:
         """n_tokens of ``source`` entered a sequence at a step with these target weights."""
@@ -45,11 +55,13 @@ class Mixer:
     def state_dict(self) -> dict:
         return {
             "emitted": self.emitted.tolist(),
+            "committed": self.committed.tolist(),
             "target": self.target.tolist(),  # floats round-trip exactly through repr/JSON
             "rng": self.rng.bit_generator.state,
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.emitted = np.asarray(state["emitted"], dtype=np.int64)
+        self.committed = np.asarray(state["committed"], dtype=np.int64)
         self.target = np.asarray(state["target"], dtype=np.float64)
         self.rng.bit_generator.state = state["rng"]

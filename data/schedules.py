@@ -182,14 +182,15 @@ class ScheduleConfig:
         key = "schedule"
         _check_keys(d, [f.name for f in dataclasses.fields(cls)], key, required=("mixture",))
         kwargs: dict[str, Any] = {"mixture": MixtureConfig.from_dict(d["mixture"], f"{key}.mixture")}
+        for name, parse in (("train_tokens", _int), ("global_batch_size", _int), ("anneal_start", _float)):
+            if name in d:
+                kwargs[name] = parse(d[name], f"{key}.{name}")
         for name, sub in (("seq_len", SeqLenConfig), ("lr", LRConfig)):
             if name in d:
                 _check_keys(d[name], [f.name for f in dataclasses.fields(sub)], f"{key}.{name}")
-                kwargs[name] = sub(**{k: _SCALARS[_field_type(sub, k)](v, f"{key}.{name}.{k}")
+                types = {f.name: f.type for f in dataclasses.fields(sub)}
+                kwargs[name] = sub(**{k: (_int if types[k] == "int" else _float)(v, f"{key}.{name}.{k}")
                                       for k, v in d[name].items()})
-        for name in ("train_tokens", "global_batch_size", "anneal_start"):
-            if name in d:
-                kwargs[name] = _SCALARS[_field_type(cls, name)](d[name], f"{key}.{name}")
         return cls(**kwargs)
 
     def validate(self) -> None:
@@ -209,8 +210,10 @@ class ScheduleConfig:
                                   f"schedule.seq_len.multiple ({seq.multiple})")
         if seq.start > seq.end:
             raise ConfigError(f"schedule.seq_len.start: {seq.start} is above schedule.seq_len.end ({seq.end})")
-        if not 0 < lr.peak or lr.min > lr.peak:
-            raise ConfigError(f"schedule.lr.peak: {lr.peak} must be positive and at least lr.min ({lr.min})")
+        if not lr.peak > 0:
+            raise ConfigError(f"schedule.lr.peak: {lr.peak} must be positive")
+        if lr.min > lr.peak:
+            raise ConfigError(f"schedule.lr.min: {lr.min} is above schedule.lr.peak ({lr.peak})")
         if not 0 < self.anneal_start <= 1:
             raise ConfigError(f"schedule.anneal_start: {self.anneal_start} must be in (0, 1]")
         self.mixture.validate("schedule.mixture", self.anneal_start)
@@ -342,6 +345,18 @@ class Schedule:
         return out
 
 
+def build_schedule(d: dict[str, Any], sources: list[str] | None = None) -> Schedule:
+    """Parses the ``schedule:`` dict, builds the Schedule and, given the corpus ``sources``, checks them.
+
+    Raises:
+        ConfigError: on any invalid config, or a schedule whose sources differ from ``sources``.
+    """
+    schedule = ScheduleConfig.from_dict(d).build()
+    if sources is not None:
+        validate_sources(schedule, sources)
+    return schedule
+
+
 def fixed_equivalent_weights(schedule: Schedule) -> dict[str, float]:
     """Fixed weights drawing the same tokens per source as ``schedule`` over the same budget.
 
@@ -385,19 +400,19 @@ def validate_model_context(schedule: Schedule, max_seq_len: int) -> None:
 
 
 def _seq_len_segments(seq: SeqLenConfig) -> list[tuple[int, int]]:
-    """``(first step, length)`` of each run of equal warmup lengths, ending with ``(warmup_steps, end)``.
+    """``(first step, length)`` where each warmup length begins, ending with ``(warmup_steps, end)``.
 
-    ``line // multiple >= v // multiple`` exactly when ``step >= ceil((v - start) * warmup / span)``.
+    ``max_seq_len(step) >= v`` exactly when ``step >= ceil((v - start) * warmup_steps / (end - start))``.
+    A length skipped because the line crosses several multiples in one step shares its first step
+    with the next length, so its run is empty and adds nothing to any sum.
     """
-    if seq.warmup_steps == 0 or seq.start == seq.end:
-        return [(0, seq.start), (seq.warmup_steps, seq.end)] if seq.warmup_steps else [(0, seq.end)]
+    if seq.warmup_steps == 0:
+        return [(0, seq.end)]
     span, segments = seq.end - seq.start, [(0, seq.start)]
     for length in range(seq.start + seq.multiple, seq.end, seq.multiple):
         first = -(-(length - seq.start) * seq.warmup_steps // span)
         if first >= seq.warmup_steps:
             break
-        if first == segments[-1][0]:  # the line crossed several multiples in one step
-            segments.pop()
         segments.append((first, length))
     return segments + [(seq.warmup_steps, seq.end)]
 
@@ -434,13 +449,6 @@ def _float(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     return float(value)
-
-
-_SCALARS = {"int": _int, "float": _float}
-
-
-def _field_type(cls: type, name: str) -> str:
-    return next(f.type for f in dataclasses.fields(cls) if f.name == name)
 
 
 def _weights(d: Any, key: str) -> dict[str, float]:

@@ -190,7 +190,9 @@ class ConsumerStream:
         self.next_step = worker
 
     def _next_doc(self, weights: np.ndarray) -> Doc:
-        return self.sources[self.mixer.choose(weights)].next_doc()
+        doc = self.sources[self.mixer.choose(weights)].next_doc()
+        self.mixer.commit(doc.source, len(doc.tokens))
+        return doc
 
     def next_batch(self) -> dict:
         """The micro-batch of step ``self.next_step``: B rows of seq_len inputs and targets."""

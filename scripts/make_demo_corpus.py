@@ -1,0 +1,36 @@
+"""Build the embedded demo corpus (offline, from CPython's own files; see data/demo_corpus.py).
+
+    python scripts/make_demo_corpus.py --out demo_corpus [--force]
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+# `python scripts/make_demo_corpus.py` puts scripts/ on sys.path, not the repo root that holds `data`.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from data.demo_corpus import build_demo_corpus, format_summary  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, required=True, help="writes <out>/<source>/<shard>.parquet")
+    parser.add_argument("--force", action="store_true", help="rebuild even if --out holds this corpus")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    summary = build_demo_corpus(args.out, force=args.force)
+    elapsed = time.perf_counter() - start
+    print(format_summary(summary))
+    if summary["reused"]:
+        print(f"{args.out} already holds this corpus (use --force to rebuild)")
+    else:
+        print(f"built {args.out} in {elapsed:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
