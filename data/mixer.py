@@ -2,7 +2,7 @@
 
 - ``deficit`` (default): every emitted token adds ``w_s(step)`` of a token to each source's target;
   the next document comes from the source whose *committed* tokens (emitted + still in flight in
-  the batch rows) are furthest below its target. Deterministic, and the
+  the batch rows) are furthest below its target, relative to its weight. Deterministic, and the
   cumulative token error stays within about one document per source, so per-batch histograms are
   flat instead of multinomial (Megatron's blended datasets use the same argmax(w*n - c) rule on
   samples; i.i.d. draws drift like sqrt(n)).
@@ -40,8 +40,13 @@ class Mixer:
         # step's weights); in steady state this is argmax(w_s * committed_total - committed_s).
         in_flight = self.committed.sum() - self.emitted.sum()
         deficit = self.target + weights * in_flight - self.committed
-        deficit[weights <= 0] = -np.inf  # a source weighted 0 at this step is never chosen
-        return int(np.argmax(deficit))
+        # Measured in units of the source's own weight ("how many tokens of the whole mix behind"),
+        # this is stride scheduling: sources interleave in proportion instead of a 62% source
+        # having to fall a whole curated document behind before curated gets a turn.
+        active = weights > 0  # a source weighted 0 at this step is never chosen
+        lag = np.full(len(weights), -np.inf)
+        lag[active] = deficit[active] / weights[active]
+        return int(np.argmax(lag))
 
     def commit(self, source: int, n_tokens: int) -> None:
         """A document of n_tokens (EOT included) from ``source`` was chosen; it will be emitted in full."""
