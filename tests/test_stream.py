@@ -189,14 +189,14 @@ def test_cursor_roundtrip_equals_uninterrupted(make_cfg, cut, R, W, selector):
 
 def test_cursor_roundtrip_across_source_epoch(make_cfg):
     """A tiny buffer and many steps: the curated source wraps into later epochs before and after the cut."""
-    cfg = make_cfg(buffer_size=4, open_shards=1, seq_len=256, batch_size=8,
+    cfg = make_cfg(buffer_size=4, open_shards=1, seq_len=256, batch_size=8, min_chunks_per_source=8,
                    weights={"web": 0.1, "code": 0.1, "books": 0.1, "curated": 0.7})
     m = build_manifest(cfg)
     sim = OrderSimulator(m, cfg, 1, 1)
-    list(sim.batches(40))
+    list(sim.batches(60))
     curated = sim.consumers[0][0].sources[3]
     assert curated.taken > len(curated.chunks), "the test must cross an epoch boundary of curated"
-    full, resumed = _roundtrip(m, cfg, 1, 1, 20, 40)
+    full, resumed = _roundtrip(m, cfg, 1, 1, 30, 60)  # 30: before the wrap, which comes near step 40
     assert resumed == full
 
 
