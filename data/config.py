@@ -18,6 +18,7 @@ relations between fields are checked in :meth:`DataConfig.validate`.
 from __future__ import annotations
 
 import glob
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -52,7 +53,8 @@ class SourceConfig:
     def files(self) -> list[str]:
         out: list[str] = []
         for pattern in self.paths:
-            out.extend(sorted(glob.glob(str(Path(pattern).expanduser()), recursive=True)))
+            pattern = os.path.expandvars(str(Path(pattern).expanduser()))
+            out.extend(sorted(glob.glob(pattern, recursive=True)))
         return sorted(dict.fromkeys(out))
 
 
@@ -92,6 +94,8 @@ class DataConfig:
     """Directory for the cached manifest (default: $WELLMIXED_CACHE or ~/.cache/wellmixed)."""
     val_docs_per_source: int = 0
     """Documents per source held out for validation (taken from chunks training never reads)."""
+    expected_tokens: Optional[dict[str, int]] = None
+    """Published tokens per source, for planning (scripts/plan.py) before the corpus is downloaded."""
     order_log: bool = False
     """Write per-step, per-rank document pieces (the order-dump format) into the run directory."""
     tokenizer_threads: int = 4
