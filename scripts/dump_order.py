@@ -85,11 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         sim = OrderSimulator(manifest, cfg, args.world_size, workers)
         steps = args.steps
         if steps is None:
-            if sim.lr_at is None:
+            steps = sim.steps.total_steps
+            if steps is None:
                 raise ConfigError("--steps is required with a fixed mixture (no schedule gives the total)")
-            from data.schedules import build_schedule
-
-            steps = build_schedule(cfg.schedule, sources=list(cfg.sources)).total_steps
         if args.resume_from:
             try:
                 state = json.loads(Path(args.resume_from).read_text())

@@ -1,0 +1,87 @@
+"""scripts/plan.py as a user runs it: a subprocess from the repo root, table on stdout, PNG on disk."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ["web", "code", "books", "curated"]
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_plan(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DOLMA3_DIR"}  # the 350M globs must find nothing
+    env["WELLMIXED_CACHE"] = str(cache_dir)
+    return subprocess.run([sys.executable, "scripts/plan.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def table_rows(stdout: str) -> dict[str, list[str]]:
+    """source -> [available, drawn, epochs, phase shares...] from the printed table."""
+    return {line.split()[0]: line.split()[1:] for line in stdout.splitlines()
+            if line.split() and line.split()[0] in SOURCES}
+
+
+def test_demo_config_on_demo_corpus(demo_corpus, cache_dir, tmp_path):
+    """The demo config with --corpus: the table has every source, the PNG is a real image."""
+    out = tmp_path / "plan.png"
+    r = run_plan("--config", "configs/demo.yaml", "--corpus", str(demo_corpus), "--out", str(out), cache_dir=cache_dir)
+    assert r.returncode == 0, r.stderr
+    assert "corpus manifest" in r.stdout
+    rows = table_rows(r.stdout)
+    assert sorted(rows) == sorted(SOURCES)
+    for source, cells in rows.items():
+        assert len(cells) == 5, (source, cells)  # available, drawn, epochs, stable share, anneal share
+        assert float(cells[2]) > 0
+    assert re.search(r"total steps\s+[\d,]+ x 8 sequences", r.stdout)
+    assert "anneal @" in r.stdout
+    data = out.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+def test_350m_uses_expected_tokens(cache_dir, tmp_path):
+    """Without the Dolma3 download the published counts give the epochs: each well under one."""
+    out = tmp_path / "plan.png"
+    r = run_plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(out), cache_dir=cache_dir)
+    assert r.returncode == 0, r.stderr
+    assert "data.expected_tokens" in r.stdout
+    rows = table_rows(r.stdout)
+    assert sorted(rows) == sorted(SOURCES)
+    epochs = {s: float(cells[2]) for s, cells in rows.items()}
+    assert all(0 < e < 1 for e in epochs.values()), epochs
+    assert "warning:" not in r.stdout
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_tokens_flag_warns_about_epochs(cache_dir, tmp_path):
+    """--tokens overrides the counts; a source drawn more than --max-epochs times is warned about."""
+    r = run_plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(tmp_path / "p.png"),
+                 "--tokens", "web=2e11,code=2e10,books=4e10,curated=1e8", cache_dir=cache_dir)
+    assert r.returncode == 0, r.stderr
+    assert float(table_rows(r.stdout)["curated"][2]) > 4
+    assert "warning: source 'curated' would be repeated" in r.stdout
+    strict = run_plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(tmp_path / "p.png"),
+                      "--tokens", "web=2e11,code=2e10,books=4e10,curated=1e8", "--strict", cache_dir=cache_dir)
+    assert strict.returncode == 2 and "curated" in strict.stderr
+
+
+def test_bad_config_exits_2(cache_dir, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    text = (ROOT / "configs/pretrain_350m_20b.yaml").read_text().replace("web: 0.62, code: 0.18", "web: 0.70, code: 0.18")
+    bad.write_text(text)
+    r = run_plan("--config", str(bad), "--out", str(tmp_path / "p.png"), cache_dir=cache_dir)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and "weights sum to" in r.stderr
+    assert not (tmp_path / "p.png").exists()
+
+    missing = run_plan("--config", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "p.png"), cache_dir=cache_dir)
+    assert missing.returncode == 2 and "error: " in missing.stderr
+
+    no_corpus = run_plan("--config", "configs/demo.yaml", "--corpus", str(tmp_path), "--out", str(tmp_path / "p.png"),
+                         cache_dir=cache_dir)
+    assert no_corpus.returncode == 2 and "--corpus" in no_corpus.stderr
