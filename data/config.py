@@ -92,8 +92,12 @@ class DataConfig:
     """A corrupt/unreadable/wrong-schema file stops the run (default), or is logged and skipped."""
     manifest_cache: Optional[str] = None
     """Directory for the cached manifest (default: $WELLMIXED_CACHE or ~/.cache/wellmixed)."""
-    val_docs_per_source: int = 0
-    """Documents per source held out for validation (taken from chunks training never reads)."""
+    val_tokens_per_source: int = 0
+    """Tokens per source held out for validation: whole chunks training never reads, chosen by a
+    fixed seed-independent draw (so every seed and ablation arm has the same validation set)."""
+    max_epochs: float = 4.0
+    """Implied epochs per source above which start-up warns (or fails, with ``max_epochs_error``)."""
+    max_epochs_error: bool = False
     expected_tokens: Optional[dict[str, int]] = None
     """Published tokens per source, for planning (scripts/plan.py) before the corpus is downloaded."""
     order_log: bool = False

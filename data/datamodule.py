@@ -76,12 +76,8 @@ class HeldOutDataset(torch.utils.data.Dataset):
         reader = ShardReader(manifest, cfg)
         self.batches = []
         for s, info in enumerate(manifest.sources.values()):
-            docs = []
-            for chunk in info.val_chunks:
-                docs += reader.read_chunk(s, chunk)[1]
-                if len(docs) >= cfg.val_docs_per_source:
-                    break
-            tokens = np.concatenate(docs[: cfg.val_docs_per_source]).astype(np.int64)
+            docs = [doc for chunk in info.val_chunks for doc in reader.read_chunk(s, chunk)[1]]
+            tokens = np.concatenate(docs).astype(np.int64)[: cfg.val_tokens_per_source + 1]
             n_rows = (len(tokens) - 1) // seq_len
             rows = np.stack([tokens[i * seq_len:(i + 1) * seq_len + 1] for i in range(n_rows)])
             for i in range(0, n_rows, cfg.batch_size):
@@ -126,7 +122,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
         if self.steps.schedule is not None and self.trainer is not None:
             world = self.trainer.world_size * self.accumulate
-            want = self.steps.schedule.global_batch_size
+            want = self.steps.schedule.config.global_batch_size
             if self.batch_size * world != want:
                 raise ConfigError(
                     f"data.schedule.global_batch_size ({want}) != data.batch_size ({self.batch_size}) x "
@@ -151,7 +147,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
                           persistent_workers=self.num_workers > 0, prefetch_factor=2 if self.num_workers else None)
 
     def val_dataloader(self) -> DataLoader | list:
-        if self.val_docs_per_source <= 0:
+        if self.val_tokens_per_source <= 0:
             return []
         seq_len = self.steps.seq_len(10**12)  # the final (longest) sequence length
         ds = HeldOutDataset(self.manifest, self, seq_len, self.rank, self.world_size)

@@ -144,13 +144,15 @@ def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None) -> 
 
 
 def matches(column: pa.ChunkedArray | pa.Array, patterns: list[str]) -> pa.Array:
-    """Boolean mask of the rows whose value matches any fnmatch pattern."""
-    mask = None
-    for pat in patterns:
-        regex = fnmatch.translate(pat)
-        m = pc.match_substring_regex(column, regex)
-        mask = m if mask is None else pc.or_(mask, m)
-    return pc.fill_null(mask, False)
+    """Boolean mask of the rows whose value matches any fnmatch pattern (case-sensitive).
+
+    The patterns are matched in Python against the column's distinct values (a handful of
+    sub-source names), not translated into a regex: Arrow's RE2 engine rejects the ``\\Z`` that
+    ``fnmatch.translate`` emits, and a regex search would also match substrings.
+    """
+    values = pc.unique(column).to_pylist()
+    keep = [v for v in values if v is not None and any(fnmatch.fnmatchcase(v, pat) for pat in patterns)]
+    return pc.fill_null(pc.is_in(column, value_set=pa.array(keep, type=column.type)), False)
 
 
 def _stems(paths: list[str]) -> dict[str, str]:
@@ -236,44 +238,47 @@ def build_manifest(cfg: DataConfig) -> Manifest:
             groups.extend((shard, *g) for g in entry["row_groups"] if g[2] > 0)
         if not groups:
             raise ConfigError(f"data.sources.{name}: no documents (all files bad, empty, or filtered out)")
-        chunks, docs_of = _cut_chunks(groups, cfg.min_chunks_per_source)
-        train, val = _hold_out(chunks, docs_of, cfg.val_docs_per_source, name)
+        chunks, docs_of, tokens_of = _cut_chunks(groups, cfg.min_chunks_per_source)
+        train, val = _hold_out(chunks, tokens_of, cfg.val_tokens_per_source, name)
         tokens = sum(g[4] for g in groups)
-        if val:  # token counts per chunk are estimated pro rata within a row group
-            tokens -= sum(_chunk_tokens(c, groups) for c in val)
+        docs = sum(g[3] for g in groups)  # exact per row group (the filter was applied in the scan)
+        if val:  # token and (with a filter) doc counts per chunk are estimated pro rata within a row group
+            tokens -= sum(tokens_of[c] for c in val)
+            docs -= sum(docs_of[c] for c in val)
         sources[name] = SourceInfo(
             name=name,
             filter=cfg.sources[name].filter,
             chunks=train,
             val_chunks=val,
-            docs=sum(docs_of[c] for c in train),
+            docs=int(docs),
             tokens=int(tokens),
             shards=sorted({g[0] for g in groups}),
         )
     return Manifest(shards=shards, sources=sources, skipped=bad)
 
 
-def _cut_chunks(groups: list[tuple], min_chunks: int) -> tuple[list[Chunk], dict[Chunk, int]]:
+def _cut_chunks(groups: list[tuple], min_chunks: int):
+    """Chunks with their doc and token counts (exact per row group, pro rata inside one)."""
+    # The same number of parts per row group, the fewest that give min_chunks chunks in all -- a
+    # row group cannot be cut finer than one row per chunk, so small groups may need more parts
+    # from the big ones (or, when every group is down to single rows, the source has fewer chunks).
     parts = max(1, math.ceil(min_chunks / len(groups)))
-    chunks, docs_of = [], {}
-    for shard, first, rows, docs, _tokens in groups:
+    most_rows = max(g[2] for g in groups)
+    while parts < most_rows and sum(min(parts, g[2]) for g in groups) < min_chunks:
+        parts += 1
+    chunks, docs_of, tokens_of = [], {}, {}
+    for shard, first, rows, docs, tokens in groups:
         n = min(parts, rows)
         bounds = np.linspace(first, first + rows, n + 1).round().astype(int)
         for a, b in zip(bounds[:-1], bounds[1:]):
             c = Chunk(shard, int(a), int(b))
             chunks.append(c)
             docs_of[c] = round(docs * (b - a) / rows)  # exact without a filter; pro rata with one
-    return chunks, docs_of
+            tokens_of[c] = tokens * (b - a) / rows if n > 1 else tokens
+    return chunks, docs_of, tokens_of
 
 
-def _chunk_tokens(c: Chunk, groups: list[tuple]) -> float:
-    for shard, first, rows, _docs, tokens in groups:
-        if shard == c.shard and first <= c.start < first + rows:
-            return tokens * (c.stop - c.start) / rows
-    return 0.0
-
-
-def _hold_out(chunks: list[Chunk], docs_of: dict[Chunk, int], want: int, name: str):
+def _hold_out(chunks: list[Chunk], tokens_of: dict[Chunk, float], want: int, name: str):
     """Chunks for validation: a fixed, seed-independent spread (every arm sees the same val set)."""
     if want <= 0:
         return chunks, []
@@ -283,10 +288,10 @@ def _hold_out(chunks: list[Chunk], docs_of: dict[Chunk, int], want: int, name: s
         if have >= want:
             break
         val.add(int(i))
-        have += docs_of[chunks[i]]
+        have += tokens_of[chunks[i]]
     if len(val) >= len(chunks):
         raise ConfigError(
-            f"data.val_docs_per_source={want} would hold out all of source '{name}' ({have} docs); lower it"
+            f"data.val_tokens_per_source={want} would hold out all of source '{name}' ({have:.0f} tokens); lower it"
         )
     return [c for i, c in enumerate(chunks) if i not in val], [c for i, c in enumerate(chunks) if i in val]
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.config import corpus_sources, load_data_config  # noqa: E402
+from data.config import check_weights, corpus_sources, load_data_config  # noqa: E402
 from data.errors import ConfigError  # noqa: E402
 from data.manifest import build_manifest  # noqa: E402
 from data.order import OrderSimulator, dumps  # noqa: E402
@@ -69,17 +69,20 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag)
         if value is not None:
             overrides[key] = value
-    if args.weights is not None:
-        overrides["weights"] = parse_weights(args.weights)
-        overrides["schedule"] = None
-    if args.seq_len is not None and "schedule" not in overrides:
-        overrides["schedule"] = None  # a fixed --seq-len replaces the schedule's warmup
     try:
+        # Flag values are checked against the config as written, so an error names the flag at fault
+        # (not data.weights of a config file the user did not edit).
+        written = load_data_config(args.config)
+        if args.weights is not None:
+            weights = parse_weights(args.weights)
+            check_weights(weights, list(written.sources), "--weights")
+            overrides["weights"], overrides["schedule"] = weights, None
+        elif args.seq_len is not None and written.schedule is not None:
+            raise ConfigError("--seq-len replaces the schedule's sequence-length warmup: also give --weights "
+                              f"for a fixed mixture of {list(written.sources)}")
         cfg = load_data_config(args.config, overrides)
         if args.corpus:
             cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
-        if cfg.weights is None and cfg.schedule is None:
-            raise ConfigError("--seq-len replaces the schedule: also give --weights for a fixed mixture")
         manifest = build_manifest(cfg)
         workers = cfg.num_workers if args.num_workers is None else args.num_workers
         sim = OrderSimulator(manifest, cfg, args.world_size, workers)
@@ -93,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
                 state = json.loads(Path(args.resume_from).read_text())
             except (OSError, ValueError) as e:
                 raise ConfigError(f"--resume-from {args.resume_from}: unreadable cursor file: {e}") from None
-            sim.load_state_dict(state)
+            try:
+                sim.load_state_dict(state)
+            except ConfigError:
+                raise
+            except Exception as e:  # valid JSON, but not a cursor (wrong keys, types, or packed buffers)
+                raise ConfigError(f"--resume-from {args.resume_from}: not a cursor written by dump_order "
+                                  f"({type(e).__name__}: {e})") from None
         stop = steps if args.save_cursor_at is None else min(steps, args.save_cursor_at + 1)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

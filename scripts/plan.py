@@ -83,8 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", default=None, help="use DIR/<source>/*.parquet instead of the config's globs")
     p.add_argument("--tokens", default=None, metavar="SRC=N,...",
                    help="available tokens per source, e.g. web=2.28e11,code=2.07e10 (instead of the corpus)")
-    p.add_argument("--max-epochs", type=float, default=4.0, help="warn above this many epochs of a source")
-    p.add_argument("--strict", action="store_true", help="an epoch count above --max-epochs is an error")
+    p.add_argument("--max-epochs", type=float, default=None,
+                   help="warn above this many epochs of a source (default: data.max_epochs)")
+    p.add_argument("--strict", action="store_true",
+                   help="an epoch count above the limit is an error (as data.max_epochs_error: true)")
     return p
 
 
@@ -103,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
         tokens, origin = available_tokens(cfg, None if args.tokens is None else parse_tokens(args.tokens))
         table = plan_table(schedule, tokens)
+        max_epochs = cfg.max_epochs if args.max_epochs is None else args.max_epochs
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            check_epochs(schedule, tokens, max_epochs=args.max_epochs, error=args.strict)
+            check_epochs(schedule, tokens, max_epochs=max_epochs, error=args.strict or cfg.max_epochs_error)
         out = Path(args.out)
         if not out.parent.is_dir():
             raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
@@ -113,13 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    print(f"plan for {args.config} (available tokens: {origin})\n")
+    print(f"plan for {args.config}; available tokens: {origin}\n")
     print(table)
     if caught:
         for w in caught:
             print(f"warning: {w.message}")
     else:
-        print(f"implied epochs: every source at most {args.max_epochs:g} (no warning)")
+        limit = "data.max_epochs" if args.max_epochs is None else "--max-epochs"
+        print(f"implied epochs: every source at most {max_epochs:g} ({limit}; no warning)")
     plot_schedule(schedule, out)
     print(f"wrote {out}")
     return 0

@@ -1,0 +1,504 @@
+"""Benchmark the data path against its ceilings, side by side in one process on the demo corpus.
+
+    python scripts/bench_data.py                       # builds the demo corpus in a temp dir
+    python scripts/bench_data.py --corpus demo_corpus  # or uses DIR/<source>/*.parquet
+    python scripts/bench_data.py --quick               # smoke run, a few seconds of work per part
+
+(a) Throughput. Bare tiktoken (``encode_ordinary_batch`` over every text of the corpus, texts
+    already in memory: the ceiling for tokenizing on the fly) against the full data path of ONE
+    consumer (parquet reads, k open chunks, shuffle buffers, mixer, row-parallel packer, cursor),
+    counting the input tokens of its batches. Same tokenizer thread count in both. The two
+    alternate a few times in this process and the ratio is the median of the per-round ratios;
+    the first batch, which fills the buffers, is timed separately. Peak RSS comes from a fresh
+    subprocess per contender (``resource.getrusage``), next to its RSS once tiktoken is loaded.
+(b) Mixing. Mean over batches of the total-variation distance between a batch's token shares by
+    source and the target weights, for the stream with ``selector: deficit`` and ``random``, and
+    for an i.i.d. draw of documents by tokens (a perfect global shuffle: source s with probability
+    proportional to w_s / mean document tokens of s, then a uniform document of s, packed linearly
+    into the same batch shape). The 350M config's stable weights; its per-rank micro-batch shape.
+(c) Long-run token shares. The demo schedule (configs/demo.yaml, anneal included) for its whole
+    run, and the same schedule with a 10x token budget: per phase, the largest
+    |realised share - target share| over sources, for both selectors.
+
+Absolute times are noisy on a shared machine; read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python scripts/bench_data.py` puts scripts/, not the repo root, on sys.path
+
+import numpy as np  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from data.config import DataConfig, corpus_sources, load_data_config  # noqa: E402
+from data.manifest import build_manifest  # noqa: E402
+from data.order import OrderSimulator  # noqa: E402
+from data.schedules import build_schedule  # noqa: E402
+from data.tokenizer import get_encoding  # noqa: E402
+
+SOURCES = ["web", "code", "books", "curated"]
+DEMO_CONFIG = ROOT / "configs" / "demo.yaml"
+BIG_CONFIG = ROOT / "configs" / "pretrain_350m_20b.yaml"
+DEFAULT_BUFFER = 10_000  # DataConfig.buffer_size
+DEMO_BUFFER = 256  # configs/demo.yaml: the demo corpus has fewer documents than the default
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers
+
+
+def human(n: float) -> str:
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return f"{n:.0f}"
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB.
+
+    Linux: VmHWM of /proc/self/status, which :func:`reset_peak_rss` can reset. getrusage's ru_maxrss
+    is not used there: after fork + exec it starts at the *parent's* peak, so a probe started from a
+    benchmark that already holds 250 MB would report at least that.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb / 1024 / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS, KB on Linux
+
+
+def reset_peak_rss() -> None:
+    """Sets the peak RSS to the current RSS (Linux >= 4.0; elsewhere a no-op)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def read_corpus(corpus: Path) -> tuple[list[str], dict[str, np.ndarray]]:
+    """All texts (in file order) and the token counts + EOT of every document, per source."""
+    texts, lengths = [], {}
+    for source in SOURCES:
+        counts = []
+        for path in sorted((corpus / source).glob("*.parquet")):
+            table = pq.read_table(path, columns=["text", "token_count"])
+            texts += table.column("text").to_pylist()
+            counts += table.column("token_count").to_pylist()
+        lengths[source] = np.asarray(counts, dtype=np.int64) + 1  # + EOT, as the stream packs them
+    return texts, lengths
+
+
+def stream_config(corpus: Path, **overrides) -> DataConfig:
+    kw = dict(sources=corpus_sources(corpus, SOURCES), weights=big_weights(), val_tokens_per_source=0)
+    kw.update(overrides)
+    return DataConfig(**kw)
+
+
+def big_weights() -> dict[str, float]:
+    """The 350M/20B config's stable-phase weights (its first phase)."""
+    cfg = load_data_config(BIG_CONFIG)
+    return build_schedule(cfg.schedule, sources=list(cfg.sources)).mixture_weights(0)
+
+
+def big_batch_shape() -> tuple[int, int]:
+    """(sequences per rank, tokens per sequence) of the 350M config after the warmup."""
+    cfg = load_data_config(BIG_CONFIG)
+    return cfg.batch_size, int(cfg.schedule["seq_len"]["end"])
+
+
+def tv(shares: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Total-variation distance per row: half the L1 distance between distributions."""
+    return 0.5 * np.abs(shares - weights).sum(axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# (a) throughput
+
+
+def bare_encode(texts: list[str], threads: int) -> tuple[int, float]:
+    enc = get_encoding()
+    t0 = time.perf_counter()
+    out = enc.encode_ordinary_batch(texts, num_threads=threads)
+    dt = time.perf_counter() - t0
+    return sum(map(len, out)), dt
+
+
+class PathRunner:
+    """One consumer of the real data path (1 rank x 1 worker), kept running between timed rounds."""
+
+    def __init__(self, corpus: Path, threads: int, buffer_size: int):
+        self.cfg = stream_config(corpus, tokenizer_threads=threads, buffer_size=buffer_size, batch_size=8, seq_len=2048)
+        self.sim = OrderSimulator(build_manifest(self.cfg), self.cfg, 1, 1)
+        self.it = self.sim.batches(10**12)
+        t0 = time.perf_counter()
+        next(self.it)  # fills the k open chunks and the B-document buffer of every source
+        self.first_batch_s = time.perf_counter() - t0
+
+    def run(self, batches: int) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        tokens = 0
+        for _ in range(batches):
+            _, _, batch = next(self.it)
+            tokens += batch["input_ids"].size
+        return tokens, time.perf_counter() - t0
+
+
+def rss_probe(args) -> None:
+    """Child process: one contender, then its peak RSS as one JSON line."""
+    get_encoding()  # the ranks table (~40 MB) is loaded by both contenders alike
+    gc.collect()
+    reset_peak_rss()
+    base = peak_rss_mb()
+    if args.rss_probe == "bare":
+        texts, _ = read_corpus(args.corpus)
+        tokens, _ = bare_encode(texts, args.probe_threads)
+    else:
+        runner = PathRunner(args.corpus, args.probe_threads, args.buffer_size)
+        tokens, _ = runner.run(args.probe_batches)
+    print(json.dumps({"contender": args.rss_probe, "tokens": tokens, "base_mb": base, "peak_mb": peak_rss_mb()}))
+
+
+def measure_rss(corpus: Path, contender: str, threads: int, buffer_size: int, batches: int) -> dict:
+    cmd = [sys.executable, __file__, "--corpus", str(corpus), "--rss-probe", contender, "--probe-threads", str(threads),
+           "--buffer-size", str(buffer_size), "--probe-batches", str(batches)]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_rate: float) -> list[str]:
+    """Where the data path's time goes: tokenizer calls, parquet reads, the rest (Python)."""
+    import data.reader as reader
+
+    spent = {"encode": 0.0, "read": 0.0, "encode_tokens": 0, "encode_calls": 0, "read_calls": 0}
+    encode_docs, read = reader.encode_docs, reader.ShardReader._read
+
+    def timed_encode(texts, num_threads=8):
+        t0 = time.perf_counter()
+        out = encode_docs(texts, num_threads)
+        spent["encode"] += time.perf_counter() - t0
+        spent["encode_tokens"] += sum(len(a) - 1 for a in out)
+        spent["encode_calls"] += 1
+        return out
+
+    def timed_read(self, source, shard, rg):
+        t0 = time.perf_counter()
+        out = read(self, source, shard, rg)
+        spent["read"] += time.perf_counter() - t0
+        spent["read_calls"] += 1
+        return out
+
+    runner = PathRunner(corpus, threads, buffer_size)
+    reader.encode_docs, reader.ShardReader._read = timed_encode, timed_read
+    try:
+        tokens, total = runner.run(batches)
+    finally:
+        reader.encode_docs, reader.ShardReader._read = encode_docs, read
+    rest = total - spent["encode"] - spent["read"]
+    ideal = spent["encode_tokens"] / bare_rate
+    consumer = runner.sim.consumers[0][0]
+    cursor_ms = time_cursor(consumer)
+    for src in consumer.sources:  # the same cursor with the default 10,000-document buffers
+        src.addrs = np.random.default_rng(0).integers(0, 100_000, size=(DEFAULT_BUFFER, 3)).astype(np.int32)
+    cursor_big_ms = time_cursor(consumer)
+    batch_ms = 1e3 * 8 * 2048 / bare_rate
+    return [
+        f"  where the path's time goes (threads={threads}, {batches} batches, {total:.2f} s, {human(tokens / total)} tok/s):",
+        f"    encode_docs   {spent['encode']:6.2f} s {spent['encode'] / total:6.1%}  {spent['encode_calls']} calls, "
+        f"{human(spent['encode_tokens'])} tokens (bare tiktoken at its rate: {ideal:.2f} s)",
+        f"    parquet read  {spent['read']:6.2f} s {spent['read'] / total:6.1%}  {spent['read_calls']} row-group reads",
+        f"    rest (Python) {rest:6.2f} s {rest / total:6.1%}  mixer, buffer, packer, per-batch cursor",
+        f"    per-batch cursor (next_batch calls state_dict every batch): {cursor_ms:.2f} ms at buffer {buffer_size:,}; "
+        f"{cursor_big_ms:.2f} ms at {DEFAULT_BUFFER:,} (bare tiktoken needs {batch_ms:.1f} ms per 8 x 2048 batch)",
+    ]
+
+
+def time_cursor(consumer, calls: int = 20) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        consumer.state_dict()
+    return 1e3 * (time.perf_counter() - t0) / calls
+
+
+def profile_path(corpus: Path, threads: int, buffer_size: int, batches: int, top: int = 15) -> list[str]:
+    """cProfile of the data path's steady state, functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    runner = PathRunner(corpus, threads, buffer_size)
+    prof = cProfile.Profile()
+    prof.enable()
+    runner.run(batches)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    body = text.getvalue().strip().splitlines()
+    start = next(i for i, line in enumerate(body) if line.lstrip().startswith("ncalls"))
+    return [f"  cProfile of the path (threads={threads}, {batches} batches), top {top} by own time:"] + [
+        "    " + line.replace(str(ROOT) + "/", "").replace(os.path.dirname(os.__file__) + "/", "") for line in body[start:]]
+
+
+def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], buffer_size: int,
+                     rounds: int, batches: int, do_rss: bool, do_breakdown: bool) -> tuple[list[str], dict]:
+    per_batch = 8 * 2048
+    lines = [f"(a) throughput: one consumer, batch 8 x 2048, k=8 open chunks, buffer {buffer_size:,} docs/source"]
+    if buffer_size != DEFAULT_BUFFER:
+        lines.append(f"    (buffer: the corpus has {len(texts):,} documents, fewer than the default {DEFAULT_BUFFER:,})")
+    lines.append(f"    timed: {batches} batches after the first vs all {len(texts):,} texts; "
+                 f"{rounds} alternating round(s), medians")
+    lines.append(f"    {'threads':>7}  {'bare tok/s':>10}  {'path tok/s':>10}  {'ratio':>5}  {'rounds':<22} first batch")
+    results, buffered = {}, ""
+    for threads in thread_counts:
+        runner = PathRunner(corpus, threads, buffer_size)
+        bare_rates, path_rates, ratios = [], [], []
+        for _ in range(rounds):
+            n, dt = bare_encode(texts, threads)
+            bare_rates.append(n / dt)
+            n, dt = runner.run(batches)
+            path_rates.append(n / dt)
+            ratios.append(path_rates[-1] / bare_rates[-1])
+        ratio = statistics.median(ratios)
+        results[threads] = {"bare": statistics.median(bare_rates), "path": statistics.median(path_rates), "ratio": ratio}
+        if not buffered:
+            docs = [d for src in runner.sim.consumers[0][0].sources for d in src.buffer]
+            buffered = f"{len(docs):,} docs, {sum(d.tokens.nbytes for d in docs) / 2**20:.1f} MB of tokens"
+        lines.append(f"    {threads:>7}  {human(results[threads]['bare']):>10}  {human(results[threads]['path']):>10}  "
+                     f"{ratio:>5.2f}  {' '.join(f'{r:.2f}' for r in ratios):<22} {runner.first_batch_s:.2f} s")
+        del runner
+    worst = min(results, key=lambda t: results[t]["ratio"])
+    for threads, r in results.items():
+        lines.append(f"    ratio path/bare (threads={threads}): {r['ratio']:.2f}  (target >= 0.8: "
+                     f"{'ok' if r['ratio'] >= 0.8 else 'BELOW'})")
+    lines.append(f"    the consumer's shuffle buffers hold {buffered}")
+    if do_rss:
+        threads = max(thread_counts)
+        bare = measure_rss(corpus, "bare", threads, buffer_size, batches)
+        path = measure_rss(corpus, "path", threads, buffer_size, batches)
+        lines.append(f"    peak RSS (fresh process each, threads={threads}; 'base' = after loading tiktoken): "
+                     f"bare {bare['peak_mb']:.0f} MB (base {bare['base_mb']:.0f}), "
+                     f"path {path['peak_mb']:.0f} MB (base {path['base_mb']:.0f}, {path['tokens'] // per_batch} batches)")
+    if do_breakdown and results[worst]["ratio"] < 0.8:
+        for threads in thread_counts:
+            lines += breakdown(corpus, threads, buffer_size, batches, results[threads]["bare"])
+    return lines, results
+
+
+# ---------------------------------------------------------------------------------------------------
+# (b) per-batch mixing
+
+
+def stream_tv(corpus: Path, selector: str, buffer_size: int, batch_size: int, seq_len: int, batches: int) -> np.ndarray:
+    cfg = stream_config(corpus, selector=selector, buffer_size=buffer_size, batch_size=batch_size, seq_len=seq_len)
+    sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
+    out = []
+    for _, _, batch in sim.batches(batches):
+        counts = batch["source_tokens"].astype(np.float64)
+        out.append(tv(counts / counts.sum(), batch["weights"]))
+    return np.asarray(out)
+
+
+def iid_docs(lengths: dict[str, np.ndarray], weights: np.ndarray, n_tokens: int, rng: np.random.Generator):
+    """(source, tokens) of i.i.d. documents by tokens until n_tokens: P(s) ~ w_s / mean length of s."""
+    mean = np.array([lengths[s].mean() for s in SOURCES])
+    p = weights / mean
+    p /= p.sum()
+    n = int(n_tokens / (p @ mean) * 1.2) + 64
+    while True:
+        src = rng.choice(len(SOURCES), size=n, p=p)
+        toks = np.empty(n, dtype=np.int64)
+        for i, s in enumerate(SOURCES):
+            sel = src == i
+            toks[sel] = lengths[s][rng.integers(len(lengths[s]), size=int(sel.sum()))]
+        if toks.sum() >= n_tokens:
+            return src, toks
+        n *= 2
+
+
+def iid_tv(lengths: dict[str, np.ndarray], weights: np.ndarray, batch_size: int, seq_len: int, batches: int,
+           rows_parallel: bool, seed: int = 0) -> np.ndarray:
+    """Per-batch TV of i.i.d. documents, packed linearly (one stream cut into batches) or row-parallel."""
+    rng = np.random.default_rng(seed)
+    if rows_parallel:  # each row its own i.i.d. stream; batch t takes tokens [tL, (t+1)L) of every row
+        counts = np.zeros((batches, len(SOURCES)))
+        for _ in range(batch_size):
+            src, toks = iid_docs(lengths, weights, batches * seq_len, rng)
+            labels = np.repeat(src, toks)[: batches * seq_len].reshape(batches, seq_len)
+            counts += np.stack([(labels == i).sum(axis=1) for i in range(len(SOURCES))], axis=1)
+    else:
+        per_batch = batch_size * seq_len
+        src, toks = iid_docs(lengths, weights, batches * per_batch, rng)
+        labels = np.repeat(src, toks)[: batches * per_batch].reshape(batches, per_batch)
+        counts = np.stack([(labels == i).sum(axis=1) for i in range(len(SOURCES))], axis=1).astype(np.float64)
+    return tv(counts / counts.sum(axis=1, keepdims=True), weights)
+
+
+def bench_mixing(corpus: Path, lengths: dict[str, np.ndarray], buffer_size: int, batches: int,
+                 iid_batches: int) -> tuple[list[str], dict]:
+    batch_size, seq_len = big_batch_shape()
+    w = big_weights()
+    weights = np.array([w[s] for s in SOURCES])
+    rows = {
+        "deficit": stream_tv(corpus, "deficit", buffer_size, batch_size, seq_len, batches),
+        "random": stream_tv(corpus, "random", buffer_size, batch_size, seq_len, batches),
+        "iid": iid_tv(lengths, weights, batch_size, seq_len, iid_batches, rows_parallel=False),
+        "iid_rows": iid_tv(lengths, weights, batch_size, seq_len, iid_batches, rows_parallel=True),
+    }
+    labels = {
+        "deficit": f"stream, selector deficit ({batches} batches)",
+        "random": f"stream, selector random ({batches} batches)",
+        "iid": f"i.i.d. docs by tokens, linear packing ({iid_batches} batches)",
+        "iid_rows": f"i.i.d. docs by tokens, row-parallel packing ({iid_batches} batches)",
+    }
+    weights_text = ", ".join(f"{s} {w[s]:g}" for s in SOURCES)
+    lines = [f"(b) per-batch mixing: {batch_size} x {seq_len} tokens per batch (the 350M config's per-rank micro-batch),",
+             f"    weights {weights_text}; buffer {buffer_size:,}; TV = 0.5 * sum_s |share_s - w_s|",
+             f"    {'':<58} {'mean TV':>8} {'p90':>6} {'max':>6}"]
+    for key, values in rows.items():
+        lines.append(f"    {labels[key]:<58} {values.mean():>8.4f} {np.quantile(values, 0.9):>6.3f} {values.max():>6.3f}")
+    means = {k: float(v.mean()) for k, v in rows.items()}
+    ratio = means["deficit"] / means["iid"]
+    lines.append(f"    mixing ratio deficit/iid: {ratio:.2f}  (target <= 0.5: {'ok' if ratio <= 0.5 else 'ABOVE'})")
+    lines.append(f"    mixing ratio random/iid: {means['random'] / means['iid']:.2f}   "
+                 f"(deficit/random: {means['deficit'] / means['random']:.2f})")
+    return lines, means
+
+
+# ---------------------------------------------------------------------------------------------------
+# (c) long-run token shares per phase
+
+
+def phase_errors(corpus: Path, selector: str, scale: float) -> tuple[object, list[tuple[str, float, float, float]]]:
+    """Runs the demo schedule (budget x scale) to its end.
+
+    Per phase: (name, tokens, max |share error|, max |token error| in mean documents of the source).
+    """
+    cfg = load_data_config(DEMO_CONFIG, {"selector": selector})
+    cfg.sources = corpus_sources(corpus, list(cfg.sources))
+    cfg.schedule = copy.deepcopy(cfg.schedule)
+    cfg.schedule["train_tokens"] = int(cfg.schedule["train_tokens"] * scale)
+    schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
+    # One consumer whose micro-batch is the whole global batch, as a 1-rank, 1-worker run sees it.
+    cfg.batch_size = schedule.config.global_batch_size
+    manifest = build_manifest(cfg)
+    mean_doc = np.array([info.tokens / max(1, info.docs) for info in manifest.sources.values()])
+    sim = OrderSimulator(manifest, cfg, 1, 1, schedule=schedule)
+    starts = [first for _, first in schedule.phase_boundaries]
+    realised = np.zeros((len(starts), len(cfg.sources)))
+    target = np.zeros_like(realised)
+    for step, _, batch in sim.batches(schedule.total_steps):
+        i = int(np.searchsorted(starts, step, side="right")) - 1
+        realised[i] += batch["source_tokens"]
+        target[i] += batch["weights"] * batch["source_tokens"].sum()
+    out = []
+    for i, (name, _) in enumerate(schedule.phase_boundaries):
+        err = np.abs(realised[i] / realised[i].sum() - target[i] / target[i].sum()).max()
+        docs = (np.abs(realised[i] - target[i]) / mean_doc).max()  # in mean documents of that source
+        out.append((name, float(realised[i].sum()), float(err), float(docs)))
+    return schedule, out
+
+
+def bench_phases(corpus: Path, scales: list[float]) -> tuple[list[str], dict]:
+    lines = ["(c) long-run token shares per phase: configs/demo.yaml schedule, one consumer, whole run;",
+             "    max over sources of |realised share - target share| (target <= 0.005);",
+             "    [the largest token error as a multiple of that source's mean document length]"]
+    results = {}
+    for scale in scales:
+        per_selector = {sel: phase_errors(corpus, sel, scale) for sel in ("deficit", "random")}
+        schedule = per_selector["deficit"][0]
+        what = "demo.yaml as is" if scale == 1 else f"demo.yaml, budget x{scale:g}"
+        lines.append(f"    {what}: {schedule.total_steps:,} steps, {human(schedule.total_tokens)} tokens")
+        for sel, (_, phases) in per_selector.items():
+            cells = "  ".join(f"{name} ({human(tokens)} tok) {err:.4f} [{docs:.1f} docs]" for name, tokens, err, docs in phases)
+            worst = max(err for _, _, err, _ in phases)
+            results[(scale, sel)] = worst
+            lines.append(f"      phase share error {sel:<8} {cells}  -> {'ok' if worst <= 0.005 else 'ABOVE'}")
+    return lines, results
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", type=Path, default=None,
+                   help="corpus DIR/<source>/*.parquet (default: build the demo corpus in a temp dir)")
+    p.add_argument("--quick", action="store_true", help="a fast smoke run (small counts, one round, one thread count)")
+    p.add_argument("--threads", default=None,
+                   help="tokenizer thread counts for (a), comma-separated (default: 1 and the config default 4)")
+    p.add_argument("--buffer-size", type=int, default=None,
+                   help=f"shuffle buffer per source (default {DEFAULT_BUFFER:,}, or {DEMO_BUFFER} when the corpus has fewer docs)")
+    p.add_argument("--rounds", type=int, default=None, help="alternating rounds of (a) (default 5)")
+    p.add_argument("--profile", action="store_true", help="also print a cProfile of the data path (part a)")
+    p.add_argument("--part", default="abc", help="which parts to run, e.g. 'a' or 'bc' (default abc)")
+    p.add_argument("--rss-probe", choices=["bare", "path"], help=argparse.SUPPRESS)
+    p.add_argument("--probe-threads", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--probe-batches", type=int, default=10, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.rss_probe:
+        rss_probe(args)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="wellmixed-bench-") as tmp:
+        corpus = args.corpus
+        if corpus is None:
+            from data.demo_corpus import build_demo_corpus
+
+            corpus = Path(tmp) / "demo_corpus"
+            build_demo_corpus(corpus)
+        return run(args, corpus.resolve())
+
+
+def run(args, corpus: Path) -> int:
+    texts, lengths = read_corpus(corpus)
+    n_docs, n_tokens = len(texts), int(sum(int(v.sum()) - len(v) for v in lengths.values()))
+    buffer_size = args.buffer_size or (DEFAULT_BUFFER if n_docs >= DEFAULT_BUFFER else DEMO_BUFFER)
+    if args.quick:
+        buffer_size = args.buffer_size or 64
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else ([1] if args.quick else [1, 4])
+    rounds = args.rounds or (1 if args.quick else 5)
+    per_batch = 8 * 2048
+    batches = 4 if args.quick else -(-n_tokens // per_batch)  # about one pass over the corpus per round
+    print(f"wellmixed data benchmark: corpus {corpus} ({n_docs:,} docs, {human(n_tokens)} tokens); "
+          f"python {platform.python_version()}, {os.cpu_count()} CPUs{'; --quick' if args.quick else ''}")
+    t_start = time.perf_counter()
+    if "a" in args.part:
+        lines, _ = bench_throughput(corpus, texts, threads, buffer_size, rounds, batches,
+                                    do_rss=True, do_breakdown=not args.quick)
+        if args.profile:
+            lines += profile_path(corpus, threads[0], buffer_size, batches)
+        print("\n".join(lines), flush=True)
+    if "b" in args.part:
+        lines, _ = bench_mixing(corpus, lengths, buffer_size, batches=4 if args.quick else 48,
+                                iid_batches=50 if args.quick else 2000)
+        print("\n".join(lines), flush=True)
+    if "c" in args.part:
+        lines, _ = bench_phases(corpus, [0.25] if args.quick else [1, 10])
+        print("\n".join(lines), flush=True)
+    print(f"done in {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Callbacks: the data cursor and order log, throughput/MFU, atomic checkpoint files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.throughput import Throughput
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+log = logging.getLogger(__name__)
+
+# Dense bf16 peak FLOP/s per device. Lightning's table does not know "NVIDIA H200" (it then reports
+# no MFU); H100 SXM and H200 share the same tensor cores: 989.5 TFLOP/s dense bf16.
+PEAK_BF16_FLOPS = {"h200": 989.5e12, "h100": 989.5e12, "a100": 312e12, "l40s": 362.05e12, "a10g": 125e12}
+
+
+def default_peak_flops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name().lower()
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return flops
+    return None
+
+
+class DataStateCallback(L.Callback):
+    """After every optimizer step: record the trained batch's cursor; optionally append its order line.
+
+    The order log (``data.order_log: true``) is ``<run dir>/order_log/rank<r>.jsonl``, one line per step
+    in the order-dump format plus ``loss``. On resume, lines past the checkpoint's step (written
+    before a kill, about to be trained again) are dropped, so the file reads as one clean run.
+    """
+
+    def __init__(self, run_dir: str):
+        self.run_dir = Path(run_dir)
+        self._file = None
+
+    def _path(self, trainer) -> Path:
+        return self.run_dir / "order_log" / f"rank{trainer.global_rank}.jsonl"
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        dm = trainer.datamodule
+        if not dm.order_log:
+            return
+        path = self._path(trainer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        next_step = trainer.global_step * dm.accumulate
+        if path.exists():
+            keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] < next_step]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(k + "\n" for k in keep))
+            os.replace(tmp, path)
+        self._file = open(path, "a")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
+        dm = trainer.datamodule
+        dm.record(batch)
+        if self._file is not None:
+            loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
+            self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
+            self._file.flush()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class ThroughputCallback(L.Callback):
+    """tokens/s (global) and MFU with Lightning's Throughput utility and the model's FLOPs per token."""
+
+    def __init__(self, peak_flops: float | None = None, window: int = 20, log_every_n_steps: int = 1):
+        self.peak_flops = peak_flops
+        self.window = window
+        self.log_every = max(1, log_every_n_steps)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        peak = self.peak_flops if self.peak_flops is not None else default_peak_flops()
+        self.meter = Throughput(available_flops=peak, world_size=trainer.world_size, window_size=self.window)
+        self.tokens = 0
+        self.flops = 0.0
+        self.t0 = time.perf_counter()
+        schedule = trainer.datamodule.steps.schedule  # tokens before a resume, from the pure schedule
+        self.tokens_before = sum(schedule.tokens_at(s) for s in range(trainer.global_step)) if schedule else 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
+        B, L_ = batch["input_ids"].shape
+        model = getattr(pl_module.model, "_orig_mod", pl_module.model)
+        self.tokens += B * L_
+        self.flops += model.flops_per_token(L_) * B * L_
+        if trainer.global_step % self.log_every:
+            return
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - self.t0
+        # per-device counters; Throughput multiplies by world size for the global figures
+        self.meter.update(time=elapsed, batches=trainer.global_step, samples=self.tokens, flops=self.flops)
+        metrics = self.meter.compute()
+        out = {}
+        if "device/samples_per_sec" in metrics:
+            out["perf/tokens_per_sec"] = metrics["device/samples_per_sec"] * trainer.world_size
+        if "device/mfu" in metrics:
+            out["perf/mfu"] = metrics["device/mfu"]
+        out["perf/tokens_seen"] = float(self.tokens_before + self.tokens * trainer.world_size)
+        pl_module.log_dict(out, on_step=True, on_epoch=False, batch_size=B)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """torch.save to a temporary file in the same folder, fsync, then rename over the target.
+
+    A kill (or a full disk) during the write leaves the previous checkpoint intact, never a
+    truncated ``last.ckpt``.
+    """
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise OSError(f"could not write checkpoint {path}: {e} (disk full?); the previous checkpoint is intact") from e

@@ -1,0 +1,207 @@
+"""The LightningModule: the model, AdamW with the warmup-stable-decay LR, per-source losses.
+
+The training step is the whole story (torchtitan's rule: keep control flow visible here):
+forward, token losses without reduction, the mean for backward, and per-source sums and counts that
+are all-reduced across ranks before logging (so a source with few tokens in a batch weighs little).
+The learning rate is ``schedule.lr(step)`` -- a pure function of the optimizer step, so resuming
+only needs the step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from train.model import GPT, ModelConfig, load_model_config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW; the learning rate itself comes from ``data.schedule.lr``."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    """Applied to matrices (embeddings included), not to norm gains."""
+    eps: float = 1e-8
+    fused: Optional[bool] = None
+    """Fused AdamW kernel; None = wherever the device supports it (CUDA, and CPU in recent torch)."""
+
+
+class PretrainModule(L.LightningModule):
+    def __init__(
+        self,
+        model: str | ModelConfig = "configs/model/demo.yaml",
+        optim: Optional[OptimConfig] = None,
+        compile: bool = False,
+        on_nonfinite: Literal["stop", "skip"] = "stop",
+        log_every_n_steps: int = 1,
+    ):
+        """
+        Args:
+            model: a ModelConfig, or the path of a model YAML in configs/model/.
+            optim: AdamW settings.
+            compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64).
+            on_nonfinite: a non-finite loss stops the run with a clear message, or skips the step
+                (no parameter update, logged as train/skipped_steps).
+            log_every_n_steps: interval of the per-source reductions and logs (each is an all-reduce).
+        """
+        super().__init__()
+        self.model_config = model if isinstance(model, ModelConfig) else load_model_config(model)
+        self.save_hyperparameters(ignore=["model"])
+        self.hparams["model"] = vars(self.model_config)
+        self.model = GPT(self.model_config)
+        self.optim = optim or OptimConfig()
+        self.on_nonfinite = on_nonfinite
+        self.log_every = max(1, log_every_n_steps)
+        self.source_names: list[str] = []
+        self.lr_at = None
+        self.skipped_steps = 0
+        self._skip = False
+        self._val = None
+
+    # -- set-up ------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        dm = self.trainer.datamodule
+        self.source_names = dm.manifest.source_names
+        self.lr_at = dm.steps.lr
+        if self.lr_at is None:
+            raise ValueError("training needs data.schedule (its lr block gives the learning rate)")
+
+    def configure_model(self) -> None:
+        if self.hparams.compile and not isinstance(self.model, torch._dynamo.eval_frame.OptimizedModule):
+            self.model = torch.compile(self.model)
+
+    def configure_optimizers(self):
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        fused = self.optim.fused
+        if fused is None:
+            fused = self.device.type == "cuda" or self.device.type == "cpu"
+        schedule = self.trainer.datamodule.steps.schedule
+        base = schedule.config.lr.peak
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=base, betas=tuple(self.optim.betas), eps=self.optim.eps, fused=fused,
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _LRFactor(schedule, base))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- steps -------------------------------------------------------------------------------
+    def _token_losses(self, batch: dict) -> torch.Tensor:
+        doc_index = batch["doc_index"] if self.model_config.doc_mask else None
+        logits = self.model(batch["input_ids"], doc_index=doc_index)  # [B, L, V]
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["targets"].flatten(), reduction="none")
+
+    def _per_source(self, tok_loss: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.source_names)
+        src = source.flatten()
+        sums = torch.zeros(n, device=tok_loss.device, dtype=torch.float64).index_add_(0, src, tok_loss.detach().double())
+        counts = torch.bincount(src, minlength=n).double()
+        return sums, counts
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        tok_loss = self._token_losses(batch)
+        loss = tok_loss.mean()
+        finite = torch.isfinite(loss).float()
+        all_finite = self.trainer.strategy.reduce(finite, reduce_op="min") > 0  # same decision on every rank
+        self._skip = False
+        if not all_finite:
+            step = self.global_step
+            if self.on_nonfinite == "stop":
+                raise FloatingPointError(
+                    f"non-finite loss at step {step} (rank {self.global_rank}: {loss.item()}); "
+                    "lower data.schedule.lr.peak, or set model.on_nonfinite: skip to skip such steps"
+                )
+            self._skip = True
+            self.skipped_steps += 1
+            log.warning("non-finite loss at step %d: step skipped (%d so far)", step, self.skipped_steps)
+            loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+        if self.global_step % self.log_every == 0:
+            self._log_train(batch, tok_loss, loss)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        if self._skip:  # AdamW leaves parameters without gradients (and their moments) untouched
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    p.grad = None
+
+    def _log_train(self, batch: dict, tok_loss: torch.Tensor, loss: torch.Tensor) -> None:
+        reduce = self.trainer.strategy.reduce
+        sums, counts = self._per_source(tok_loss, batch["target_source"])
+        sums, counts = reduce(sums, reduce_op="sum"), reduce(counts, reduce_op="sum")
+        shares = reduce(batch["source_tokens"].double().to(self.device), reduce_op="sum")
+        shares = shares / shares.sum()
+        weights = batch["weights"].double().to(self.device)
+        metrics = {
+            "train/loss": sums.sum() / counts.sum(),
+            "train/lr": torch.tensor(self.lr_at(self.global_step)),
+            "train/seq_len": torch.tensor(float(batch["input_ids"].shape[1])),
+            "train/share_distance": 0.5 * (shares - weights).abs().sum(),
+            "train/skipped_steps": torch.tensor(float(self.skipped_steps)),
+        }
+        for i, name in enumerate(self.source_names):
+            if counts[i] > 0:
+                metrics[f"train/loss/{name}"] = sums[i] / counts[i]
+            metrics[f"train/share/{name}"] = shares[i]
+            metrics[f"train/target/{name}"] = weights[i]
+        self.log_dict({k: v.float() for k, v in metrics.items()}, on_step=True, on_epoch=False, sync_dist=False,
+                      batch_size=batch["input_ids"].shape[0])
+
+    def on_validation_epoch_start(self) -> None:
+        n = len(self.source_names)
+        self._val = [torch.zeros(n, dtype=torch.float64, device=self.device) for _ in range(2)]
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        sums, counts = self._per_source(self._token_losses(batch), batch["target_source"])
+        self._val[0] += sums
+        self._val[1] += counts
+
+    def _val_metrics(self) -> dict[str, torch.Tensor]:
+        sums = self.trainer.strategy.reduce(self._val[0], reduce_op="sum")
+        counts = self.trainer.strategy.reduce(self._val[1], reduce_op="sum")
+        metrics = {"val/loss": (sums.sum() / counts.sum().clamp(min=1)).float()}
+        for i, name in enumerate(self.source_names):
+            if counts[i] > 0:
+                metrics[f"val/loss/{name}"] = (sums[i] / counts[i]).float()
+        return metrics
+
+    def on_validation_epoch_end(self) -> None:
+        self.log_dict(self._val_metrics(), on_step=False, on_epoch=True, sync_dist=False)
+
+    def on_train_start(self) -> None:
+        """Held-out loss of the initial model, logged at step 0 (the 'before' of every comparison)."""
+        if self.global_step > 0 or self.trainer.datamodule.val_tokens_per_source <= 0:
+            return
+        was_training = self.training
+        self.eval()
+        self.on_validation_epoch_start()
+        with torch.no_grad():
+            for i, batch in enumerate(self.trainer.datamodule.val_dataloader()):
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+                self.validation_step(batch, i)
+        metrics = self._val_metrics()
+        self.train(was_training)
+        for logger in self.loggers:
+            logger.log_metrics({k: v.item() for k, v in metrics.items()}, step=0)
+
+    def model_config_summary(self) -> str:
+        model = getattr(self.model, "_orig_mod", self.model)
+        return model.param_summary()
+
+
+class _LRFactor:
+    """LambdaLR factor: schedule.lr(step) / base. A picklable callable, not a lambda."""
+
+    def __init__(self, schedule, base: float):
+        self.schedule, self.base = schedule, base
+
+    def __call__(self, step: int) -> float:
+        return self.schedule.lr(step) / self.base
