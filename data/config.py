@@ -102,7 +102,8 @@ class DataConfig:
     """Published tokens per source, for planning (scripts/plan.py) before the corpus is downloaded."""
     order_log: bool = False
     """Write per-step, per-rank document pieces (the order-dump format) into the run directory."""
-    tokenizer_threads: int = 4
+    tokenizer_threads: int = 1
+    """Encoder threads per consumer; DataLoader workers already run one consumer per process."""
 
     def __post_init__(self) -> None:
         self.validate()

@@ -30,7 +30,7 @@ from data.errors import ConfigError
 from data.manifest import Manifest, build_manifest
 from data.order import StepSchedule, order_line
 from data.reader import ShardReader
-from data.stream import ConsumerStream
+from data.stream import ConsumerStream, pack_cursor
 
 log = logging.getLogger(__name__)
 TENSOR_KEYS = ("input_ids", "targets", "target_source", "doc_index")
@@ -160,7 +160,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
 
     def state_dict(self) -> dict[str, Any]:
         workers = max(1, self.num_workers)
-        mine = [self._trained.get(w) for w in range(workers)]
+        mine = [None if w not in self._trained else pack_cursor(self._trained[w]) for w in range(workers)]
         if self._restored is not None:  # workers that have not trained a batch since the resume
             old = self._restored["cursors"][self.rank]
             mine = [m if m is not None else o for m, o in zip(mine, old)]

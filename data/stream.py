@@ -124,11 +124,12 @@ class SourceStream:
         return doc
 
     # -- cursor --------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def snapshot(self) -> dict:
+        """The state, cheaply (a copy of the buffer's address array); ``pack_cursor`` compacts it."""
         return {
             "taken": self.taken,
             "open": [[g, used] for g, used, _ in self.open],
-            "buffer": _pack_ints(self.addrs),
+            "buffer": self.addrs.copy(),
             "rng": self.rng.bit_generator.state,
         }
 
@@ -138,10 +139,19 @@ class SourceStream:
         for g, used in state["open"]:
             docs = self._load(g, skip=used)
             self.open.append([g, used, [None] * used + docs])  # keep `used` as an index
-        self.addrs = _unpack_ints(state["buffer"]).reshape(-1, 3).copy()
+        buf = state["buffer"]
+        self.addrs = (_unpack_ints(buf) if isinstance(buf, str) else np.asarray(buf, dtype=np.int32)).reshape(-1, 3).copy()
         tokens = self.reader.read_docs(self.index, [(int(s), int(r)) for s, r, _ in self.addrs])
         self.buffer = [Doc(self.index, int(s), int(r), int(e), t) for (s, r, e), t in zip(self.addrs, tokens)]
         self.rng.bit_generator.state = state["rng"]
+
+
+def pack_cursor(snapshot: dict) -> dict:
+    """A consumer snapshot with its buffers compacted: plain JSON, a few bytes per buffered document."""
+    out = dict(snapshot)
+    out["sources"] = {name: {**st, "buffer": _pack_ints(st["buffer"]) if isinstance(st["buffer"], np.ndarray) else st["buffer"]}
+                      for name, st in snapshot["sources"].items()}
+    return out
 
 
 def _pack_ints(a: np.ndarray) -> str:
@@ -242,11 +252,14 @@ class ConsumerStream:
             "pieces": pieces,
             "source_tokens": source_tokens,
             "weights": weights,
-            "cursor": self.state_dict(),
+            "cursor": self.snapshot(),  # cheap; packed only when a checkpoint is written
         }
 
     # -- cursor --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        return pack_cursor(self.snapshot())
+
+    def snapshot(self) -> dict:
         rows = [None if r is None else [r.doc.source, r.doc.shard, r.doc.row, r.doc.epoch, r.offset] for r in self.rows]
         return {
             "version": CURSOR_VERSION,
@@ -255,7 +268,7 @@ class ConsumerStream:
             "consumer": self.consumer,
             "num_consumers": self.num_consumers,
             "next_step": self.next_step,
-            "sources": {s.name: s.state_dict() for s in self.sources},
+            "sources": {s.name: s.snapshot() for s in self.sources},
             "mixer": self.mixer.state_dict(),
             "rows": rows,
         }

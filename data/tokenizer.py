@@ -17,6 +17,7 @@ import base64
 import functools
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -92,16 +93,31 @@ def get_encoding() -> tiktoken.Encoding:
     )
 
 
-def encode_docs(texts: list[str], num_threads: int = 8) -> list[np.ndarray]:
-    """Encode documents with tiktoken's threaded batch encoder; each ends with EOT.
+_POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, threads, pool)
 
-    Special-token text inside documents is encoded as ordinary text (never as a control token).
-    """
+
+def _pool(num_threads: int) -> ThreadPoolExecutor:
+    """One encoder pool per process (tiktoken's batch API builds a new pool on every call, which
+    costs more than it saves on the small batches of one chunk; DataLoader workers are separate
+    processes and each gets its own pool)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] != num_threads:
+        _POOL = (os.getpid(), num_threads, ThreadPoolExecutor(num_threads, thread_name_prefix="tiktoken"))
+    return _POOL[2]
+
+
+def _encode_all(texts: list[str], num_threads: int) -> list[list[int]]:
     enc = get_encoding()
-    out = enc.encode_ordinary_batch(texts, num_threads=num_threads)
-    return [np.array(ids + [EOT_ID], dtype=np.uint32) for ids in out]
+    if num_threads <= 1 or len(texts) < 2:
+        return [enc.encode_ordinary(t) for t in texts]
+    return list(_pool(num_threads).map(enc.encode_ordinary, texts))  # tiktoken releases the GIL
 
 
-def count_tokens(texts: list[str], num_threads: int = 8) -> list[int]:
+def encode_docs(texts: list[str], num_threads: int = 1) -> list[np.ndarray]:
+    """Encode documents, each followed by EOT (special-token text stays ordinary text)."""
+    return [np.array(ids + [EOT_ID], dtype=np.uint32) for ids in _encode_all(texts, num_threads)]
+
+
+def count_tokens(texts: list[str], num_threads: int = 4) -> list[int]:
     """True cl100k token counts of the texts (no EOT)."""
-    return [len(ids) for ids in get_encoding().encode_ordinary_batch(texts, num_threads=num_threads)]
+    return [len(ids) for ids in _encode_all(texts, num_threads)]
