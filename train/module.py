@@ -133,6 +133,17 @@ class PretrainModule(L.LightningModule):
                 for p in group["params"]:
                     p.grad = None
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip by global norm ourselves: Lightning refuses to clip with a fused AdamW under mixed
+        precision (it assumes a grad scaler, which bf16 does not use). FSDP keeps Lightning's path."""
+        if not gradient_clip_val:
+            return
+        if "fsdp" in type(self.trainer.strategy).__name__.lower():
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+        if self.global_step % self.log_every == 0:
+            self.log("train/grad_norm", norm.float(), on_step=True, on_epoch=False)
+
     def _log_train(self, batch: dict, tok_loss: torch.Tensor, loss: torch.Tensor) -> None:
         reduce = self.trainer.strategy.reduce
         sums, counts = self._per_source(tok_loss, batch["target_source"])
