@@ -434,7 +434,18 @@ def _check_keys(d: Any, allowed: Any, key: str, required: tuple[str, ...] = ()) 
             raise ConfigError(f"{key}.{name}: missing")
 
 
+def _from_text(value: Any) -> Any:
+    """Numbers given as text (a command-line override, or YAML 1.1 reading 3e-3 as a string)."""
+    if isinstance(value, str):
+        try:
+            return float(value.replace("_", "")) if any(c in value for c in ".eE") else int(value.replace("_", ""))
+        except ValueError:
+            return value
+    return value
+
+
 def _int(value: Any, key: str) -> int:
+    value = _from_text(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -443,9 +454,7 @@ def _int(value: Any, key: str) -> int:
 
 
 def _float(value: Any, key: str) -> float:
-    if isinstance(value, str):
-        raise ConfigError(f"{key}: expected a number, got the string {value!r} (YAML 1.1 reads 3e-3 as a string; "
-                          "write 3.0e-3)")
+    value = _from_text(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     return float(value)

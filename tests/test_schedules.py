@@ -286,7 +286,7 @@ INVALID = [
     (_set("global_batch_size", -4), "schedule.global_batch_size"),
     (_set("lr.warmup_steps", 36_000), "schedule.lr.warmup_steps"),  # reaches into the decay at 35,036
     (_set("lr.warmup_steps", 40_000), "schedule.lr.warmup_steps"),  # longer than the run
-    (_set("lr.peak", "3e-3"), "schedule.lr.peak"),
+    (_set("lr.peak", "three"), "schedule.lr.peak"),
     (_set("lr.min", 1.0), "schedule.lr.min"),
     (_set("anneal_start", 1.5), "schedule.anneal_start"),
     (_set("anneal_start", 0.99999), "schedule.anneal_start"),
@@ -346,3 +346,12 @@ def test_plot_is_a_png_written_atomically(tmp_path):
     plot_schedule(DEFAULT, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["schedule.png"]
+
+
+def test_numbers_given_as_text_are_read():
+    """Command-line overrides (--data.schedule.lr.peak 1e-3) and YAML 1.1's '3e-3' arrive as text."""
+    d = default_dict()
+    d["lr"]["peak"] = "3e-3"
+    d["train_tokens"] = "20_000_000_000"
+    schedule = build_schedule(d)
+    assert schedule.config.lr.peak == 3e-3 and schedule.total_steps == 38_929

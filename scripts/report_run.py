@@ -1,0 +1,105 @@
+"""Summarise a training run from its CSV log: held-out loss per source at the start and the end,
+and one PNG of loss per source against the step.
+
+    python scripts/report_run.py runs/demo [--corpus demo_corpus]
+
+With ``--corpus`` the table also shows the corpus's unigram entropy (cl100k tokens, EOT included):
+the loss of a model that learned token frequencies and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    path = run_dir / "csv" / "metrics.csv"
+    if not path.is_file():
+        raise SystemExit(f"error: {path} not found (is {run_dir} a run directory?)")
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def series(rows: list[dict[str, str]], key: str) -> list[tuple[int, float]]:
+    out = {}
+    for r in rows:
+        if r.get(key):
+            out[int(r["step"])] = float(r[key])  # a resumed run rewrites steps: keep the last
+    return sorted(out.items())
+
+
+def unigram_entropy(corpus: Path) -> float:
+    import pyarrow.parquet as pq
+
+    from data.tokenizer import EOT_ID, get_encoding
+
+    enc, counts = get_encoding(), Counter()
+    for path in sorted(corpus.glob("*/*.parquet")):
+        for text in pq.read_table(path, columns=["text"]).column("text").to_pylist():
+            counts.update(enc.encode_ordinary(text))
+            counts[EOT_ID] += 1
+    total = sum(counts.values())
+    return -sum(c / total * math.log(c / total) for c in counts.values())
+
+
+def plot(rows, sources: list[str], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for s in sources:
+        tr = series(rows, f"train/loss/{s}")
+        if tr:
+            ax1.plot([p[0] for p in tr], [p[1] for p in tr], lw=0.8, label=s)
+        va = series(rows, f"val/loss/{s}")
+        if va:
+            ax2.plot([p[0] for p in va], [p[1] for p in va], marker="o", label=s)
+    ax1.set(title="train loss per source", xlabel="step", ylabel="loss (nats/token)")
+    ax2.set(title="held-out loss per source", xlabel="step")
+    for ax in (ax1, ax2):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--corpus", type=Path, default=None, help="corpus dir (DIR/<source>/*.parquet) for the unigram entropy")
+    p.add_argument("--out", type=Path, default=None, help="PNG path (default RUN_DIR/loss_per_source.png)")
+    args = p.parse_args(argv)
+    rows = read_metrics(args.run_dir)
+    sources = sorted({k.split("/")[-1] for r in rows[:1] for k in r if k.startswith("val/loss/") or k.startswith("train/loss/")})
+    lines = [f"{'source':<10} {'held-out start':>15} {'held-out end':>13} {'change':>8}"]
+    for s in sources + ["all"]:
+        va = series(rows, "val/loss" if s == "all" else f"val/loss/{s}")
+        if len(va) >= 1:
+            lines.append(f"{s:<10} {va[0][1]:>15.3f} {va[-1][1]:>13.3f} {va[-1][1] - va[0][1]:>+8.3f}")
+    if args.corpus:
+        h = unigram_entropy(args.corpus)
+        lines.append(f"unigram entropy of {args.corpus}: {h:.3f} nats/token")
+        end = series(rows, "val/loss")
+        if end:
+            lines.append(f"final held-out loss is {h - end[-1][1]:.3f} nats below it")
+    print("\n".join(lines))
+    out = args.out or args.run_dir / "loss_per_source.png"
+    plot(rows, sources, out)
+    print(f"plot: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
