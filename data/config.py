@@ -26,6 +26,7 @@ from typing import Any, Literal, Optional
 import yaml
 
 from data.errors import ConfigError
+from data.schedules import ScheduleConfig
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
 """Dolma3 columns every shard must have, with their Arrow types (large_string also accepted)."""
@@ -66,7 +67,7 @@ class DataConfig:
     """Mixture sources, in the order they are reported and indexed (source id = position)."""
     weights: Optional[dict[str, float]] = None
     """Fixed mixture: share of *tokens* per source. Exactly one of ``weights`` / ``schedule``."""
-    schedule: Optional[dict[str, Any]] = None
+    schedule: Optional[ScheduleConfig] = None
     """Step-pure schedules (mixture phases, sequence-length warmup, LR); see data/schedules.py."""
     seed: int = 1234
     """Global seed: shard permutations per (seed, source, epoch); local RNGs per (seed, consumer)."""
@@ -106,6 +107,8 @@ class DataConfig:
     """Encoder threads per consumer; DataLoader workers already run one consumer per process."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.schedule, dict):  # built in Python from a plain mapping
+            self.schedule = ScheduleConfig.from_dict(self.schedule)
         self.validate()
 
     @property

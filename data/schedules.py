@@ -345,13 +345,17 @@ class Schedule:
         return out
 
 
-def build_schedule(d: dict[str, Any], sources: list[str] | None = None) -> Schedule:
+def build_schedule(d: ScheduleConfig | Mapping[str, Any], sources: list[str] | None = None) -> Schedule:
     """Parses the ``schedule:`` dict, builds the Schedule and, given the corpus ``sources``, checks them.
 
     Raises:
         ConfigError: on any invalid config, or a schedule whose sources differ from ``sources``.
     """
-    schedule = ScheduleConfig.from_dict(d).build()
+    if isinstance(d, ScheduleConfig):
+        config = d
+    else:  # a mapping from YAML, or jsonargparse's Namespace before instantiation
+        config = ScheduleConfig.from_dict(d.as_dict() if hasattr(d, "as_dict") else d)
+    schedule = config.build()
     if sources is not None:
         validate_sources(schedule, sources)
     return schedule

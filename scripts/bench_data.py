@@ -122,7 +122,7 @@ def big_weights() -> dict[str, float]:
 def big_batch_shape() -> tuple[int, int]:
     """(sequences per rank, tokens per sequence) of the 350M config after the warmup."""
     cfg = load_data_config(BIG_CONFIG)
-    return cfg.batch_size, int(cfg.schedule["seq_len"]["end"])
+    return cfg.batch_size, int(cfg.schedule.seq_len.end)
 
 
 def tv(shares: np.ndarray, weights: np.ndarray) -> np.ndarray:

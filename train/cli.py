@@ -82,10 +82,6 @@ class WellMixedCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self._section()
         tr, run = cfg.trainer, cfg.run
-        if tr.max_steps in (None, -1) and cfg.data.schedule is not None:
-            from data.schedules import build_schedule
-
-            tr.max_steps = build_schedule(dict(cfg.data.schedule), sources=list(cfg.data.sources)).total_steps
         if tr.precision is None:
             tr.precision = "bf16-mixed" if torch.cuda.is_available() else "32-true"
         if tr.gradient_clip_val is None:
@@ -138,6 +134,8 @@ class WellMixedCLI(LightningCLI):
             from data.schedules import validate_model_context
 
             validate_model_context(dm.steps.schedule, model_ctx)
+            if self.trainer.max_steps in (None, -1):  # the run length follows from the token budget
+                self.trainer.fit_loop.epoch_loop.max_steps = dm.steps.schedule.total_steps
             available = {n: s.tokens for n, s in dm.manifest.sources.items()}
             if self.trainer.is_global_zero:
                 print(dm.manifest.summary())

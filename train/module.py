@@ -54,8 +54,10 @@ class PretrainModule(L.LightningModule):
         """
         super().__init__()
         self.model_config = model if isinstance(model, ModelConfig) else load_model_config(model)
-        self.save_hyperparameters(ignore=["model"])
-        self.hparams["model"] = vars(self.model_config)
+        # plain dicts only: checkpoints are loaded with torch.load(weights_only=True)
+        self.save_hyperparameters(ignore=["model", "optim"])
+        self.hparams["model"] = dict(vars(self.model_config))
+        self.hparams["optim"] = dict(vars(optim or OptimConfig()))
         self.model = GPT(self.model_config)
         self.optim = optim or OptimConfig()
         self.on_nonfinite = on_nonfinite
@@ -90,7 +92,9 @@ class PretrainModule(L.LightningModule):
             [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=base, betas=tuple(self.optim.betas), eps=self.optim.eps, fused=fused,
         )
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, _LRFactor(schedule, base))
+        # A plain function, not a callable object: LambdaLR would pickle an object's __dict__ (the
+        # schedule) into the checkpoint. The LR is a pure function of the step; only the step is saved.
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.lr(step) / base)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # -- steps -------------------------------------------------------------------------------
@@ -206,13 +210,3 @@ class PretrainModule(L.LightningModule):
     def model_config_summary(self) -> str:
         model = getattr(self.model, "_orig_mod", self.model)
         return model.param_summary()
-
-
-class _LRFactor:
-    """LambdaLR factor: schedule.lr(step) / base. A picklable callable, not a lambda."""
-
-    def __init__(self, schedule, base: float):
-        self.schedule, self.base = schedule, base
-
-    def __call__(self, step: int) -> float:
-        return self.schedule.lr(step) / self.base
