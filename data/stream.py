@@ -149,7 +149,8 @@ class SourceStream:
 def pack_cursor(snapshot: dict) -> dict:
     """A consumer snapshot with its buffers compacted: plain JSON, a few bytes per buffered document."""
     out = dict(snapshot)
-    out["sources"] = {name: {**st, "buffer": _pack_ints(st["buffer"]) if isinstance(st["buffer"], np.ndarray) else st["buffer"]}
+    # (a DataLoader turns the snapshot's arrays into tensors on the way: np.asarray takes both)
+    out["sources"] = {name: {**st, "buffer": st["buffer"] if isinstance(st["buffer"], str) else _pack_ints(np.asarray(st["buffer"]))}
                       for name, st in snapshot["sources"].items()}
     return out
 

@@ -1,0 +1,758 @@
+"""Corpus tools: a global bucket shuffle and a split by source, both streaming over parquet row groups.
+
+Global shuffle -- the dolma3_300B_sample_shuffled procedure -- in two phases::
+
+    scatter  one task per input file: read it a row group at a time, send every row to a bucket drawn
+             uniformly at random (RNG seeded from (seed, file index)), keep the rows per bucket in
+             memory and flush them as part files TMP/f-00017/b-00042-p0000.parquet whenever the
+             buffered rows pass ``buffer_mb``. The task writes into TMP/f-00017.partial/, renames it
+             to TMP/f-00017/ when done, then writes its done marker TMP/f-00017.json (rows, checksum,
+             per-source counts of the file, rows sent to each bucket).
+    gather   one task per bucket, once every scatter marker exists: read the bucket's parts in file
+             order, permute them in memory (RNG seeded from (seed, bucket)), write OUT/bucket-00042.parquet
+             through a temp file and a rename. The footer carries the bucket's statistics and the run
+             identity (seed, buckets, fingerprint of the input files).
+
+Every random choice is a function of (seed, file index) or (seed, bucket), so the output is the same
+however the tasks are spread over processes or array jobs, and whatever the buffer size. Memory is
+bounded by ``buffer_mb`` plus one input row group in scatter, and by about three times one bucket's
+decoded size in gather (the bucket, its permuted copy, the write buffers): N buckets = corpus / N each.
+
+Restarting is always safe: a scatter task with a marker and an output bucket whose footer names this
+run are skipped; half-written temp files never have the final name. ``verify`` compares input and
+output: rows, an order-independent checksum of the texts (sum mod 2^64 of a 64-bit BLAKE2b per text:
+a lost or duplicated row changes it), per-source row totals, and each bucket's source shares against
+the multinomial sampling error of a uniform assignment.
+
+Split by source reads row groups the same way and appends each row to ``OUT/<mixture source>/``
+according to fnmatch patterns on a column (first mapping that matches wins).
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from data.errors import ConfigError
+from data.manifest import matches
+
+SHUFFLE_VERSION = 1  # bump when the assignment or permutation changes: outputs of older runs are refused
+FOOTER_KEY = b"wellmixed.shuffle"
+REPORT = "shuffle_report.json"
+_MASK64 = (1 << 64) - 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Global shuffle
+
+
+@dataclass
+class ShuffleSpec:
+    """What to shuffle and how; every task of one run (any process, any array job) gets the same spec."""
+
+    inputs: list[str]
+    """Input parquet files, sorted: the file index (position here) seeds its scatter RNG."""
+    out: str
+    """Output directory: ``bucket-00000.parquet`` ... and ``shuffle_report.json``."""
+    buckets: int = 200
+    seed: int = 42
+    tmp: Optional[str] = None
+    """Directory for scatter parts and markers (default ``OUT/_shuffle_tmp``); needs about the
+    corpus's size in free space while the run lasts."""
+    source_column: str = "source"
+    """Column whose shares per bucket are checked against the input's (Dolma3's sub-source)."""
+    token_column: Optional[str] = "token_count"
+    """Column summed for tokens per bucket (None or absent: not reported)."""
+    text_column: str = "text"
+    """Column hashed for the row checksum."""
+    buffer_mb: float = 256.0
+    """Decoded rows a scatter task keeps per flush (all buckets together)."""
+    row_group_rows: int = 1024
+    """Rows per row group of the output buckets."""
+    compression: str = "zstd"
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ConfigError("global shuffle: no input files")
+        if not isinstance(self.buckets, int) or self.buckets < 1:
+            raise ConfigError(f"--buckets must be a positive integer (got {self.buckets!r})")
+        if self.row_group_rows < 1 or self.buffer_mb <= 0:
+            raise ConfigError("--row-group-rows and --buffer-mb must be positive")
+
+    @property
+    def tmp_dir(self) -> Path:
+        return Path(self.tmp) if self.tmp else Path(self.out) / "_shuffle_tmp"
+
+    def output(self, bucket: int) -> Path:
+        return Path(self.out) / f"bucket-{bucket:05d}.parquet"
+
+    def identity(self) -> dict:
+        """What makes two runs' files interchangeable; stored in every marker and output footer."""
+        return {
+            "version": SHUFFLE_VERSION,
+            "seed": self.seed,
+            "buckets": self.buckets,
+            "inputs": inputs_fingerprint(self.inputs),
+        }
+
+
+def list_inputs(patterns: Iterable[str]) -> list[str]:
+    """Files matching the globs (``~`` and ``**`` allowed), sorted and de-duplicated."""
+    found: list[str] = []
+    for pattern in patterns:
+        matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+        if not matched:
+            raise ConfigError(f"input glob {pattern!r}: no file matches")
+        found.extend(matched)
+    return sorted(dict.fromkeys(found))
+
+
+def inputs_fingerprint(paths: list[str]) -> str:
+    """sha256 over (absolute path, size) of every input, in order: catches a glob that expanded
+    differently in another array task, or a file that changed between the phases."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(f"{os.path.abspath(p)}|{os.path.getsize(p)}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def text_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """64-bit BLAKE2b of each value's UTF-8 bytes (uint64 [rows]); nulls get a fixed distinct hash."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    arr = arr.cast(pa.large_binary())
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + n + 1]
+    data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
+    blake = functools.partial(hashlib.blake2b, digest_size=8)
+    digests = b"".join(blake(data[offsets[i] : offsets[i + 1]]).digest() for i in range(n))
+    out = np.frombuffer(digests, dtype="<u8").astype(np.uint64)
+    if arr.null_count:
+        out[arr.is_null().to_numpy(zero_copy_only=False)] = np.uint64(0x6E756C6C)  # "null"
+    return out
+
+
+@dataclass
+class RowStats:
+    """Rows, checksum and per-source (rows, tokens) of a set of rows; adding two sets adds these."""
+
+    rows: int = 0
+    checksum: int = 0  # sum mod 2^64 of text_hashes: order-independent, sensitive to loss and duplication
+    tokens: int = 0
+    sources: dict[str, list[int]] = field(default_factory=dict)  # source value -> [rows, tokens]
+
+    def add_table(self, table: pa.Table, spec: ShuffleSpec) -> None:
+        self.rows += table.num_rows
+        self.checksum = (self.checksum + int(text_hashes(table.column(spec.text_column)).sum(dtype=np.uint64))) & _MASK64
+        has_tokens = spec.token_column is not None and spec.token_column in table.column_names
+        if has_tokens:
+            tok = table.column(spec.token_column).to_numpy(zero_copy_only=False)
+            self.tokens += int(np.nansum(tok))
+        if spec.source_column not in table.column_names or table.num_rows == 0:
+            return
+        aggs = [(spec.source_column, "count", pc.CountOptions(mode="all"))]
+        if has_tokens:
+            aggs.append((spec.token_column, "sum"))
+        grouped = table.group_by(spec.source_column).aggregate(aggs).to_pydict()
+        counts = grouped[f"{spec.source_column}_count"]
+        sums = grouped[f"{spec.token_column}_sum"] if has_tokens else [0] * len(counts)
+        for value, rows, tokens in zip(grouped[spec.source_column], counts, sums):
+            key = "<null>" if value is None else str(value)
+            entry = self.sources.setdefault(key, [0, 0])
+            entry[0] += int(rows)
+            entry[1] += int(tokens or 0)
+
+    def merge(self, other: "RowStats") -> None:
+        self.rows += other.rows
+        self.checksum = (self.checksum + other.checksum) & _MASK64
+        self.tokens += other.tokens
+        for key, (rows, tokens) in other.sources.items():
+            entry = self.sources.setdefault(key, [0, 0])
+            entry[0] += rows
+            entry[1] += tokens
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "checksum": f"{self.checksum:016x}"}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RowStats":
+        return cls(d["rows"], int(d["checksum"], 16), d["tokens"], {k: list(v) for k, v in d["sources"].items()})
+
+
+def reference_schema(spec: ShuffleSpec) -> pa.Schema:
+    """The first input's schema: every input is cast to it, every output has it."""
+    return pq.read_schema(spec.inputs[0])
+
+
+def _check_columns(schema: pa.Schema, path: str, spec: ShuffleSpec) -> None:
+    if spec.text_column not in schema.names:
+        raise ConfigError(f"{path}: no text column {spec.text_column!r} (columns: {schema.names}); set --text-column")
+
+
+def _cast(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
+    if table.schema.equals(schema, check_metadata=False):
+        return table
+    if table.column_names != schema.names:
+        raise ConfigError(f"{path}: columns {table.column_names} differ from the first input's {schema.names}")
+    try:
+        return table.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise ConfigError(f"{path}: cannot cast to the first input's schema: {e}") from None
+
+
+def _write_atomic(table: pa.Table, path: Path, **kw) -> None:
+    """Write to a hidden temp name in the same directory, then rename: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(table, tmp, **kw)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_json_atomic(obj: dict, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _by_label(table: pa.Table, labels: np.ndarray, n: int) -> list[Optional[pa.Table]]:
+    """Split rows by integer label in [0, n): one stable sort, then zero-copy slices (None if empty)."""
+    order = np.argsort(labels, kind="stable")
+    ordered = table.take(pa.array(order))
+    counts = np.bincount(labels, minlength=n)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return [ordered.slice(int(s), int(c)) if c else None for s, c in zip(starts, counts)]
+
+
+def _marker(spec: ShuffleSpec, index: int) -> Path:
+    return spec.tmp_dir / f"f-{index:05d}.json"
+
+
+def _read_marker(spec: ShuffleSpec, index: int) -> Optional[dict]:
+    path = _marker(spec, index)
+    if not path.is_file():
+        return None
+    marker = json.loads(path.read_text())
+    if marker["identity"] != spec.identity():
+        raise ConfigError(
+            f"{path} belongs to another run ({marker['identity']}, this one is {spec.identity()}): "
+            f"delete {spec.tmp_dir} or pass another --tmp"
+        )
+    return marker
+
+
+def scatter_file(spec: ShuffleSpec, index: int) -> dict:
+    """Scatter input file ``index`` into per-bucket parts; returns its marker (skips a finished task)."""
+    marker = _read_marker(spec, index)
+    if marker is not None:
+        return {**marker, "skipped": True}
+    path = spec.inputs[index]
+    final = spec.tmp_dir / f"f-{index:05d}"
+    partial = spec.tmp_dir / f"f-{index:05d}.partial"
+    for leftover in (final, partial):  # from an interrupted task: never trusted, rebuilt
+        shutil.rmtree(leftover, ignore_errors=True)
+    partial.mkdir(parents=True)
+
+    schema = reference_schema(spec)
+    rng = np.random.default_rng([spec.seed, 0, index])
+    stats = RowStats()
+    per_bucket = np.zeros(spec.buckets, dtype=np.int64)
+    buffers: list[list[pa.Table]] = [[] for _ in range(spec.buckets)]
+    buffered, flushes = 0, 0
+    limit = spec.buffer_mb * 2**20
+
+    def flush() -> None:
+        nonlocal buffered, flushes
+        for b, pieces in enumerate(buffers):
+            if pieces:
+                part = partial / f"b-{b:05d}-p{flushes:04d}.parquet"
+                pq.write_table(pa.concat_tables(pieces), part, compression="lz4")
+                pieces.clear()
+        buffered, flushes = 0, flushes + 1
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:
+        raise ConfigError(f"{path}: not a readable parquet file: {e}") from None
+    _check_columns(pf.schema_arrow, path, spec)
+    for rg in range(pf.num_row_groups):
+        table = _cast(pf.read_row_group(rg), schema, path)
+        stats.add_table(table, spec)
+        assign = rng.integers(0, spec.buckets, size=table.num_rows)
+        per_bucket += np.bincount(assign, minlength=spec.buckets)
+        for b, piece in enumerate(_by_label(table, assign, spec.buckets)):
+            if piece is not None:
+                buffers[b].append(piece)
+        buffered += table.nbytes
+        if buffered >= limit:
+            flush()
+    flush()
+
+    os.rename(partial, final)
+    marker = {
+        "identity": spec.identity(),
+        "file": path,
+        "stats": stats.to_dict(),
+        "rows_per_bucket": per_bucket.tolist(),
+        "flushes": flushes,
+    }
+    _write_json_atomic(marker, _marker(spec, index))
+    return {**marker, "skipped": False}
+
+
+def read_footer(path: Path) -> Optional[dict]:
+    """The shuffle metadata in an output bucket's footer (None for a file without it)."""
+    meta = pq.read_schema(path).metadata or {}
+    raw = meta.get(FOOTER_KEY)
+    return json.loads(raw) if raw else None
+
+
+def bucket_done(spec: ShuffleSpec, bucket: int) -> bool:
+    """True if the output exists and was written by this run (a foreign one is refused)."""
+    path = spec.output(bucket)
+    if not path.is_file():
+        return False
+    footer = read_footer(path)
+    if footer is None or footer["identity"] != spec.identity():
+        raise ConfigError(
+            f"{path} exists but was not written by this run (seed/buckets/inputs differ, or not a shuffle "
+            "output): use an empty --out"
+        )
+    return True
+
+
+def gather_bucket(spec: ShuffleSpec, bucket: int) -> dict:
+    """Read bucket ``bucket``'s parts in file order, permute, write it; returns its stats."""
+    if bucket_done(spec, bucket):
+        return {"bucket": bucket, "skipped": True, **read_footer(spec.output(bucket))}
+    schema = reference_schema(spec)
+    pieces, expected = [], 0
+    for index in range(len(spec.inputs)):
+        marker = _read_marker(spec, index)
+        if marker is None:
+            raise ConfigError(f"gather: scatter task {index} ({spec.inputs[index]}) has not finished")
+        expected += marker["rows_per_bucket"][bucket]
+        for part in sorted((spec.tmp_dir / f"f-{index:05d}").glob(f"b-{bucket:05d}-p*.parquet")):
+            pieces.append(pq.read_table(part))
+    table = pa.concat_tables(pieces) if pieces else schema.empty_table()
+    if table.num_rows != expected:
+        raise RuntimeError(f"bucket {bucket}: parts hold {table.num_rows} rows, the markers say {expected}")
+    perm = np.random.default_rng([spec.seed, 1, bucket]).permutation(table.num_rows)
+    table = table.take(pa.array(perm))
+    stats = RowStats()
+    stats.add_table(table, spec)
+    footer = {"identity": spec.identity(), "bucket": bucket, "stats": stats.to_dict()}
+    meta = {**(schema.metadata or {}), FOOTER_KEY: json.dumps(footer).encode()}
+    table = table.replace_schema_metadata(meta)
+    spec.output(bucket).parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(table, spec.output(bucket), row_group_size=spec.row_group_rows, compression=spec.compression)
+    return {"bucket": bucket, "skipped": False, **footer}
+
+
+def task_items(total: int, task_index: int, num_tasks: int) -> list[int]:
+    """Items ``task_index, task_index + num_tasks, ...`` of ``range(total)``: one array task's share."""
+    if not 0 <= task_index < num_tasks:
+        raise ConfigError(f"--task-index {task_index} must be in [0, --num-tasks {num_tasks})")
+    return list(range(task_index, total, num_tasks))
+
+
+def _run(fn: Callable[[ShuffleSpec, int], dict], spec: ShuffleSpec, items: list[int], workers: int,
+         progress: Optional[Callable[[dict], None]] = None) -> list[dict]:
+    """fn(spec, item) for every item: in this process, or in a pool of fresh (spawned) processes."""
+    results = []
+    if workers <= 1 or len(items) <= 1:
+        for item in items:
+            results.append(fn(spec, item))
+            if progress:
+                progress(results[-1])
+        return results
+    # spawn, not fork: workers start clean, so their RSS is their own (the benchmark reads it).
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(items))) as pool:
+        for result in pool.imap_unordered(functools.partial(fn, spec), items):
+            results.append(result)
+            if progress:
+                progress(result)
+    return results
+
+
+def scatter(spec: ShuffleSpec, task_index: int = 0, num_tasks: int = 1, workers: int = 1,
+            progress: Optional[Callable[[dict], None]] = None) -> list[dict]:
+    """Run this task's scatter share (input files ``task_index::num_tasks``)."""
+    spec.tmp_dir.mkdir(parents=True, exist_ok=True)
+    return _run(scatter_file, spec, task_items(len(spec.inputs), task_index, num_tasks), workers, progress)
+
+
+def gather(spec: ShuffleSpec, task_index: int = 0, num_tasks: int = 1, workers: int = 1,
+           buckets: Optional[list[int]] = None, progress: Optional[Callable[[dict], None]] = None) -> list[dict]:
+    """Run this task's gather share (buckets ``task_index::num_tasks``, or the given ones)."""
+    missing = [i for i in range(len(spec.inputs)) if _read_marker(spec, i) is None]
+    if missing:
+        raise ConfigError(
+            f"gather: {len(missing)} of {len(spec.inputs)} scatter tasks have not finished "
+            f"(files {missing[:10]}{' ...' if len(missing) > 10 else ''}): run the scatter phase first"
+        )
+    items = buckets if buckets is not None else task_items(spec.buckets, task_index, num_tasks)
+    return _run(gather_bucket, spec, items, workers, progress)
+
+
+def input_stats(spec: ShuffleSpec) -> Optional[RowStats]:
+    """The input's statistics: from the scatter markers, or from a previous report of this run."""
+    markers = [_read_marker(spec, i) for i in range(len(spec.inputs))]
+    if all(m is not None for m in markers):
+        total = RowStats()
+        for m in markers:
+            total.merge(RowStats.from_dict(m["stats"]))
+        return total
+    report_path = Path(spec.out) / REPORT
+    if report_path.is_file():
+        report = json.loads(report_path.read_text())
+        if report.get("identity") == spec.identity():
+            return RowStats.from_dict(report["input"])
+    return None
+
+
+def shuffle(spec: ShuffleSpec, workers: int = 1, keep_tmp: bool = False,
+            progress: Optional[Callable[[str, dict], None]] = None) -> dict:
+    """The whole run in this process (plus ``workers`` processes): scatter, gather, verify, clean up.
+
+    A rerun skips what is done: only missing buckets are gathered, and the scatter phase runs again
+    only when some bucket is missing and its parts were already cleaned up (or never made).
+    """
+    t0 = time.perf_counter()
+    missing = [b for b in range(spec.buckets) if not bucket_done(spec, b)]
+    scattered: list[dict] = []
+    if missing or input_stats(spec) is None:
+        scattered = scatter(spec, workers=workers, progress=progress and functools.partial(progress, "scatter"))
+    t1 = time.perf_counter()
+    gathered = gather(spec, workers=workers, buckets=missing, progress=progress and functools.partial(progress, "gather")) if missing else []
+    t2 = time.perf_counter()
+    report = verify(spec)
+    report["run"] = {
+        "scatter_tasks_run": sum(not r["skipped"] for r in scattered),
+        "buckets_written": sorted(r["bucket"] for r in gathered if not r["skipped"]),
+        "scatter_s": round(t1 - t0, 3),
+        "gather_s": round(t2 - t1, 3),
+        "workers": workers,
+    }
+    write_report(spec, report)
+    if report["ok"] and not keep_tmp:
+        cleanup(spec)
+    return report
+
+
+def verify(spec: ShuffleSpec) -> dict:
+    """Compare the input's statistics with the outputs' footers (metadata reads only)."""
+    stats_in = input_stats(spec)
+    if stats_in is None:
+        raise ConfigError(f"verify: no scatter markers in {spec.tmp_dir} and no {REPORT} of this run in {spec.out}")
+    problems = []
+    absent = [b for b in range(spec.buckets) if not bucket_done(spec, b)]
+    if absent:
+        raise ConfigError(f"verify: {len(absent)} output bucket(s) missing, e.g. {spec.output(absent[0])}")
+    extra = sorted(p.name for p in Path(spec.out).glob("bucket-*.parquet") if int(p.stem.split("-")[1]) >= spec.buckets)
+    if extra:
+        problems.append(f"{len(extra)} bucket file(s) beyond --buckets {spec.buckets} (from another run?): {extra[:5]}")
+
+    per_bucket: list[RowStats] = []
+    for b in range(spec.buckets):
+        path = spec.output(b)
+        stats = RowStats.from_dict(read_footer(path)["stats"])
+        if pq.read_metadata(path).num_rows != stats.rows:
+            problems.append(f"{path}: {pq.read_metadata(path).num_rows} rows, its footer says {stats.rows}")
+        per_bucket.append(stats)
+    stats_out = RowStats()
+    for s in per_bucket:
+        stats_out.merge(s)
+
+    if stats_out.rows != stats_in.rows:
+        problems.append(f"rows: {stats_in.rows} in, {stats_out.rows} out")
+    if stats_out.checksum != stats_in.checksum:
+        problems.append("text checksum differs: rows were lost, duplicated or altered")
+    src_rows_in = {k: v[0] for k, v in stats_in.sources.items()}
+    src_rows_out = {k: v[0] for k, v in stats_out.sources.items()}
+    if src_rows_in != src_rows_out:
+        problems.append("rows per source differ between input and output")
+    shares = source_share_check(stats_in, per_bucket)
+    if not shares["within_sampling_error"]:
+        w = shares["worst"]
+        problems.append(f"bucket {w['bucket']} source {w['source']}: {w['z']:+.1f} sigma from a uniform assignment")
+
+    sizes = [spec.output(b).stat().st_size for b in range(spec.buckets)]
+    return {
+        "identity": spec.identity(),
+        "ok": not problems,
+        "problems": problems,
+        "files_in": len(spec.inputs),
+        "buckets": spec.buckets,
+        "rows_in": stats_in.rows,
+        "rows_out": stats_out.rows,
+        "checksum_in": f"{stats_in.checksum:016x}",
+        "checksum_out": f"{stats_out.checksum:016x}",
+        "tokens_in": stats_in.tokens,
+        "tokens_out": stats_out.tokens,
+        "source_shares": shares,
+        "rows_per_bucket": _spread([s.rows for s in per_bucket]),
+        "tokens_per_bucket": _spread([s.tokens for s in per_bucket]),
+        "bytes_per_bucket": _spread(sizes),
+        "input": stats_in.to_dict(),
+    }
+
+
+def source_share_check(stats_in: RowStats, per_bucket: list[RowStats], min_expected: float = 5.0) -> dict:
+    """Each bucket's rows per source against a uniform assignment.
+
+    Under the shuffle, the rows of source s in bucket b are Binomial(N_s, 1/B): mean N_s/B, variance
+    N_s (1/B)(1 - 1/B). Cells with an expected count below ``min_expected`` are left out of the test
+    (the normal approximation fails there) and counted. The limit is 4 sigma, raised to the Bonferroni
+    bound for a 1% false-alarm rate over all tested cells when there are many (about 4.8 sigma for
+    200 buckets x 30 sub-sources). Share deviations (rows and tokens, in absolute share points) are
+    reported for every cell.
+    """
+    B = len(per_bucket)
+    total_rows = stats_in.rows or 1
+    total_tokens = stats_in.tokens or 1
+    p = 1.0 / B
+    cells, skipped, worst = 0, 0, None
+    max_row_dev = max_tok_dev = 0.0
+    for b, s in enumerate(per_bucket):
+        for name, (n_src, t_src) in stats_in.sources.items():
+            got_rows, got_tokens = s.sources.get(name, [0, 0])
+            if s.rows:
+                max_row_dev = max(max_row_dev, abs(got_rows / s.rows - n_src / total_rows))
+            if s.tokens:
+                max_tok_dev = max(max_tok_dev, abs(got_tokens / s.tokens - t_src / total_tokens))
+            mean = n_src * p
+            if mean < min_expected or B == 1:
+                skipped += 1
+                continue
+            cells += 1
+            z = (got_rows - mean) / math.sqrt(n_src * p * (1 - p))
+            if worst is None or abs(z) > abs(worst["z"]):
+                worst = {"bucket": b, "source": name, "rows": got_rows, "expected": round(mean, 2), "z": round(z, 3)}
+    limit = 4.0
+    if cells:
+        limit = max(limit, statistics.NormalDist().inv_cdf(1 - 0.01 / (2 * cells)))
+    return {
+        "max_abs_share_dev_rows": round(max_row_dev, 6),
+        "max_abs_share_dev_tokens": round(max_tok_dev, 6),
+        "max_abs_z": abs(worst["z"]) if worst else 0.0,
+        "z_limit": round(limit, 3),
+        "cells_tested": cells,
+        "cells_too_small": skipped,
+        "within_sampling_error": worst is None or abs(worst["z"]) <= limit,
+        "worst": worst,
+    }
+
+
+def _spread(values: list[int]) -> dict:
+    return {"min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
+
+
+def write_report(spec: ShuffleSpec, report: dict) -> Path:
+    path = Path(spec.out) / REPORT
+    _write_json_atomic(report, path)
+    return path
+
+
+def cleanup(spec: ShuffleSpec) -> None:
+    """Remove this tool's scatter parts and markers (only its own names: --tmp may be shared)."""
+    tmp = spec.tmp_dir
+    if not tmp.is_dir():
+        return
+    for entry in tmp.iterdir():
+        if entry.name.startswith("f-") and entry.is_dir():
+            shutil.rmtree(entry)
+        elif entry.name.startswith("f-") and entry.suffix == ".json":
+            entry.unlink()
+    try:
+        tmp.rmdir()
+    except OSError:  # other files in a shared --tmp
+        pass
+
+
+def format_report(report: dict) -> str:
+    """The report as a few printed lines."""
+    s = report["source_shares"]
+    r, t, by = report["rows_per_bucket"], report["tokens_per_bucket"], report["bytes_per_bucket"]
+    lines = [
+        f"rows      in {report['rows_in']:,}  out {report['rows_out']:,}  "
+        f"{'equal' if report['rows_in'] == report['rows_out'] else 'DIFFERENT'}",
+        f"checksum  in {report['checksum_in']}  out {report['checksum_out']}  "
+        f"{'equal' if report['checksum_in'] == report['checksum_out'] else 'DIFFERENT'}",
+        f"tokens    in {report['tokens_in']:,}  out {report['tokens_out']:,}",
+        f"buckets   {report['buckets']}: rows min/mean/max {r['min']:,}/{r['mean']:,}/{r['max']:,}; "
+        f"tokens {t['min']:,}/{t['mean']:,}/{t['max']:,}; bytes {by['min']:,}/{by['mean']:,}/{by['max']:,}",
+        f"sources   max |share - input share| rows {s['max_abs_share_dev_rows']:.4f}, tokens "
+        f"{s['max_abs_share_dev_tokens']:.4f}; max |z| {s['max_abs_z']:.2f} over {s['cells_tested']} "
+        f"(bucket, source) cells (limit {s['z_limit']:.2f}, {s['cells_too_small']} cells with < 5 expected "
+        f"rows not tested): {'within' if s['within_sampling_error'] else 'OUTSIDE'} sampling error",
+    ]
+    if "run" in report:
+        run = report["run"]
+        lines.append(
+            f"run       scatter tasks run {run['scatter_tasks_run']}, buckets written {len(run['buckets_written'])}, "
+            f"scatter {run['scatter_s']:.2f}s, gather {run['gather_s']:.2f}s, workers {run['workers']}"
+        )
+    lines.append("OK" if report["ok"] else "FAILED: " + "; ".join(report["problems"]))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Split by source
+
+
+@dataclass
+class _PartWriter:
+    """Appends rows to OUT/<name>/part-NNNNN.parquet, a row group at a time, renaming each part when closed."""
+
+    folder: Path
+    schema: pa.Schema
+    row_group_rows: int
+    rows_per_part: int
+    compression: str
+    pending: list[pa.Table] = field(default_factory=list)
+    pending_rows: int = 0
+    part: int = 0
+    part_rows: int = 0
+    writer: Optional[pq.ParquetWriter] = None
+    tmp: Optional[Path] = None
+    parts: list[str] = field(default_factory=list)
+
+    def add(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        while self.pending_rows >= self.row_group_rows:
+            self._write(self.row_group_rows)
+
+    def _write(self, rows: int) -> None:
+        table = pa.concat_tables(self.pending)
+        head, rest = table.slice(0, rows), table.slice(rows)
+        self.pending = [rest] if rest.num_rows else []
+        self.pending_rows = rest.num_rows
+        if self.writer is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.tmp = self.folder / f".part-{self.part:05d}.parquet.{os.getpid()}.tmp"
+            self.writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
+        self.writer.write_table(head, row_group_size=rows)
+        self.part_rows += head.num_rows
+        if self.part_rows >= self.rows_per_part:
+            self._close_part()
+
+    def _close_part(self) -> None:
+        self.writer.close()
+        final = self.folder / f"part-{self.part:05d}.parquet"
+        os.replace(self.tmp, final)
+        self.parts.append(str(final))
+        self.writer, self.tmp, self.part, self.part_rows = None, None, self.part + 1, 0
+
+    def close(self) -> None:
+        if self.pending_rows:
+            self._write(self.pending_rows)
+        if self.writer is not None:
+            self._close_part()
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.tmp.unlink(missing_ok=True)
+
+
+def split_by_source(
+    inputs: list[str],
+    out: str | Path,
+    mapping: dict[str, list[str]],
+    column: str = "source",
+    unmapped: Optional[str] = None,
+    row_group_rows: int = 1024,
+    rows_per_part: int = 100_000,
+    compression: str = "zstd",
+    overwrite: bool = False,
+) -> dict:
+    """Stream ``inputs`` into ``out/<name>/part-NNNNN.parquet`` by fnmatch patterns on ``column``.
+
+    Rows go to the first mapping whose patterns match their value; rows matching none go to
+    ``out/<unmapped>/`` when ``unmapped`` is given, else they are left out and reported. Row order
+    is kept (input file order, then row order). Memory: one input row group plus less than one
+    output row group per source.
+    """
+    out = Path(out)
+    names = list(mapping) + ([unmapped] if unmapped and unmapped not in mapping else [])
+    existing = [p for name in names for p in sorted((out / name).glob("part-*.parquet"))]
+    if existing and not overwrite:
+        raise ConfigError(f"{out}: already holds {len(existing)} part file(s), e.g. {existing[0]}; pass --overwrite")
+    for p in existing:
+        p.unlink()
+    schema = pq.read_schema(inputs[0])
+    if column not in schema.names:
+        raise ConfigError(f"--column {column!r}: not a column of {inputs[0]} (columns: {schema.names})")
+    schema = schema.remove_metadata()
+    writers = {name: _PartWriter(out / name, schema, row_group_rows, rows_per_part, compression) for name in names}
+    rows_of = dict.fromkeys(names, 0)
+    unmapped_values: dict[str, int] = {}
+    ambiguous: set[str] = set()
+    rows_in = 0
+    try:
+        for path in inputs:
+            pf = pq.ParquetFile(path)
+            for rg in range(pf.num_row_groups):
+                table = _cast(pf.read_row_group(rg), schema, path).replace_schema_metadata(None)
+                rows_in += table.num_rows
+                col = table.column(column)
+                labels = np.full(table.num_rows, len(names), dtype=np.int64)  # len(names): unmapped, dropped
+                seen = np.zeros(table.num_rows, dtype=bool)
+                for i, patterns in enumerate(mapping.values()):
+                    hit = matches(col, patterns).to_numpy(zero_copy_only=False)
+                    ambiguous.update(v for v in pc.unique(col.filter(pa.array(hit & seen))).to_pylist())
+                    labels[hit & ~seen] = i
+                    seen |= hit
+                if unmapped and (~seen).any():
+                    labels[~seen] = names.index(unmapped)
+                if (~seen).any():
+                    for d in pc.value_counts(col.filter(pa.array(~seen))).to_pylist():
+                        key = "<null>" if d["values"] is None else str(d["values"])
+                        unmapped_values[key] = unmapped_values.get(key, 0) + d["counts"]
+                for i, piece in enumerate(_by_label(table, labels, len(names) + 1)[: len(names)]):
+                    if piece is not None:
+                        writers[names[i]].add(piece)
+                        rows_of[names[i]] += piece.num_rows
+        for w in writers.values():
+            w.close()
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    report = {
+        "inputs": len(inputs),
+        "column": column,
+        "mapping": mapping,
+        "rows_in": rows_in,
+        "rows_out": sum(rows_of.values()),
+        "rows_per_source": rows_of,
+        "parts_per_source": {name: len(w.parts) for name, w in writers.items()},
+        "unmapped": unmapped_values,
+        "unmapped_to": unmapped,
+        "ambiguous_values": sorted(str(v) for v in ambiguous),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json_atomic(report, out / "split_report.json")
+    return report
