@@ -63,6 +63,11 @@ class SourceInfo:
     tokens: int  # sum of the token_count column over the training chunks' documents
     shards: list[int]
 
+    @property
+    def stream_tokens(self) -> int:
+        """Tokens one epoch of this source puts into sequences: its text tokens plus one EOT per document."""
+        return self.tokens + self.docs
+
 
 @dataclass
 class Manifest:

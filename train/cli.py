@@ -136,7 +136,7 @@ class WellMixedCLI(LightningCLI):
             validate_model_context(dm.steps.schedule, model_ctx)
             if self.trainer.max_steps in (None, -1):  # the run length follows from the token budget
                 self.trainer.fit_loop.epoch_loop.max_steps = dm.steps.schedule.total_steps
-            available = {n: s.tokens for n, s in dm.manifest.sources.items()}
+            available = {n: s.stream_tokens for n, s in dm.manifest.sources.items()}
             if self.trainer.is_global_zero:
                 print(dm.manifest.summary())
                 print(plan_table(dm.steps.schedule, available))
