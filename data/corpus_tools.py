@@ -1,4 +1,5 @@
-"""Corpus tools: a global bucket shuffle and a split by source, both streaming over parquet row groups.
+"""Corpus tools: the global bucket shuffle, streaming over parquet row groups (scripts/split_by_source.py
+reuses its helpers).
 
 Global shuffle -- the dolma3_300B_sample_shuffled procedure -- in two phases::
 
@@ -23,9 +24,6 @@ run are skipped; half-written temp files never have the final name. ``verify`` c
 output: rows, an order-independent checksum of the texts (sum mod 2^64 of a 64-bit BLAKE2b per text:
 a lost or duplicated row changes it), per-source row totals, and each bucket's source shares against
 the multinomial sampling error of a uniform assignment.
-
-Split by source reads row groups the same way and appends each row to ``OUT/<mixture source>/``
-according to fnmatch patterns on a column (first mapping that matches wins).
 """
 
 from __future__ import annotations
@@ -50,7 +48,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.errors import ConfigError
-from data.manifest import matches
 
 SHUFFLE_VERSION = 1  # bump when the assignment or permutation changes: outputs of older runs are refused
 FOOTER_KEY = b"wellmixed.shuffle"
@@ -207,7 +204,7 @@ def _check_columns(schema: pa.Schema, path: str, spec: ShuffleSpec) -> None:
         raise ConfigError(f"{path}: no text column {spec.text_column!r} (columns: {schema.names}); set --text-column")
 
 
-def _cast(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
+def cast_to_schema(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
     if table.schema.equals(schema, check_metadata=False):
         return table
     if table.column_names != schema.names:
@@ -229,13 +226,13 @@ def _write_atomic(table: pa.Table, path: Path, **kw) -> None:
         raise
 
 
-def _write_json_atomic(obj: dict, path: Path) -> None:
+def write_json_atomic(obj: dict, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n")
     os.replace(tmp, path)
 
 
-def _by_label(table: pa.Table, labels: np.ndarray, n: int) -> list[Optional[pa.Table]]:
+def split_rows_by_label(table: pa.Table, labels: np.ndarray, n: int) -> list[Optional[pa.Table]]:
     """Split rows by integer label in [0, n): one stable sort, then zero-copy slices (None if empty)."""
     order = np.argsort(labels, kind="stable")
     ordered = table.take(pa.array(order))
@@ -296,11 +293,11 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
         raise ConfigError(f"{path}: not a readable parquet file: {e}") from None
     _check_columns(pf.schema_arrow, path, spec)
     for rg in range(pf.num_row_groups):
-        table = _cast(pf.read_row_group(rg), schema, path)
+        table = cast_to_schema(pf.read_row_group(rg), schema, path)
         stats.add_table(table, spec)
         assign = rng.integers(0, spec.buckets, size=table.num_rows)
         per_bucket += np.bincount(assign, minlength=spec.buckets)
-        for b, piece in enumerate(_by_label(table, assign, spec.buckets)):
+        for b, piece in enumerate(split_rows_by_label(table, assign, spec.buckets)):
             if piece is not None:
                 buffers[b].append(piece)
         buffered += table.nbytes
@@ -316,7 +313,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
         "rows_per_bucket": per_bucket.tolist(),
         "flushes": flushes,
     }
-    _write_json_atomic(marker, _marker(spec, index))
+    write_json_atomic(marker, _marker(spec, index))
     return {**marker, "skipped": False}
 
 
@@ -345,6 +342,8 @@ def gather_bucket(spec: ShuffleSpec, bucket: int) -> dict:
     """Read bucket ``bucket``'s parts in file order, permute, write it; returns its stats."""
     if bucket_done(spec, bucket):
         return {"bucket": bucket, "skipped": True, **read_footer(spec.output(bucket))}
+    for stale in spec.output(bucket).parent.glob(f".{spec.output(bucket).name}.*.tmp"):
+        stale.unlink()  # a killed earlier attempt at this bucket (one task owns a bucket at a time)
     schema = reference_schema(spec)
     pieces, expected = [], 0
     for index in range(len(spec.inputs)):
@@ -469,7 +468,8 @@ def verify(spec: ShuffleSpec) -> dict:
     absent = [b for b in range(spec.buckets) if not bucket_done(spec, b)]
     if absent:
         raise ConfigError(f"verify: {len(absent)} output bucket(s) missing, e.g. {spec.output(absent[0])}")
-    extra = sorted(p.name for p in Path(spec.out).glob("bucket-*.parquet") if int(p.stem.split("-")[1]) >= spec.buckets)
+    extra = sorted(p.name for p in Path(spec.out).glob("bucket-*.parquet")
+                   if not p.stem[len("bucket-"):].isdigit() or int(p.stem[len("bucket-"):]) >= spec.buckets)
     if extra:
         problems.append(f"{len(extra)} bucket file(s) beyond --buckets {spec.buckets} (from another run?): {extra[:5]}")
 
@@ -570,7 +570,7 @@ def _spread(values: list[int]) -> dict:
 
 def write_report(spec: ShuffleSpec, report: dict) -> Path:
     path = Path(spec.out) / REPORT
-    _write_json_atomic(report, path)
+    write_json_atomic(report, path)
     return path
 
 
@@ -615,144 +615,3 @@ def format_report(report: dict) -> str:
         )
     lines.append("OK" if report["ok"] else "FAILED: " + "; ".join(report["problems"]))
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Split by source
-
-
-@dataclass
-class _PartWriter:
-    """Appends rows to OUT/<name>/part-NNNNN.parquet, a row group at a time, renaming each part when closed."""
-
-    folder: Path
-    schema: pa.Schema
-    row_group_rows: int
-    rows_per_part: int
-    compression: str
-    pending: list[pa.Table] = field(default_factory=list)
-    pending_rows: int = 0
-    part: int = 0
-    part_rows: int = 0
-    writer: Optional[pq.ParquetWriter] = None
-    tmp: Optional[Path] = None
-    parts: list[str] = field(default_factory=list)
-
-    def add(self, table: pa.Table) -> None:
-        self.pending.append(table)
-        self.pending_rows += table.num_rows
-        while self.pending_rows >= self.row_group_rows:
-            self._write(self.row_group_rows)
-
-    def _write(self, rows: int) -> None:
-        table = pa.concat_tables(self.pending)
-        head, rest = table.slice(0, rows), table.slice(rows)
-        self.pending = [rest] if rest.num_rows else []
-        self.pending_rows = rest.num_rows
-        if self.writer is None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self.tmp = self.folder / f".part-{self.part:05d}.parquet.{os.getpid()}.tmp"
-            self.writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
-        self.writer.write_table(head, row_group_size=rows)
-        self.part_rows += head.num_rows
-        if self.part_rows >= self.rows_per_part:
-            self._close_part()
-
-    def _close_part(self) -> None:
-        self.writer.close()
-        final = self.folder / f"part-{self.part:05d}.parquet"
-        os.replace(self.tmp, final)
-        self.parts.append(str(final))
-        self.writer, self.tmp, self.part, self.part_rows = None, None, self.part + 1, 0
-
-    def close(self) -> None:
-        if self.pending_rows:
-            self._write(self.pending_rows)
-        if self.writer is not None:
-            self._close_part()
-
-    def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.tmp.unlink(missing_ok=True)
-
-
-def split_by_source(
-    inputs: list[str],
-    out: str | Path,
-    mapping: dict[str, list[str]],
-    column: str = "source",
-    unmapped: Optional[str] = None,
-    row_group_rows: int = 1024,
-    rows_per_part: int = 100_000,
-    compression: str = "zstd",
-    overwrite: bool = False,
-) -> dict:
-    """Stream ``inputs`` into ``out/<name>/part-NNNNN.parquet`` by fnmatch patterns on ``column``.
-
-    Rows go to the first mapping whose patterns match their value; rows matching none go to
-    ``out/<unmapped>/`` when ``unmapped`` is given, else they are left out and reported. Row order
-    is kept (input file order, then row order). Memory: one input row group plus less than one
-    output row group per source.
-    """
-    out = Path(out)
-    names = list(mapping) + ([unmapped] if unmapped and unmapped not in mapping else [])
-    existing = [p for name in names for p in sorted((out / name).glob("part-*.parquet"))]
-    if existing and not overwrite:
-        raise ConfigError(f"{out}: already holds {len(existing)} part file(s), e.g. {existing[0]}; pass --overwrite")
-    for p in existing:
-        p.unlink()
-    schema = pq.read_schema(inputs[0])
-    if column not in schema.names:
-        raise ConfigError(f"--column {column!r}: not a column of {inputs[0]} (columns: {schema.names})")
-    schema = schema.remove_metadata()
-    writers = {name: _PartWriter(out / name, schema, row_group_rows, rows_per_part, compression) for name in names}
-    rows_of = dict.fromkeys(names, 0)
-    unmapped_values: dict[str, int] = {}
-    ambiguous: set[str] = set()
-    rows_in = 0
-    try:
-        for path in inputs:
-            pf = pq.ParquetFile(path)
-            for rg in range(pf.num_row_groups):
-                table = _cast(pf.read_row_group(rg), schema, path).replace_schema_metadata(None)
-                rows_in += table.num_rows
-                col = table.column(column)
-                labels = np.full(table.num_rows, len(names), dtype=np.int64)  # len(names): unmapped, dropped
-                seen = np.zeros(table.num_rows, dtype=bool)
-                for i, patterns in enumerate(mapping.values()):
-                    hit = matches(col, patterns).to_numpy(zero_copy_only=False)
-                    ambiguous.update(v for v in pc.unique(col.filter(pa.array(hit & seen))).to_pylist())
-                    labels[hit & ~seen] = i
-                    seen |= hit
-                if unmapped and (~seen).any():
-                    labels[~seen] = names.index(unmapped)
-                if (~seen).any():
-                    for d in pc.value_counts(col.filter(pa.array(~seen))).to_pylist():
-                        key = "<null>" if d["values"] is None else str(d["values"])
-                        unmapped_values[key] = unmapped_values.get(key, 0) + d["counts"]
-                for i, piece in enumerate(_by_label(table, labels, len(names) + 1)[: len(names)]):
-                    if piece is not None:
-                        writers[names[i]].add(piece)
-                        rows_of[names[i]] += piece.num_rows
-        for w in writers.values():
-            w.close()
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
-    report = {
-        "inputs": len(inputs),
-        "column": column,
-        "mapping": mapping,
-        "rows_in": rows_in,
-        "rows_out": sum(rows_of.values()),
-        "rows_per_source": rows_of,
-        "parts_per_source": {name: len(w.parts) for name, w in writers.items()},
-        "unmapped": unmapped_values,
-        "unmapped_to": unmapped,
-        "ambiguous_values": sorted(str(v) for v in ambiguous),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    _write_json_atomic(report, out / "split_report.json")
-    return report

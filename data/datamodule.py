@@ -11,12 +11,16 @@ Resume, as DESIGN.md section 5 asks:
 - :meth:`state_dict` is called on every rank when a checkpoint is written; it gathers all ranks'
   cursors into the checkpoint (Lightning writes rank 0's copy only);
 - on resume the DataLoader worker ``i`` takes over consumer ``(i + next_step) % W``, because the
-  DataLoader asks worker 0 first and step s must come from the consumer that owns s.
+  DataLoader asks worker 0 first and step s must come from the consumer that owns s;
+- a resume with another layout (ranks x workers, micro-batch or accumulation) re-cuts the cursors
+  with data/elastic.py (exactly-once kept, order not identical) unless ``elastic`` is off; a changed
+  corpus or seed is refused unless ``allow_changed_data`` (then the order starts afresh at the step).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -26,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from data.config import DataConfig
+from data.elastic import redistribute
 from data.errors import ConfigError
 from data.manifest import Manifest, build_manifest
 from data.order import StepSchedule, order_line
@@ -63,10 +68,19 @@ class ConsumerDataset(IterableDataset):
         cursor = self.cursors[consumer] if self.cursors else None
         if cursor is not None:
             stream.load_state_dict(cursor)
-        elif self.next_step:
-            raise ConfigError(f"no data cursor for rank {self.rank} worker {consumer} at step {self.next_step}")
+        elif self.cursors is None and self.next_step:  # allow_changed_data: a fresh order from this step
+            stream.next_step = self.next_step + slot
+        # else: this consumer has not trained a batch yet (e.g. a checkpoint at step 1 with 2 workers):
+        # its initial state is the one to continue from.
         while True:
             yield to_torch(stream.next_batch())
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers ignore SIGTERM/SIGUSR1: SLURM signals every process of the job step, and a
+    worker killed by it would crash the main process before it can checkpoint (train/faults.py)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 class HeldOutDataset(torch.utils.data.Dataset):
@@ -109,6 +123,10 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         self._restored: dict | None = None
         self._trained: dict[int, dict] = {}  # worker -> cursor after the last trained batch
         self._order_log = None
+        # Resume policy, set by the CLI from run.elastic / run.allow_changed_data (not data config:
+        # they say how to treat a checkpoint, not what the data is).
+        self.elastic = True
+        self.allow_changed_data = False
 
     # -- set-up ----------------------------------------------------------------------------------
     def prepare(self, accumulate_grad_batches: int = 1) -> None:
@@ -140,11 +158,12 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         cursors, next_step = None, 0
         if self._restored is not None:
-            cursors = self._restored["cursors"][self.rank]
+            cursors = None if self._restored["cursors"] is None else self._restored["cursors"][self.rank]
             next_step = self._restored["next_step"]
         ds = ConsumerDataset(self.manifest, self, self.rank, self.world_size, self.steps, cursors, next_step)
         return DataLoader(ds, batch_size=None, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, prefetch_factor=2 if self.num_workers else None)
+                          persistent_workers=self.num_workers > 0, prefetch_factor=2 if self.num_workers else None,
+                          worker_init_fn=ignore_stop_signals if self.num_workers else None)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_tokens_per_source <= 0:
@@ -161,7 +180,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         workers = max(1, self.num_workers)
         mine = [None if w not in self._trained else pack_cursor(self._trained[w]) for w in range(workers)]
-        if self._restored is not None:  # workers that have not trained a batch since the resume
+        if self._restored is not None and self._restored["cursors"] is not None:  # workers idle since the resume
             old = self._restored["cursors"][self.rank]
             mine = [m if m is not None else o for m, o in zip(mine, old)]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -175,25 +194,50 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             "next_step": step * self.accumulate,
             "world_size": len(gathered),
             "num_workers": workers,
+            "batch_size": self.batch_size,
+            "accumulate": self.accumulate,
             "seed": self.seed,
             "fingerprint": self.manifest.fingerprint() if self.manifest else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
-        problems = []
+        workers = max(1, self.num_workers)
+        # Units: next_step counts micro-batches; the optimizer step is what the schedules follow.
+        step = state["next_step"] // state.get("accumulate", 1)
+        next_step = step * self.accumulate
+        changed = []
         if state["fingerprint"] != self.manifest.fingerprint():
-            problems.append(f"the corpus changed (fingerprint {state['fingerprint']} -> {self.manifest.fingerprint()})")
+            changed.append(f"the corpus changed (fingerprint {state['fingerprint']} -> {self.manifest.fingerprint()})")
         if state["seed"] != self.seed:
-            problems.append(f"data.seed changed ({state['seed']} -> {self.seed})")
-        if (state["world_size"], state["num_workers"]) != (self.world_size, max(1, self.num_workers)):
-            problems.append(
-                f"ranks x workers changed ({state['world_size']} x {state['num_workers']} -> "
-                f"{self.world_size} x {max(1, self.num_workers)})"
-            )
-        if problems:
-            raise ConfigError("cannot resume the data order exactly: " + "; ".join(problems))
-        self._restored = state
+            changed.append(f"data.seed changed ({state['seed']} -> {self.seed})")
+        if changed:
+            if not self.allow_changed_data:
+                raise ConfigError(
+                    "cannot resume the data order: " + "; ".join(changed) + ". Restore the corpus and seed, or "
+                    "pass --run.allow_changed_data true to start a fresh data order at the resumed step "
+                    "(documents already trained on may then be read again)"
+                )
+            log.warning("resuming with %s (run.allow_changed_data): the data order starts afresh at step %d; "
+                        "exactly-once does not hold across this resume", "; ".join(changed), step)
+            self._restored, self._trained = {"cursors": None, "next_step": next_step}, {}
+            return
+        old = (state["world_size"], state["num_workers"], state.get("batch_size", self.batch_size), state.get("accumulate", 1))
+        new = (self.world_size, workers, self.batch_size, self.accumulate)
+        if old != new:
+            what = "ranks x workers x micro-batch x accumulation"
+            if not self.elastic:
+                raise ConfigError(f"cannot resume the data order exactly: {what} changed ({' x '.join(map(str, old))} -> "
+                                  f"{' x '.join(map(str, new))}); restore them, or allow an elastic resume "
+                                  "(--run.elastic true: exactly-once kept, the order differs)")
+            log.warning("elastic resume at step %d: %s %s -> %s; the pending work of the old consumers is "
+                        "redistributed (each document still read once per epoch, in another order)",
+                        step, what, old, new)
+            cursors = redistribute(state["cursors"], self.manifest, seed=self.seed, world_size=self.world_size,
+                                   num_workers=workers, batch_size=self.batch_size, resume_step=next_step)
+            state = {**state, "cursors": cursors, "world_size": self.world_size, "num_workers": workers,
+                     "batch_size": self.batch_size, "accumulate": self.accumulate}
+        self._restored = {**state, "next_step": next_step}
         self._trained = {}
 
     # -- order log -------------------------------------------------------------------------------

@@ -119,6 +119,11 @@ class SourceStream:
             self.addrs = np.array([(d.shard, d.row, d.epoch) for d in self.buffer], dtype=np.int32)
         i = int(self.rng.integers(len(self.buffer)))
         doc = self.buffer[i]
+        if len(self.buffer) > self.buffer_size:
+            # An elastic resume (data/elastic.py) pooled more than B documents here: drain back to B.
+            self.buffer.pop(i)
+            self.addrs = np.delete(self.addrs, i, axis=0)
+            return doc
         new = self.buffer[i] = self._pull()
         self.addrs[i] = (new.shard, new.row, new.epoch)
         return doc
@@ -138,7 +143,8 @@ class SourceStream:
         self.open = []
         for g, used in state["open"]:
             docs = self._load(g, skip=used)
-            self.open.append([g, used, [None] * used + docs])  # keep `used` as an index
+            if docs:  # an elastic resume hands over unopened chunks, which a row filter may leave empty
+                self.open.append([g, used, [None] * used + docs])  # keep `used` as an index
         buf = state["buffer"]
         self.addrs = (_unpack_ints(buf) if isinstance(buf, str) else np.asarray(buf, dtype=np.int32)).reshape(-1, 3).copy()
         tokens = self.reader.read_docs(self.index, [(int(s), int(r)) for s, r, _ in self.addrs])
@@ -198,6 +204,7 @@ class ConsumerStream:
         avg_doc_tokens = [max(1.0, info.tokens / max(1, info.docs)) for info in manifest.sources.values()]
         self.mixer = Mixer(len(self.sources), cfg.selector, avg_doc_tokens, seed=(cfg.seed, self.consumer))
         self.rows: list[Leftover | None] = [None] * cfg.batch_size
+        self.pending: list[Leftover] = []  # leftovers an elastic resume could not fit into the rows
         self.next_step = worker
 
     def _next_doc(self, weights: np.ndarray) -> Doc:
@@ -221,7 +228,7 @@ class ConsumerStream:
             cur = self.rows[b]
             while True:
                 if cur is None:
-                    cur = Leftover(self._next_doc(weights), 0)
+                    cur = self.pending.pop(0) if self.pending else Leftover(self._next_doc(weights), 0)
                 doc, off = cur.doc, cur.offset
                 take = min(len(doc.tokens) - off, L + 1 - n)
                 tokens[b, n:n + take] = doc.tokens[off:off + take]
@@ -262,7 +269,7 @@ class ConsumerStream:
 
     def snapshot(self) -> dict:
         rows = [None if r is None else [r.doc.source, r.doc.shard, r.doc.row, r.doc.epoch, r.offset] for r in self.rows]
-        return {
+        out = {
             "version": CURSOR_VERSION,
             "fingerprint": self.fingerprint,
             "seed": self.cfg.seed,
@@ -273,6 +280,9 @@ class ConsumerStream:
             "mixer": self.mixer.state_dict(),
             "rows": rows,
         }
+        if self.pending:
+            out["pending"] = [[r.doc.source, r.doc.shard, r.doc.row, r.doc.epoch, r.offset] for r in self.pending]
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         from data.errors import ConfigError
@@ -288,11 +298,10 @@ class ConsumerStream:
         for s in self.sources:
             s.load_state_dict(state["sources"][s.name])
         self.mixer.load_state_dict(state["mixer"])
-        self.rows = []
-        for r in state["rows"]:
-            if r is None:
-                self.rows.append(None)
-                continue
-            src, shard, row, epoch, offset = r
-            (toks,) = self.reader.read_docs(src, [(shard, row)])
-            self.rows.append(Leftover(Doc(src, shard, row, epoch, toks), offset))
+        self.rows = [None if r is None else self._leftover(r) for r in state["rows"]]
+        self.pending = [self._leftover(r) for r in state.get("pending", [])]
+
+    def _leftover(self, r: list) -> Leftover:
+        src, shard, row, epoch, offset = r
+        (toks,) = self.reader.read_docs(src, [(shard, row)])
+        return Leftover(Doc(src, shard, row, epoch, toks), offset)

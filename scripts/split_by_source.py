@@ -27,19 +27,162 @@ decoded rows are exactly 4x on the filter route; see the printed figures for tim
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, which holds `data`
 
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from data.config import DataConfig, FilterConfig, SourceConfig  # noqa: E402
-from data.corpus_tools import list_inputs, split_by_source  # noqa: E402
+from data.corpus_tools import cast_to_schema, list_inputs, split_rows_by_label, write_json_atomic  # noqa: E402
 from data.errors import ConfigError  # noqa: E402
 from data.manifest import build_manifest, matches  # noqa: E402
+
+
+@dataclass
+class _PartWriter:
+    """Appends rows to OUT/<name>/part-NNNNN.parquet, a row group at a time, renaming each part when closed."""
+
+    folder: Path
+    schema: pa.Schema
+    row_group_rows: int
+    rows_per_part: int
+    compression: str
+    pending: list[pa.Table] = field(default_factory=list)
+    pending_rows: int = 0
+    part: int = 0
+    part_rows: int = 0
+    writer: Optional[pq.ParquetWriter] = None
+    tmp: Optional[Path] = None
+    parts: list[str] = field(default_factory=list)
+
+    def add(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        while self.pending_rows >= self.row_group_rows:
+            self._write(self.row_group_rows)
+
+    def _write(self, rows: int) -> None:
+        table = pa.concat_tables(self.pending)
+        head, rest = table.slice(0, rows), table.slice(rows)
+        self.pending = [rest] if rest.num_rows else []
+        self.pending_rows = rest.num_rows
+        if self.writer is None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.tmp = self.folder / f".part-{self.part:05d}.parquet.{os.getpid()}.tmp"
+            self.writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
+        self.writer.write_table(head, row_group_size=rows)
+        self.part_rows += head.num_rows
+        if self.part_rows >= self.rows_per_part:
+            self._close_part()
+
+    def _close_part(self) -> None:
+        self.writer.close()
+        final = self.folder / f"part-{self.part:05d}.parquet"
+        os.replace(self.tmp, final)
+        self.parts.append(str(final))
+        self.writer, self.tmp, self.part, self.part_rows = None, None, self.part + 1, 0
+
+    def close(self) -> None:
+        if self.pending_rows:
+            self._write(self.pending_rows)
+        if self.writer is not None:
+            self._close_part()
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.tmp.unlink(missing_ok=True)
+
+
+def split_by_source(
+    inputs: list[str],
+    out: str | Path,
+    mapping: dict[str, list[str]],
+    column: str = "source",
+    unmapped: Optional[str] = None,
+    row_group_rows: int = 1024,
+    rows_per_part: int = 100_000,
+    compression: str = "zstd",
+    overwrite: bool = False,
+) -> dict:
+    """Stream ``inputs`` into ``out/<name>/part-NNNNN.parquet`` by fnmatch patterns on ``column``.
+
+    Rows go to the first mapping whose patterns match their value; rows matching none go to
+    ``out/<unmapped>/`` when ``unmapped`` is given, else they are left out and reported. Row order
+    is kept (input file order, then row order). Memory: one input row group plus less than one
+    output row group per source.
+    """
+    out = Path(out)
+    names = list(mapping) + ([unmapped] if unmapped and unmapped not in mapping else [])
+    existing = [p for name in names for p in sorted((out / name).glob("part-*.parquet"))]
+    if existing and not overwrite:
+        raise ConfigError(f"{out}: already holds {len(existing)} part file(s), e.g. {existing[0]}; pass --overwrite")
+    for p in existing + [t for name in names for t in (out / name).glob(".part-*.tmp")]:
+        p.unlink()
+    schema = pq.read_schema(inputs[0])
+    if column not in schema.names:
+        raise ConfigError(f"--column {column!r}: not a column of {inputs[0]} (columns: {schema.names})")
+    schema = schema.remove_metadata()
+    writers = {name: _PartWriter(out / name, schema, row_group_rows, rows_per_part, compression) for name in names}
+    rows_of = dict.fromkeys(names, 0)
+    unmapped_values: dict[str, int] = {}
+    ambiguous: set[str] = set()
+    rows_in = 0
+    try:
+        for path in inputs:
+            pf = pq.ParquetFile(path)
+            for rg in range(pf.num_row_groups):
+                table = cast_to_schema(pf.read_row_group(rg), schema, path).replace_schema_metadata(None)
+                rows_in += table.num_rows
+                col = table.column(column)
+                labels = np.full(table.num_rows, len(names), dtype=np.int64)  # len(names): unmapped, dropped
+                seen = np.zeros(table.num_rows, dtype=bool)
+                for i, patterns in enumerate(mapping.values()):
+                    hit = matches(col, patterns).to_numpy(zero_copy_only=False)
+                    ambiguous.update(v for v in pc.unique(col.filter(pa.array(hit & seen))).to_pylist())
+                    labels[hit & ~seen] = i
+                    seen |= hit
+                if unmapped and (~seen).any():
+                    labels[~seen] = names.index(unmapped)
+                if (~seen).any():
+                    for d in pc.value_counts(col.filter(pa.array(~seen))).to_pylist():
+                        key = "<null>" if d["values"] is None else str(d["values"])
+                        unmapped_values[key] = unmapped_values.get(key, 0) + d["counts"]
+                for i, piece in enumerate(split_rows_by_label(table, labels, len(names) + 1)[: len(names)]):
+                    if piece is not None:
+                        writers[names[i]].add(piece)
+                        rows_of[names[i]] += piece.num_rows
+        for w in writers.values():
+            w.close()
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    report = {
+        "inputs": len(inputs),
+        "column": column,
+        "mapping": mapping,
+        "rows_in": rows_in,
+        "rows_out": sum(rows_of.values()),
+        "rows_per_source": rows_of,
+        "parts_per_source": {name: len(w.parts) for name, w in writers.items()},
+        "unmapped": unmapped_values,
+        "unmapped_to": unmapped,
+        "ambiguous_values": sorted(str(v) for v in ambiguous),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(report, out / "split_report.json")
+    return report
 
 
 def parse_map(items: list[str]) -> dict[str, list[str]]:

@@ -4,6 +4,7 @@ scripts/split_by_source.py) on the real, clustered demo corpus: one sub-source p
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import json
 import os
 import re
@@ -26,12 +27,15 @@ from data.corpus_tools import (
     scatter,
     shuffle,
     source_share_check,
-    split_by_source,
     verify,
 )
 from data.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("split_by_source", ROOT / "scripts" / "split_by_source.py")
+split_script = sys.modules["split_by_source"] = importlib.util.module_from_spec(_spec)  # registered: it defines a dataclass
+_spec.loader.exec_module(split_script)
+split_by_source = split_script.split_by_source
 BUCKETS = 8
 MAPPING = {"web": ["web_*"], "code": ["code_*"], "books": ["books_*"], "curated": ["curated_*"]}
 

@@ -9,7 +9,9 @@ What this file adds to LightningCLI, and why:
   fp32 on CPU, validation every ``run.val_every_n_steps`` steps of the (endless) stream, no
   distributed sampler (the data layer slices the global order itself), gradient clipping 1.0;
 - loggers: a CSV logger (readable without wandb) and wandb, offline unless an API key is set;
-- checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically;
+- checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; the file
+  ``--ckpt_path`` names is checked before it is loaded, and SIGTERM/SIGUSR1 checkpoint and stop
+  cleanly at the next step (train/faults.py);
 - start-up checks before any compute: the manifest (bad files), the plan table and implied epochs,
   the schedule against the model's context, the global batch against ranks x micro-batch;
 - the saved ``config.yaml`` is overwritten on resume (LightningCLI refuses by default, which would
@@ -33,6 +35,7 @@ from lightning.pytorch.loggers import CSVLogger
 from data.datamodule import WellMixedData
 from data.errors import ConfigError
 from train.callbacks import AtomicCheckpointIO, DataStateCallback, ThroughputCallback
+from train.faults import StopOnSignal, remove_stale_temp_files, resolve_checkpoint
 from train.module import PretrainModule
 
 log = logging.getLogger("wellmixed")
@@ -60,6 +63,16 @@ class RunConfig:
     wandb_name: Optional[str] = None
     peak_flops: Optional[float] = None
     """Peak FLOP/s per device for MFU; default: 989.5e12 on H100/H200 (dense bf16), else Lightning's."""
+    ckpt_fallback: bool = False
+    """If the checkpoint to resume from is truncated or corrupt, use the newest valid one in
+    <dir>/checkpoints (logged) instead of stopping with an error."""
+    elastic: bool = True
+    """Resume with other ranks x workers (or micro-batch, accumulation) than the checkpoint's: the old
+    consumers' pending work is redistributed (exactly-once kept; the order differs; logged).
+    False refuses such a resume."""
+    allow_changed_data: bool = False
+    """Resume although the corpus fingerprint or data.seed changed: the data order starts afresh at the
+    resumed step (exactly-once is void across the change). Refused by default."""
 
 
 class WellMixedCLI(LightningCLI):
@@ -111,6 +124,7 @@ class WellMixedCLI(LightningCLI):
         config["plugins"] = [AtomicCheckpointIO()]
         callbacks = list(callbacks) + [
             DataStateCallback(str(run_dir)),
+            StopOnSignal(str(run_dir / "checkpoints")),  # after DataStateCallback: the cursor is recorded first
             ThroughputCallback(run.peak_flops, log_every_n_steps=run.log_every_n_steps),
             ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step:07d}",
                             auto_insert_metric_name=False, every_n_train_steps=run.ckpt_every_n_steps,
@@ -121,12 +135,19 @@ class WellMixedCLI(LightningCLI):
     def before_fit(self) -> None:
         """Everything that can be wrong is checked here, before the first step."""
         dm: WellMixedData = self.datamodule
-        ckpt_dir = Path(self._section().run.dir) / "checkpoints"
+        run: RunConfig = self._section().run
+        ckpt_dir = Path(run.dir) / "checkpoints"
         if self._section().get("ckpt_path") is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
             raise ConfigError(
                 f"run.dir {ckpt_dir.parent} already holds checkpoints: resume with --ckpt_path last, "
                 "or choose a new --run.dir"
             )
+        if self.trainer.is_global_zero:
+            remove_stale_temp_files(ckpt_dir)
+        # A checked file instead of Lightning's "last" lookup: an unreadable one is named (or skipped).
+        ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback)
+        self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
+        dm.elastic, dm.allow_changed_data = run.elastic, run.allow_changed_data
         dm.prepare(self.trainer.accumulate_grad_batches)
         model_ctx = self.model.model_config.max_seq_len
         if dm.steps.schedule is not None:
@@ -154,4 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except FloatingPointError as e:  # model.on_nonfinite: stop
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     return 0

@@ -67,6 +67,7 @@ class PretrainModule(L.LightningModule):
         self.skipped_steps = 0
         self._skip = False
         self._val = None
+        self._last_val_step: int | None = None  # global step of the newest held-out loss
 
     # -- set-up ------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -88,6 +89,13 @@ class PretrainModule(L.LightningModule):
             fused = self.device.type == "cuda" or self.device.type == "cpu"
         schedule = self.trainer.datamodule.steps.schedule
         base = schedule.config.lr.peak
+        # (Reading estimated_stepping_batches here is what made Lightning drop a stateful loader's
+        # state, Lightning #20550; our cursors travel in the DataModule's state, and the resume tests
+        # run with this read in place.)
+        if self.trainer.estimated_stepping_batches < schedule.total_steps:
+            log.warning("trainer.max_steps=%d stops before the schedule's %d steps: the LR will not finish "
+                        "its decay and the anneal is cut short", self.trainer.estimated_stepping_batches,
+                        schedule.total_steps)
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=base, betas=tuple(self.optim.betas), eps=self.optim.eps, fused=fused,
@@ -190,11 +198,27 @@ class PretrainModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         self.log_dict(self._val_metrics(), on_step=False, on_epoch=True, sync_dist=False)
+        self._last_val_step = self.global_step
 
     def on_train_start(self) -> None:
         """Held-out loss of the initial model, logged at step 0 (the 'before' of every comparison)."""
         if self.global_step > 0 or self.trainer.datamodule.val_tokens_per_source <= 0:
             return
+        self._log_held_out(step=0)
+
+    def on_train_end(self) -> None:
+        """Held-out loss of the final model, when the run reached max_steps between two validations.
+
+        Without it the last value would predate the end of the anneal and the LR decay (validation
+        runs every ``run.val_every_n_steps``), which is exactly what an ablation compares. Logged at
+        the last trained step's index, as Lightning logs validations.
+        """
+        if (self.trainer.datamodule.val_tokens_per_source <= 0 or self.global_step < self.trainer.max_steps
+                or self._last_val_step == self.global_step):
+            return
+        self._log_held_out(step=self.global_step - 1)
+
+    def _log_held_out(self, step: int) -> None:
         was_training = self.training
         self.eval()
         self.on_validation_epoch_start()
@@ -205,7 +229,8 @@ class PretrainModule(L.LightningModule):
         metrics = self._val_metrics()
         self.train(was_training)
         for logger in self.loggers:
-            logger.log_metrics({k: v.item() for k, v in metrics.items()}, step=0)
+            logger.log_metrics({k: v.item() for k, v in metrics.items()}, step=step)
+        self._last_val_step = self.global_step
 
     def model_config_summary(self) -> str:
         model = getattr(self.model, "_orig_mod", self.model)

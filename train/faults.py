@@ -1,0 +1,146 @@
+"""The faults a cluster produces, and what a run does about them.
+
+- **Preemption** (SIGTERM, or SLURM's ``--signal=USR1@90``): :class:`StopOnSignal` -- the handler
+  only sets a flag; at the next optimizer-step boundary every rank agrees on it, ``last.ckpt`` is
+  written (model, optimizer and the data cursors of the batch just trained) and the run ends with exit
+  code 0. Resuming with ``--ckpt_path last`` continues the identical order: no batch skipped or
+  repeated. Lightning's own handlers are replaced for the duration of training: its SIGTERM handler
+  kills the other ranks' processes (a collective save then cannot happen) and its SLURM requeue on
+  SIGUSR1 checkpoints in the middle of a step, where the in-flight batch is lost on resume.
+- **A SIGKILL during a checkpoint write**: the write goes to a temporary file that is renamed into
+  place (train/callbacks.py, ``AtomicCheckpointIO``), so the previous checkpoint stays loadable;
+  :func:`remove_stale_temp_files` clears the half-written temporary at the next start.
+- **A truncated or corrupt checkpoint**: :func:`resolve_checkpoint` checks the file ``--ckpt_path``
+  names before Lightning loads it -- a clear error naming the file, or with ``run.ckpt_fallback``
+  the newest valid checkpoint of the run (logged). The check reads the archive's index, not every
+  tensor byte: torch's zip reader keeps no checksum of the data, so flipped bits inside a tensor are
+  not detected.
+- **A non-finite loss** and **a full disk** are handled where they happen (train/module.py:
+  ``on_nonfinite``; train/callbacks.py: ``AtomicCheckpointIO``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from data.errors import ConfigError
+
+log = logging.getLogger("wellmixed")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopOnSignal(L.Callback):
+    """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly."""
+
+    def __init__(self, ckpt_dir: str):
+        self.ckpt_dir = Path(ckpt_dir)
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+        self._last_step = -1
+
+    def _handler(self, signum, frame) -> None:
+        self.received = signum  # nothing else: a signal can arrive in the middle of anything
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Installed here, after Lightning registered its own (trainer._run), so these replace them.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self._last_step:  # accumulating: no optimizer step yet
+            return
+        self._last_step = trainer.global_step
+        # Every rank must take the same decision (the save is collective); a signal sent only to
+        # rank 0's process is enough. One 4-byte all-reduce per step.
+        flag = torch.tensor([0 if self.received is None else int(self.received)], device=pl_module.device)
+        signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        if not signum:
+            return
+        path = self.ckpt_dir / "last.ckpt"
+        # DataStateCallback.on_train_batch_end ran before this (callback order), so the cursor of the
+        # batch just trained is the one written.
+        trainer.save_checkpoint(str(path))
+        trainer.should_stop = True
+        if trainer.is_global_zero:
+            log.warning("received %s: checkpoint of step %d (data cursors included) written to %s; stopping. "
+                        "Resume with --ckpt_path last", signal.Signals(signum).name, trainer.global_step, path)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """None if ``path`` opens as a checkpoint (index and pickled structure), else what is wrong."""
+    try:
+        # mmap: tensors are not read, so this costs milliseconds even for a multi-GB checkpoint;
+        # a truncated file fails here (the zip index is at the end of the file).
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{type(e).__name__}: {first_line}"[:300]
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
+        return "not a Lightning checkpoint (no state_dict / global_step)"
+    return None
+
+
+def _newest_first(ckpt_dir: Path) -> list[Path]:
+    return sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) -> str | None:
+    """The file to resume from, checked; ``last`` is resolved as Lightning does (newest last*.ckpt).
+
+    Returns None for ``last`` when the run has no checkpoint yet (a requeued job that never saved one
+    starts from step 0, as with Lightning). Raises ConfigError naming the file when it is unreadable,
+    unless ``fallback``: then the newest readable checkpoint in ``ckpt_dir`` is used, and logged.
+    """
+    if ckpt_path is None or ckpt_path in ("best", "hpc", "registry"):
+        return ckpt_path
+    if ckpt_path == "last":
+        lasts = [p for p in _newest_first(ckpt_dir) if p.name.startswith("last")] if ckpt_dir.is_dir() else []
+        if not lasts:
+            log.warning("--ckpt_path last: no checkpoint in %s yet; starting from step 0", ckpt_dir)
+            return None
+        path = lasts[0]
+    else:
+        path = Path(ckpt_path)
+        if not path.is_file():
+            raise ConfigError(f"--ckpt_path {path}: no such file")
+    problem = checkpoint_problem(path)
+    if problem is None:
+        return str(path)
+    where = path.parent
+    if not fallback:
+        raise ConfigError(
+            f"checkpoint {path} is unreadable (truncated or corrupt?): {problem}. Resume from another file "
+            f"with --ckpt_path FILE, or pass --run.ckpt_fallback true to use the newest valid checkpoint in {where}"
+        )
+    for other in _newest_first(where):
+        if other != path and checkpoint_problem(other) is None:
+            log.warning("checkpoint %s is unreadable (%s); falling back to %s (run.ckpt_fallback)", path, problem, other)
+            return str(other)
+    raise ConfigError(f"checkpoint {path} is unreadable ({problem}) and {where} holds no valid checkpoint to fall back to")
+
+
+def remove_stale_temp_files(ckpt_dir: Path) -> list[Path]:
+    """Half-written ``.NAME.tmpPID`` files of a save that was killed (AtomicCheckpointIO); they can be
+    as large as a checkpoint. Called before training starts, when no save can be in progress."""
+    stale = sorted(ckpt_dir.glob(".*.ckpt.tmp*")) if ckpt_dir.is_dir() else []
+    for p in stale:
+        p.unlink(missing_ok=True)
+        log.warning("removed %s, left by a checkpoint write that did not finish", p)
+    return stale
