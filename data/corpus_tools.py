@@ -16,8 +16,10 @@ Global shuffle -- the dolma3_300B_sample_shuffled procedure -- in two phases::
 
 Every random choice is a function of (seed, file index) or (seed, bucket), so the output is the same
 however the tasks are spread over processes or array jobs, and whatever the buffer size. Memory is
-bounded by ``buffer_mb`` plus one input row group in scatter, and by about three times one bucket's
-decoded size in gather (the bucket, its permuted copy, the write buffers): N buckets = corpus / N each.
+bounded by ``buffer_mb`` plus one input row group in scatter, and by about twice one bucket's decoded
+size in gather (its parts and their contiguous copy, for a moment; then the copy and one output row
+group), plus a fixed ~150-250 MB (interpreter, Arrow pools): N buckets hold corpus / N each.
+scripts/bench_shuffle.py measures it.
 
 Restarting is always safe: a scatter task with a marker and an output bucket whose footer names this
 run are skipped; half-written temp files never have the final name. ``verify`` compares input and
@@ -131,8 +133,9 @@ def inputs_fingerprint(paths: list[str]) -> str:
 
 def text_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """64-bit BLAKE2b of each value's UTF-8 bytes (uint64 [rows]); nulls get a fixed distinct hash."""
-    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    arr = arr.cast(pa.large_binary())
+    if isinstance(column, pa.ChunkedArray):  # per chunk: no combined copy of the texts
+        return np.concatenate([text_hashes(c) for c in column.chunks] or [np.zeros(0, dtype=np.uint64)])
+    arr = column.cast(pa.large_binary())
     n = len(arr)
     if n == 0:
         return np.zeros(0, dtype=np.uint64)
@@ -215,17 +218,6 @@ def cast_to_schema(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
         raise ConfigError(f"{path}: cannot cast to the first input's schema: {e}") from None
 
 
-def _write_atomic(table: pa.Table, path: Path, **kw) -> None:
-    """Write to a hidden temp name in the same directory, then rename: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        pq.write_table(table, tmp, **kw)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_json_atomic(obj: dict, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n")
@@ -293,7 +285,11 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
         raise ConfigError(f"{path}: not a readable parquet file: {e}") from None
     _check_columns(pf.schema_arrow, path, spec)
     for rg in range(pf.num_row_groups):
-        table = cast_to_schema(pf.read_row_group(rg), schema, path)
+        try:
+            table = pf.read_row_group(rg)
+        except Exception as e:
+            raise ConfigError(f"{path}: row group {rg} unreadable (truncated or corrupt?): {e}") from None
+        table = cast_to_schema(table, schema, path)
         stats.add_table(table, spec)
         assign = rng.integers(0, spec.buckets, size=table.num_rows)
         per_bucket += np.bincount(assign, minlength=spec.buckets)
@@ -319,7 +315,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
 
 def read_footer(path: Path) -> Optional[dict]:
     """The shuffle metadata in an output bucket's footer (None for a file without it)."""
-    meta = pq.read_schema(path).metadata or {}
+    meta = pq.read_metadata(path).metadata or {}
     raw = meta.get(FOOTER_KEY)
     return json.loads(raw) if raw else None
 
@@ -339,10 +335,16 @@ def bucket_done(spec: ShuffleSpec, bucket: int) -> bool:
 
 
 def gather_bucket(spec: ShuffleSpec, bucket: int) -> dict:
-    """Read bucket ``bucket``'s parts in file order, permute, write it; returns its stats."""
+    """Read bucket ``bucket``'s parts in file order, permute, write it; returns its stats.
+
+    Memory: the parts, then one contiguous copy of them (~2x the bucket for a moment), then 1x plus
+    one output row group while the permutation is written a row group at a time. The statistics are
+    taken from the row groups as they are written and go into the file's key-value metadata.
+    """
     if bucket_done(spec, bucket):
         return {"bucket": bucket, "skipped": True, **read_footer(spec.output(bucket))}
-    for stale in spec.output(bucket).parent.glob(f".{spec.output(bucket).name}.*.tmp"):
+    path = spec.output(bucket)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
         stale.unlink()  # a killed earlier attempt at this bucket (one task owns a bucket at a time)
     schema = reference_schema(spec)
     pieces, expected = [], 0
@@ -353,18 +355,26 @@ def gather_bucket(spec: ShuffleSpec, bucket: int) -> dict:
         expected += marker["rows_per_bucket"][bucket]
         for part in sorted((spec.tmp_dir / f"f-{index:05d}").glob(f"b-{bucket:05d}-p*.parquet")):
             pieces.append(pq.read_table(part))
-    table = pa.concat_tables(pieces) if pieces else schema.empty_table()
+    table = pa.concat_tables(pieces).combine_chunks() if pieces else schema.empty_table()
+    del pieces
     if table.num_rows != expected:
         raise RuntimeError(f"bucket {bucket}: parts hold {table.num_rows} rows, the markers say {expected}")
     perm = np.random.default_rng([spec.seed, 1, bucket]).permutation(table.num_rows)
-    table = table.take(pa.array(perm))
     stats = RowStats()
-    stats.add_table(table, spec)
-    footer = {"identity": spec.identity(), "bucket": bucket, "stats": stats.to_dict()}
-    meta = {**(schema.metadata or {}), FOOTER_KEY: json.dumps(footer).encode()}
-    table = table.replace_schema_metadata(meta)
-    spec.output(bucket).parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(table, spec.output(bucket), row_group_size=spec.row_group_rows, compression=spec.compression)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with pq.ParquetWriter(tmp, schema, compression=spec.compression) as writer:
+            for start in range(0, table.num_rows, spec.row_group_rows):
+                rows = table.take(pa.array(perm[start : start + spec.row_group_rows]))
+                stats.add_table(rows, spec)
+                writer.write_table(rows)
+            footer = {"identity": spec.identity(), "bucket": bucket, "stats": stats.to_dict()}
+            writer.add_key_value_metadata({FOOTER_KEY: json.dumps(footer).encode()})
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return {"bucket": bucket, "skipped": False, **footer}
 
 

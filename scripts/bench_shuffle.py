@@ -130,10 +130,10 @@ def memory(glob_: str, tmp: Path, bucket_counts: list[int], buffer_mb: float) ->
               f"{(gather_peak - base) / largest:>24.2f}x")
         points.append((largest, gather_peak))
     if len(points) >= 2:
-        (big, peak_big), (small, peak_small) = max(points), min(points)
-        print(f"  marginal gather RSS per bucket byte (largest vs smallest bucket): "
-              f"{(peak_big - peak_small) / (big - small):.2f}x; fixed part (intercept) "
-              f"{peak_big - (peak_big - peak_small) / (big - small) * big:.0f} MB")
+        x, y = np.array(points, dtype=float).T
+        slope, intercept = np.polyfit(x, y, 1)
+        print(f"  least-squares fit over the {len(points)} runs: gather peak RSS = {intercept:.0f} MB + "
+              f"{slope:.2f} x largest bucket (decoded)")
 
 
 def main() -> None:

@@ -24,6 +24,10 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from train.malloc import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()  # the same allocator setting as python -m train
+
 import lightning as L  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -96,12 +96,9 @@ def check_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
     missing = [k for k in ref if k not in state]
     unexpected = [k for k in state if k not in ref]
     bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in ref.items() if k in state and state[k].shape != v.shape]
-    if missing or unexpected or bad:
-        raise ConfigError(
-            "checkpoint does not match the model config: "
-            + "; ".join(x for x in (f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
-                                      f"shape {bad[:5]}" if bad else "") if x)
-        )
+    problems = [f"{what} {items[:5]}" for what, items in (("missing", missing), ("unexpected", unexpected), ("shape", bad)) if items]
+    if problems:
+        raise ConfigError("checkpoint does not match the model config: " + "; ".join(problems))
 
 
 def hf_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -8,10 +8,11 @@ memory and written as parquet with the input's schema::
     python scripts/global_shuffle.py 'demo_corpus/*/*.parquet' --out /tmp/demo_shuffled --buckets 8
 
 Phases (data/corpus_tools.py has the details): *scatter*, one task per input file, streams row groups
-into per-bucket part files under ``--tmp`` (default ``OUT/_shuffle_tmp``; needs about the corpus's
-size in free space), memory bounded by ``--buffer-mb``; *gather*, one task per bucket, reads the
-bucket's parts, permutes them and writes ``OUT/bucket-00042.parquet`` (memory: about 3x one bucket,
-i.e. 3 x corpus / N per worker -- pick N so that fits); *report*, which compares the input with the
+into per-bucket part files under ``--tmp`` (default ``OUT/_shuffle_tmp``; lz4 parts need about
+1.3-2x the input's parquet size in free space), memory bounded by ``--buffer-mb``; *gather*, one task per bucket, reads the
+bucket's parts, permutes them and writes ``OUT/bucket-00042.parquet`` (peak memory per worker: about
+2x one decoded bucket, i.e. 2 x corpus / N, plus ~200 MB -- pick N so that fits; measured by
+scripts/bench_shuffle.py); *report*, which compares the input with the
 outputs and writes ``OUT/shuffle_report.json``, then deletes the temp parts (``--keep-tmp`` keeps them).
 The RNGs are seeded from (seed, file index) and (seed, bucket): the result does not depend on how
 tasks are split over processes or jobs.
@@ -40,11 +41,16 @@ is the job-array template, with the submission commands chaining the three phase
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, which holds `data`
+# Arrow's allocator, for this process and the workers it spawns (they inherit the environment). The
+# system allocator hands freed buffers back; mimalloc, Arrow's default, kept about 90 MB more at the
+# peak of a gather over 64 buckets, at the same speed (scripts/bench_shuffle.py).
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 from data.corpus_tools import (  # noqa: E402
     ShuffleSpec,

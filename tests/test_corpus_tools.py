@@ -73,9 +73,9 @@ def test_rows_and_checksum_in_equal_out(baseline, demo_corpus):
     assert report["tokens_in"] == report["tokens_out"] == sum(sum(t.column("token_count").to_pylist()) for t in tables)
     assert json.loads((Path(spec.out) / "shuffle_report.json").read_text())["ok"]
     assert not spec.tmp_dir.exists(), "temp parts are deleted after a verified run"
-    # Same schema (column names and types); the footer metadata is the only addition.
+    # Same schema, metadata included (the shuffle statistics are parquet key-value metadata).
     for b in range(BUCKETS):
-        assert pq.read_schema(spec.output(b)).remove_metadata().equals(pq.read_schema(spec.inputs[0]).remove_metadata())
+        assert pq.read_schema(spec.output(b)).equals(pq.read_schema(spec.inputs[0]), check_metadata=True)
         assert read_footer(spec.output(b))["bucket"] == b
 
 
@@ -260,3 +260,12 @@ def test_split_cli_compares_read_cost_with_filters(baseline, tmp_path):
     # 4 filtered sources share every row group: each one is decoded up to 4 times instead of once.
     assert 2.5 < float(ratio.group(2)) <= 4.0
     assert "WARNING" not in r.stdout and "tokenizing every document once" in r.stdout
+
+
+@pytest.mark.slow
+def test_bench_shuffle_quick_prints_its_figures(demo_corpus):
+    r = subprocess.run([sys.executable, "scripts/bench_shuffle.py", "--quick", "--synthetic-mb", "8", "--corpus", str(demo_corpus)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(re.findall(r"rows/s, +[\d.]+ MB/s parquet", r.stdout)) == 2, r.stdout
+    assert re.search(r"gather peak RSS = \d+ MB \+ -?[\d.]+ x largest bucket", r.stdout), r.stdout

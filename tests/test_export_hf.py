@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from data.errors import ConfigError
 from data.tokenizer import EOT_ID, VOCAB_SIZE, get_encoding
 from train.model import GPT, ModelConfig, load_model_config
 
@@ -128,7 +129,7 @@ def test_cli_bare_state_dict_with_check(tmp_path):
 def test_mismatched_checkpoint_is_refused(tmp_path):
     model = random_model(load_model_config(TINY))
     save_lightning(model, tmp_path / "a.ckpt")
-    with pytest.raises(Exception, match="does not match the model config"):
+    with pytest.raises(ConfigError, match="does not match the model config"):
         export_hf.export(tmp_path / "a.ckpt", tmp_path / "hf", model_config=ROOT / "configs" / "model" / "demo.yaml")
 
 

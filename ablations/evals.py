@@ -1,0 +1,118 @@
+"""The downstream suite: a registry of evaluations, each mapping one run directory to named numbers.
+
+The report runs every evaluation of ``--suite`` on every arm and seed, takes the difference
+(scheduled - fixed) per metric, and its decision rule reads metrics by their full name
+``<evaluation>/<metric>`` (e.g. ``heldout/curated``). Registered here:
+
+- ``heldout`` (default): the final held-out loss per source and overall, from the run's CSV log (no
+  model needed; the held-out chunks are the same for every seed and arm). Lower is better.
+- ``lm_eval``: lm-evaluation-harness on the exported model (``scripts/export_hf.py``), opt-in.
+
+Adding one::
+
+    from ablations.evals import register
+
+    @register("my_suite", higher_is_better=True, description="accuracy on my tasks")
+    def my_suite(run_dir: Path) -> dict[str, float]:
+        ...                       # e.g. load run_dir / "checkpoints" / "last.ckpt" and score it
+        return {"task_a": 0.61, "task_b": 0.47}
+
+then ``python ablations/report.py OUT --suite heldout,my_suite --plugin mypackage.my_module`` (the
+plugin module is imported first, so its ``@register`` calls run). Cache expensive results inside the
+run directory (``run_dir / "evals" / ...``), as ``lm_eval`` does, so re-running the report is cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ablations.runs import read_metrics, series
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    name: str
+    fn: Callable[[Path], dict[str, float]]
+    higher_is_better: bool = False
+    description: str = ""
+
+
+EVALUATIONS: dict[str, Evaluation] = {}
+
+
+def register(name: str, higher_is_better: bool = False, description: str = ""):
+    """Decorator: adds ``fn(run_dir) -> {metric: value}`` to the suite under ``name``."""
+
+    def wrap(fn: Callable[[Path], dict[str, float]]):
+        EVALUATIONS[name] = Evaluation(name, fn, higher_is_better, description or (fn.__doc__ or "").strip())
+        return fn
+
+    return wrap
+
+
+@register("heldout", description="final held-out loss per source and overall (nats/token)")
+def heldout_loss(run_dir: Path) -> dict[str, float]:
+    """The newest ``val/loss/<source>`` and ``val/loss`` of the run's CSV log (its last step's)."""
+    rows = read_metrics(run_dir)
+    keys = sorted({k for r in rows for k, v in r.items() if v and k.startswith("val/loss/")})
+    out = {}
+    for key in keys + ["val/loss"]:
+        points = series(rows, key)
+        if points:
+            out["all" if key == "val/loss" else key.split("/", 2)[2]] = points[-1][1]
+    if not out:
+        raise ValueError(f"{run_dir}: no val/loss in csv/metrics.csv (data.val_tokens_per_source is 0?)")
+    return out
+
+
+LM_EVAL_TASKS = os.environ.get("WELLMIXED_LM_EVAL_TASKS", "hellaswag,arc_easy,piqa,lambada_openai")
+
+
+@register("lm_eval", higher_is_better=True,
+          description=f"lm-evaluation-harness accuracy on the exported model ({LM_EVAL_TASKS})")
+def lm_eval_harness(run_dir: Path) -> dict[str, float]:
+    """Exports ``checkpoints/last.ckpt`` to HF format and runs ``lm_eval`` on it; cached per run.
+
+    Needs ``pip install lm-eval`` and ``scripts/export_hf.py``; the tasks come from
+    ``$WELLMIXED_LM_EVAL_TASKS`` (comma-separated), extra flags from ``$WELLMIXED_LM_EVAL_ARGS``
+    (e.g. ``--device cuda:0 --batch_size 32``). Reports ``<task>/acc`` (and ``acc_norm`` where
+    the task has it). A 350M model at 2B tokens sits near chance on most of these: prefer tasks
+    with signal at that scale, or use held-out loss alone.
+    """
+    run_dir = Path(run_dir)
+    out_dir = run_dir / "evals" / "lm_eval"
+    results_file = out_dir / "results.json"
+    if not results_file.is_file():
+        hf_dir = run_dir / "evals" / "hf"
+        if not (hf_dir / "config.json").is_file():
+            _run([sys.executable, str(ROOT / "scripts" / "export_hf.py"),
+                  str(run_dir / "checkpoints" / "last.ckpt"), "--out", str(hf_dir)])
+        raw = out_dir / "raw"
+        _run(["lm_eval", "--model", "hf", "--model_args", f"pretrained={hf_dir}", "--tasks", LM_EVAL_TASKS,
+              "--output_path", str(raw), *shlex.split(os.environ.get("WELLMIXED_LM_EVAL_ARGS", ""))])
+        found = sorted(raw.rglob("results*.json"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise RuntimeError(f"lm_eval wrote no results*.json under {raw}")
+        metrics = {}
+        for task, values in json.loads(found[-1].read_text())["results"].items():
+            for key, value in values.items():
+                name = key.split(",")[0]  # "acc,none" -> "acc"
+                if name in ("acc", "acc_norm") and isinstance(value, (int, float)):
+                    metrics[f"{task}/{name}"] = float(value)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        results_file.write_text(json.dumps(metrics, indent=1))
+    return json.loads(results_file.read_text())
+
+
+def _run(cmd: list[str]) -> None:
+    print("$ " + shlex.join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=ROOT)

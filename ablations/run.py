@@ -1,0 +1,200 @@
+"""Run an ablation pair: both arms (scheduled and fixed mixture), for one or more seeds, then the report.
+
+    python ablations/run.py --pair demo                                  # CPU, ~2 x 3 minutes
+    python ablations/run.py --pair demo --seeds 1234 5678 --out runs/ablation-demo-2seeds
+    python ablations/run.py --pair 350m_2b --slurm                      # a SLURM job array, one task per run
+    python ablations/run.py --pair demo --dry-run -- --trainer.precision 32-true   # print the commands
+
+Every run is ``python -m train fit`` with the pair's configs stacked (the base config, the
+scheduled arm's diff, and for the fixed arm its one-key diff, the mixture) plus::
+
+    --seed_everything S --data.seed S --data.order_log true --run.dir OUT/<arm>-seed<S>
+    --run.wandb_group NAME --run.wandb_name NAME/<arm>-seed<S>   [extra overrides after --]
+
+so each arm has its own run directory and the wandb runs are grouped under the ablation's name
+(default: OUT's folder name). Runs go one after another; a finished run (held-out loss logged at
+its last step) is skipped and an unfinished one with ``checkpoints/last.ckpt`` resumes from it, so
+re-running the same command after a crash continues where it stopped. Afterwards
+``ablations/report.py OUT`` writes ``OUT/report.md`` (skip with ``--no-report``).
+
+``--slurm`` writes ``OUT/jobs.json`` and submits ``ablations/ablation.sbatch`` as an array with one
+task per run (``--dry-run`` prints the sbatch command instead); each task asks this script for its
+command line (``--task-args``), so the skip/resume rule above applies to requeued tasks too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from ablations.runs import is_complete  # noqa: E402
+
+ARMS = ("scheduled", "fixed")
+SBATCH = "ablations/ablation.sbatch"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """An ablation pair: the fixed arm is the scheduled arm plus one more config diff (its mixture)."""
+
+    base: str
+    scheduled: str
+    fixed: str
+
+    def configs(self, arm: str) -> list[str]:
+        """The ``--config`` files of ``arm``, applied in this order (later files override earlier ones)."""
+        return [self.base, self.scheduled] + ([self.fixed] if arm == "fixed" else [])
+
+
+PAIRS = {
+    "demo": Pair("configs/demo.yaml", "ablations/demo_scheduled.yaml", "ablations/demo_fixed.yaml"),
+    "350m_2b": Pair("configs/pretrain_350m_20b.yaml", "ablations/350m_2b_scheduled.yaml", "ablations/350m_2b_fixed.yaml"),
+}
+
+
+@dataclass
+class Job:
+    arm: str
+    seed: int
+    run_dir: str
+    args: list[str]
+    """Arguments of ``python -m train fit`` (without ``--ckpt_path``, added on resume)."""
+
+
+def config_seed(pair: Pair) -> int:
+    """``data.seed`` as the pair's stacked configs set it (the last file that names it wins)."""
+    seed = 1234
+    for path in pair.configs("scheduled"):
+        data = (yaml.safe_load((ROOT / path).read_text()) or {}).get("data") or {}
+        seed = data.get("seed", seed)
+    return int(seed)
+
+
+def plan_jobs(pair: Pair, seeds: list[int], out: Path, name: str, extra: list[str]) -> list[Job]:
+    """One job per (seed, arm), seed-major: both arms of a seed finish before the next seed starts."""
+    jobs = []
+    for seed in seeds:
+        for arm in ARMS:
+            run_dir = out / f"{arm}-seed{seed}"
+            args = [a for c in pair.configs(arm) for a in ("--config", c)] + [
+                "--seed_everything", str(seed), "--data.seed", str(seed), "--data.order_log", "true",
+                "--run.dir", str(run_dir), "--run.wandb_group", name, "--run.wandb_name", f"{name}/{arm}-seed{seed}",
+                *extra,
+            ]
+            jobs.append(Job(arm, seed, str(run_dir), args))
+    return jobs
+
+
+def task_args(job: Job) -> list[str] | None:
+    """The job's ``python -m train fit`` arguments now: None when it is finished, resumed when begun."""
+    run_dir = ROOT / job.run_dir  # relative to the repository root, where training runs
+    if is_complete(run_dir):
+        return None
+    if (run_dir / "checkpoints" / "last.ckpt").is_file():
+        return job.args + ["--ckpt_path", "last"]
+    return job.args
+
+
+def sbatch_command(jobs_file: Path, n_jobs: int, name: str, sbatch_args: list[str]) -> list[str]:
+    return ["sbatch", f"--array=0-{n_jobs - 1}", f"--job-name={name}", *sbatch_args, SBATCH, str(jobs_file)]
+
+
+def repo_relative(path: Path) -> Path:
+    """``path`` (from the caller's directory) relative to the repository root, where runs start."""
+    path = Path(path).resolve()
+    return Path(os.path.relpath(path, ROOT)) if path.is_relative_to(ROOT) else path
+
+
+def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--task-args"]:  # called by ablations/ablation.sbatch in each array task
+        return print_task_args(Path(argv[1]), int(argv[2]))
+    own, extra = split_extra(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pair", required=True, choices=sorted(PAIRS))
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the configs' data.seed")
+    p.add_argument("--out", type=Path, default=None, help="default: runs/ablation-<pair>")
+    p.add_argument("--name", default=None, help="ablation name, the wandb group (default: OUT's folder name)")
+    p.add_argument("--slurm", action="store_true", help="submit a SLURM job array instead of running here")
+    p.add_argument("--sbatch-args", default="", help='extra sbatch flags, given with "=": --sbatch-args="--partition=gpu --time=24:00:00"')
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--no-report", action="store_true", help="do not write OUT/report.md after the runs")
+    p.add_argument("--report-args", default="", help='flags for ablations/report.py, given with "=": --report-args="--token-rtol 0.05"')
+    args = p.parse_args(own)
+
+    pair = PAIRS[args.pair]
+    out = repo_relative(args.out or ROOT / "runs" / f"ablation-{args.pair}")
+    name = args.name or out.name
+    seeds = args.seeds or [config_seed(pair)]
+    jobs = plan_jobs(pair, seeds, out, name, extra)
+
+    if args.slurm:
+        jobs_file = out / "jobs.json"
+        cmd = sbatch_command(jobs_file, len(jobs), name, shlex.split(args.sbatch_args))
+        if not args.dry_run:
+            (ROOT / out).mkdir(parents=True, exist_ok=True)
+            (ROOT / "logs").mkdir(exist_ok=True)  # the sbatch --output folder; SLURM does not create it
+            (ROOT / jobs_file).write_text(json.dumps([asdict(j) for j in jobs], indent=1))
+        print(shlex.join(cmd))
+        for i, job in enumerate(jobs):
+            print(f"  task {i}: {shlex.join(['python', '-m', 'train', 'fit', *job.args])}")
+        if args.dry_run:
+            return 0
+        proc = subprocess.run(cmd, cwd=ROOT)
+        if proc.returncode == 0:
+            print(f"when the array has finished: python ablations/report.py {out}")
+        return proc.returncode
+
+    for job in jobs:
+        todo = task_args(job)
+        label = f"[{job.arm} seed {job.seed}]"
+        if todo is None:
+            print(f"{label} {job.run_dir} is complete: skipped", flush=True)
+            continue
+        cmd = [sys.executable, "-m", "train", "fit", *todo]
+        print(f"{label} {shlex.join(cmd)}", flush=True)
+        if args.dry_run:
+            continue
+        proc = subprocess.run(cmd, cwd=ROOT)
+        if proc.returncode != 0:
+            print(f"{label} failed with exit code {proc.returncode}; re-run the same command to resume",
+                  file=sys.stderr)
+            return proc.returncode
+    if args.dry_run or args.no_report:
+        return 0
+    from ablations.report import main as report_main
+
+    return report_main([str(ROOT / out), *shlex.split(args.report_args)])
+
+
+def print_task_args(jobs_file: Path, index: int) -> int:
+    """Prints array task ``index``'s training arguments, shell-quoted; nothing when it is complete."""
+    job = Job(**json.loads((ROOT / jobs_file).read_text())[index])
+    todo = task_args(job)
+    if todo is not None:
+        print(shlex.join(todo))
+    else:
+        print(f"{job.run_dir} is complete: nothing to do", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

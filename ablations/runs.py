@@ -1,0 +1,120 @@
+"""Reading one finished (or unfinished) run directory: no wandb, no model, only the files it wrote.
+
+A run directory of ``python -m train fit`` holds::
+
+    csv/metrics.csv        step, train/loss[/<source>], val/loss[/<source>], train/share/<source>, ...
+    csv/config.yaml        the full resolved config (LightningCLI saves it next to the CSV log)
+    order_log/rank<r>.jsonl  with data.order_log: one line per step and rank, ``source_tokens`` per source
+    checkpoints/last.ckpt  the newest checkpoint; its data cursors hold each consumer's mixer counters
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from data.schedules import Schedule, build_schedule, tokens_per_source
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    path = Path(run_dir) / "csv" / "metrics.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (is {run_dir} a run directory of python -m train fit?)")
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def series(rows: list[dict[str, str]], key: str) -> list[tuple[int, float]]:
+    """(step, value) of every row that has ``key``, sorted by step; a resumed run's rewrite wins."""
+    out = {}
+    for r in rows:
+        if r.get(key):
+            out[int(r["step"])] = float(r[key])
+    return sorted(out.items())
+
+
+def read_config(run_dir: Path) -> dict:
+    """The run's saved config (``fit`` section): what it actually trained with, overrides included."""
+    path = Path(run_dir) / "csv" / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the run did not start")
+    return yaml.safe_load(path.read_text())
+
+
+def schedule_of(config: dict) -> Schedule:
+    return build_schedule(config["data"]["schedule"], list(config["data"]["sources"]))
+
+
+def planned_tokens(config: dict) -> dict[str, float]:
+    """Tokens per source the run's schedule plans over its budget (data/schedules.py)."""
+    return tokens_per_source(schedule_of(config))
+
+
+def drawn_tokens(run_dir: Path) -> tuple[dict[str, int], int]:
+    """Tokens per source actually trained (order logs summed over ranks) and the number of steps."""
+    files = sorted((Path(run_dir) / "order_log").glob("rank*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"{run_dir}/order_log/rank*.jsonl not found: run with --data.order_log true")
+    totals: dict[str, int] = {}
+    steps: set[int] = set()
+    for path in files:
+        for line in path.read_text().splitlines():
+            if not line:
+                continue
+            d = json.loads(line)
+            steps.add(d["step"])
+            for source, n in d["source_tokens"].items():
+                totals[source] = totals.get(source, 0) + int(n)
+    return totals, len(steps)
+
+
+@dataclass
+class MixerState:
+    """Summed over every consumer (rank x worker) of the final checkpoint's data cursors."""
+
+    step: int
+    """The checkpoint's global step."""
+    target: dict[str, float]
+    """Tokens per source the mixer aimed for over the tokens it emitted: sum of w_s(step) x tokens."""
+    in_flight: dict[str, int]
+    """Tokens of documents chosen and counted, not yet trained (the batch rows' unfinished documents)."""
+
+
+def final_mixer_state(run_dir: Path, sources: list[str]) -> MixerState | None:
+    """The mixer counters in ``checkpoints/last.ckpt``, or None without one (mmap: weights stay on disk)."""
+    path = Path(run_dir) / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        return None
+    import torch
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    state = ckpt.get("WellMixedData")
+    if not state:
+        return None
+    target = dict.fromkeys(sources, 0.0)
+    in_flight = dict.fromkeys(sources, 0)
+    for rank in state["cursors"]:
+        for cursor in rank:
+            if cursor is None:
+                continue
+            mixer = cursor["mixer"]
+            for i, s in enumerate(sources):
+                target[s] += float(mixer["target"][i])
+                in_flight[s] += int(mixer["committed"][i]) - int(mixer["emitted"][i])
+    return MixerState(step=int(ckpt["global_step"]), target=target, in_flight=in_flight)
+
+
+def is_complete(run_dir: Path) -> bool:
+    """True when the run trained its whole schedule and logged the held-out loss at its last step."""
+    try:
+        config, rows = read_config(run_dir), read_metrics(run_dir)
+    except FileNotFoundError:
+        return False
+    total = schedule_of(config).total_steps
+    max_steps = (config.get("trainer") or {}).get("max_steps")
+    last = total if max_steps in (None, -1) else min(total, int(max_steps))
+    return any(step >= last - 1 for step, _ in series(rows, "val/loss"))
