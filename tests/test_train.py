@@ -144,3 +144,28 @@ def test_per_source_loss_is_a_token_weighted_mean():
     src = torch.tensor([[0, 0, 1], [1, 1, 0]])
     sums, counts = m._per_source(tok, src)
     assert sums.tolist() == [1 + 2 + 6, 3 + 4 + 5, 0] and counts.tolist() == [3, 3, 0]
+
+
+def test_wandb_runs_offline_without_an_account(demo_corpus, tmp_path, monkeypatch):
+    """No API key, no WANDB_MODE: the run must not prompt or hang, and leaves an offline run to sync."""
+    for var in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "train", "fit", *TINY, *sources_args(demo_corpus), "--run.dir", str(run_dir),
+           "--run.wandb", "true", "--trainer.max_steps", "2"]
+    env = {**os.environ, "WELLMIXED_CACHE": str(tmp_path / "cache"), "HOME": str(tmp_path)}  # no ~/.netrc
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list((run_dir / "wandb").glob("offline-run-*")), "no offline wandb run written"
+
+
+def test_wandb_keys_group_per_source_losses(monkeypatch):
+    from lightning.pytorch.loggers import WandbLogger
+
+    from train.callbacks import wandb_logger
+
+    seen = {}
+    monkeypatch.setattr(WandbLogger, "log_metrics", lambda self, m, step=None: seen.update(m))  # the parent's sink
+    wandb_logger(offline=True, save_dir="/tmp").log_metrics(
+        {"train/loss": 1.0, "train/loss/web": 2.0, "val/loss/code": 3.0, "train/lr": 0.1})
+    assert seen == {"train/loss": 1.0, "train_loss_by_source/web": 2.0, "val_loss_by_source/code": 3.0, "train/lr": 0.1}

@@ -133,3 +133,26 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise OSError(f"could not write checkpoint {path}: {e} (disk full?); the previous checkpoint is intact") from e
+
+
+def wandb_logger(**kwargs):
+    """WandbLogger whose per-source keys form their own panel sections.
+
+    wandb groups panels by the first segment of a key, so ``train/loss/web`` would sit among every
+    other ``train/*`` chart. Here ``train/loss/<source>`` becomes ``train_loss_by_source/<source>``
+    (and likewise for ``val`` and the token shares), one chart group each; the CSV log keeps the
+    canonical names.
+    """
+    from lightning.pytorch.loggers import WandbLogger
+
+    class _Logger(WandbLogger):
+        def log_metrics(self, metrics, step=None):
+            out = {}
+            for key, value in metrics.items():
+                parts = key.split("/")
+                if len(parts) == 3 and parts[1] in ("loss", "share", "target"):
+                    key = f"{parts[0]}_{parts[1]}_by_source/{parts[2]}"
+                out[key] = value
+            super().log_metrics(out, step)
+
+    return _Logger(**kwargs)

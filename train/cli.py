@@ -34,7 +34,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from data.datamodule import WellMixedData
 from data.errors import ConfigError
-from train.callbacks import AtomicCheckpointIO, DataStateCallback, ThroughputCallback
+from train.callbacks import AtomicCheckpointIO, DataStateCallback, ThroughputCallback, wandb_logger
 from train.faults import StopOnSignal, remove_stale_temp_files, resolve_checkpoint
 from train.module import PretrainModule
 
@@ -115,11 +115,9 @@ class WellMixedCLI(LightningCLI):
         config["default_root_dir"] = str(run_dir)
         loggers = [CSVLogger(save_dir=str(run_dir), name="csv", version="")]
         if run.wandb:
-            from lightning.pytorch.loggers import WandbLogger
-
             online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
-            loggers.append(WandbLogger(project=run.wandb_project, name=run.wandb_name or run_dir.name,
-                                       group=run.wandb_group, save_dir=str(run_dir), offline=not online))
+            loggers.append(wandb_logger(project=run.wandb_project, name=run.wandb_name or run_dir.name,
+                                        group=run.wandb_group, save_dir=str(run_dir), offline=not online))
         config["logger"] = loggers
         config["plugins"] = [AtomicCheckpointIO()]
         callbacks = list(callbacks) + [
