@@ -16,10 +16,10 @@ Global shuffle -- the dolma3_300B_sample_shuffled procedure -- in two phases::
 
 Every random choice is a function of (seed, file index) or (seed, bucket), so the output is the same
 however the tasks are spread over processes or array jobs, and whatever the buffer size. Memory is
-bounded by ``buffer_mb`` plus one input row group in scatter, and by about twice one bucket's decoded
-size in gather (its parts and their contiguous copy, for a moment; then the copy and one output row
-group), plus a fixed ~150-250 MB (interpreter, Arrow pools): N buckets hold corpus / N each.
-scripts/bench_shuffle.py measures it.
+bounded by ``buffer_mb`` plus one input row group in scatter, and in gather by one bucket's parts
+plus their contiguous copy (then the copy and one output row group): measured by
+scripts/bench_shuffle.py at ~120 MB + 3x the bucket's decoded size (309 MB for a 65 MB bucket),
+where N buckets hold corpus / N each.
 
 Restarting is always safe: a scatter task with a marker and an output bucket whose footer names this
 run are skipped; half-written temp files never have the final name. ``verify`` compares input and

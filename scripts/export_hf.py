@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -54,14 +55,20 @@ assert HF_PAT_STR != CL100K_PAT_STR
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_checkpoint(path: str | Path, model_config: str | Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(ModelConfig, GPT state dict) from a Lightning checkpoint or a bare state dict."""
+def load_checkpoint(path: str | Path, model_config: str | Path | None = None,
+                    trust: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(ModelConfig, GPT state dict) from a Lightning checkpoint or a bare state dict.
+
+    Loaded with ``weights_only=True`` (no code runs); ``trust=True`` allows full unpickling, for
+    trusted checkpoints that hold other objects (e.g. ones written before checkpoints were made
+    weights-only loadable)."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=not trust)
     except FileNotFoundError:
         raise ConfigError(f"{path}: checkpoint not found") from None
     except Exception as e:
-        raise ConfigError(f"{path}: not a loadable torch checkpoint: {e}") from None
+        hint = "" if trust else " (if it holds other objects and you trust it, pass --trust-checkpoint)"
+        raise ConfigError(f"{path}: not loadable as weights only{hint}: {str(e).splitlines()[0]}") from None
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: expected a dict (a Lightning checkpoint or a state dict), got {type(obj).__name__}")
     hparams = None
@@ -246,19 +253,23 @@ def write_tokenizer_info(out: Path, cfg: ModelConfig, with_json: bool) -> None:
 
 
 def export(checkpoint: str | Path, out: str | Path, model_config: str | Path | None = None,
-           dtype: str = "float32", tokenizer_json: bool = True) -> Path:
+           dtype: str = "float32", tokenizer_json: bool = True, trust: bool = False) -> Path:
     """Write config.json, model.safetensors and the tokenizer files into ``out``; returns ``out``."""
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: choose one of {list(DTYPES)}")
-    cfg, state = load_checkpoint(checkpoint, model_config)
+    cfg, state = load_checkpoint(checkpoint, model_config, trust)
     check_state(cfg, state)
     if cfg.tie_embeddings and not torch.equal(state["tok_emb.weight"], state.get("lm_head.weight", state["tok_emb.weight"])):
         raise ConfigError("model.tie_embeddings is on but lm_head.weight differs from tok_emb.weight in the checkpoint")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(hf_state_dict(cfg, state, DTYPES[dtype]), str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights = out / "model.safetensors"
+    save_file(hf_state_dict(cfg, state, DTYPES[dtype]), str(weights), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    weights.chmod(0o666 & ~umask)  # safetensors writes 0600; others on a shared cluster need to read it
     (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=1) + "\n")
     if tokenizer_json:
         write_tokenizer(out, cfg.max_seq_len)
@@ -268,12 +279,12 @@ def export(checkpoint: str | Path, out: str | Path, model_config: str | Path | N
 
 @torch.no_grad()
 def compare_logits(checkpoint: str | Path, out: str | Path, model_config: str | Path | None = None,
-                   dtype: str = "float32", batch: int = 2, length: int = 32, seed: int = 0) -> float:
+                   dtype: str = "float32", batch: int = 2, length: int = 32, seed: int = 0, trust: bool = False) -> float:
     """Max |logits ours - logits transformers| on random ids, both in fp32 on CPU (with the weights
     rounded to ``dtype`` first, as exported)."""
     from transformers import AutoModelForCausalLM
 
-    cfg, state = load_checkpoint(checkpoint, model_config)
+    cfg, state = load_checkpoint(checkpoint, model_config, trust)
     ours = GPT(cfg)
     ours.load_state_dict({k: v.to(DTYPES[dtype]).float() for k, v in state.items()})
     ours.eval()
@@ -292,15 +303,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="weight dtype (default float32)")
     p.add_argument("--no-tokenizer-json", action="store_true", help="skip tokenizer.json (tokenizer_info.json only)")
     p.add_argument("--check", action="store_true", help="load the export with transformers and compare logits")
+    p.add_argument("--trust-checkpoint", action="store_true", help="allow full unpickling (only for checkpoints you trust)")
     args = p.parse_args(argv)
     try:
-        out = export(args.checkpoint, args.out, args.model_config, args.dtype, not args.no_tokenizer_json)
+        out = export(args.checkpoint, args.out, args.model_config, args.dtype, not args.no_tokenizer_json, args.trust_checkpoint)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {', '.join(sorted(f.name for f in out.iterdir()))} to {out}")
     if args.check:
-        diff = compare_logits(args.checkpoint, out, args.model_config, args.dtype)
+        diff = compare_logits(args.checkpoint, out, args.model_config, args.dtype, trust=args.trust_checkpoint)
         tol = 1e-4
         print(f"max |logits ours - transformers| = {diff:.3g} ({'ok' if diff <= tol else 'TOO LARGE'}, tolerance {tol:g})")
         return 0 if diff <= tol else 1

@@ -11,7 +11,7 @@ Phases (data/corpus_tools.py has the details): *scatter*, one task per input fil
 into per-bucket part files under ``--tmp`` (default ``OUT/_shuffle_tmp``; lz4 parts need about
 1.3-2x the input's parquet size in free space), memory bounded by ``--buffer-mb``; *gather*, one task per bucket, reads the
 bucket's parts, permutes them and writes ``OUT/bucket-00042.parquet`` (peak memory per worker: about
-2x one decoded bucket, i.e. 2 x corpus / N, plus ~200 MB -- pick N so that fits; measured by
+3x one decoded bucket, i.e. 3 x corpus / N, plus ~120 MB -- pick N so that fits; measured by
 scripts/bench_shuffle.py); *report*, which compares the input with the
 outputs and writes ``OUT/shuffle_report.json``, then deletes the temp parts (``--keep-tmp`` keeps them).
 The RNGs are seeded from (seed, file index) and (seed, bucket): the result does not depend on how
