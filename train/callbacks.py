@@ -53,11 +53,11 @@ class DataStateCallback(L.Callback):
         path = self._path(trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
         next_step = trainer.global_step * dm.accumulate
-        if path.exists():
-            keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] < next_step]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(k + "\n" for k in keep))
-            os.replace(tmp, path)
+        _drop_lines_from(path, next_step)
+        if trainer.is_global_zero:  # after an elastic resume onto fewer ranks, the others' logs end here too
+            for other in path.parent.glob("rank*.jsonl"):
+                if int(other.stem[4:]) >= trainer.world_size:
+                    _drop_lines_from(other, next_step)
         self._file = open(path, "a")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
@@ -72,6 +72,15 @@ class DataStateCallback(L.Callback):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _drop_lines_from(path: Path, step: int) -> None:
+    """Keep the order-log lines of steps before ``step`` (the rest is about to be trained again)."""
+    if path.exists():
+        keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] < step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(k + "\n" for k in keep))
+        os.replace(tmp, path)
 
 
 class ThroughputCallback(L.Callback):
@@ -111,6 +120,25 @@ class ThroughputCallback(L.Callback):
             out["perf/mfu"] = metrics["device/mfu"]
         out["perf/tokens_seen"] = float(self.tokens_before + self.tokens * trainer.world_size)
         pl_module.log_dict(out, on_step=True, on_epoch=False, batch_size=B)
+
+
+class ProgressLog(L.Callback):
+    """One plain log line every N steps (batch jobs and pipes have no progress bar)."""
+
+    def __init__(self, every_n_steps: int = 25):
+        self.every = every_n_steps
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        if self.every <= 0 or step % self.every or not trainer.is_global_zero:
+            return
+        m = trainer.callback_metrics
+        parts = [f"step {step}/{trainer.max_steps}"]
+        for key, fmt in (("train/loss", "loss {:.3f}"), ("train/lr", "lr {:.2e}"), ("train/seq_len", "seq {:.0f}"),
+                         ("perf/tokens_per_sec", "{:,.0f} tok/s"), ("perf/mfu", "MFU {:.1%}")):
+            if key in m:
+                parts.append(fmt.format(float(m[key])))
+        log.info(" | ".join(parts))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -11,7 +11,8 @@ What this file adds to LightningCLI, and why:
 - loggers: a CSV logger (readable without wandb) and wandb, offline unless an API key is set;
 - checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; the file
   ``--ckpt_path`` names is checked before it is loaded, and SIGTERM/SIGUSR1 checkpoint and stop
-  cleanly at the next step (train/faults.py);
+  cleanly at the next step (train/faults.py); under SLURM, Lightning's own auto-requeue is off
+  (scripts/slurm/train.sbatch requeues after that checkpoint);
 - start-up checks before any compute: the manifest (bad files), the plan table and implied epochs,
   the schedule against the model's context, the global batch against ranks x micro-batch;
 - the saved ``config.yaml`` is overwritten on resume (LightningCLI refuses by default, which would
@@ -31,10 +32,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from data.datamodule import WellMixedData
 from data.errors import ConfigError
-from train.callbacks import AtomicCheckpointIO, DataStateCallback, ThroughputCallback, wandb_logger
+from train.callbacks import AtomicCheckpointIO, DataStateCallback, ProgressLog, ThroughputCallback, wandb_logger
 from train.faults import StopOnSignal, remove_stale_temp_files, resolve_checkpoint
 from train.module import PretrainModule
 
@@ -61,6 +63,8 @@ class RunConfig:
     wandb_group: Optional[str] = None
     """Group runs (e.g. the two arms of an ablation)."""
     wandb_name: Optional[str] = None
+    print_every_n_steps: int = 25
+    """A plain progress line (loss, LR, tokens/s) every N steps when no progress bar is shown (0: never)."""
     peak_flops: Optional[float] = None
     """Peak FLOP/s per device for MFU; default: 989.5e12 on H100/H200 (dense bf16), else Lightning's."""
     ckpt_fallback: bool = False
@@ -120,8 +124,14 @@ class WellMixedCLI(LightningCLI):
                                         group=run.wandb_group, save_dir=str(run_dir), offline=not online))
         config["logger"] = loggers
         config["plugins"] = [AtomicCheckpointIO()]
+        if SLURMEnvironment.detect():
+            # Lightning's auto-requeue checkpoints inside the SIGUSR1 handler, mid-step (the batch in
+            # flight is lost on resume; it can hang, Lightning #21406). StopOnSignal checkpoints at the
+            # next step boundary instead and scripts/slurm/train.sbatch requeues the job.
+            config["plugins"].append(SLURMEnvironment(auto_requeue=False))
         callbacks = list(callbacks) + [
             DataStateCallback(str(run_dir)),
+            ProgressLog(run.print_every_n_steps if config.get("enable_progress_bar") is False else 0),
             StopOnSignal(str(run_dir / "checkpoints")),  # after DataStateCallback: the cursor is recorded first
             ThroughputCallback(run.peak_flops, log_every_n_steps=run.log_every_n_steps),
             ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step:07d}",

@@ -60,10 +60,12 @@ class StopOnSignal(L.Callback):
         if trainer.global_step == self._last_step:  # accumulating: no optimizer step yet
             return
         self._last_step = trainer.global_step
-        # Every rank must take the same decision (the save is collective); a signal sent only to
-        # rank 0's process is enough. One 4-byte all-reduce per step.
-        flag = torch.tensor([0 if self.received is None else int(self.received)], device=pl_module.device)
-        signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        signum = 0 if self.received is None else int(self.received)
+        if trainer.world_size > 1:
+            # Every rank must take the same decision (the save is collective); a signal that reached
+            # one rank's process is enough. One 4-byte all-reduce per step.
+            flag = torch.tensor([signum], device=pl_module.device)
+            signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
         if not signum:
             return
         path = self.ckpt_dir / "last.ckpt"
@@ -79,7 +81,8 @@ class StopOnSignal(L.Callback):
         if threading.current_thread() is not threading.main_thread():
             return
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+            if previous is not None:  # None: the handler was not installed from Python
+                signal.signal(sig, previous)
         self._previous = {}
 
 

@@ -1,0 +1,386 @@
+"""SLURM launch helpers for ``scripts/slurm/train.sbatch``: a master port, the rank layout, the dry run.
+
+::
+
+    python -m train.launch port                                  # a free MASTER_PORT for this job
+    python -m train.launch dry-run [--simulate 4x8] -- --config CONFIG [overrides ...]
+    srun python -m train.launch dry-run --task -- --config CONFIG [overrides ...]   # one line per task
+
+**Master port.** Lightning's ``SLURMEnvironment`` takes ``MASTER_PORT`` if it is set, else
+``15000 + the last 4 digits of the job id`` -- jobs 101234 and 201234 then collide when they share a
+node. :func:`master_port` derives a port from the job id (for an array: array job id + task id, so
+the tasks of one array get consecutive ports) in 20000..29999, below Linux's ephemeral range
+(32768+, where outgoing connections take their local ports), and probes from there (in steps of 1009,
+so that a busy port does not send a job onto the port of the job submitted after it) for the first
+port that can be bound on this host -- the batch shell runs on the job's first node, where rank 0
+listens. A port still in TIME_WAIT after an earlier job counts as busy.
+
+**Rank layout.** ``srun`` starts one task per GPU; with the default block distribution task ``r`` of
+an ``N x G`` job runs on node ``r // G`` as local rank ``r % G``, and Lightning reads exactly that from
+``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NODEID`` / ``SLURM_NTASKS``. :func:`slurm_task_env`
+writes those variables for a simulated task (the dry run's ``--simulate`` and
+tests/test_rank_arithmetic.py), and :func:`rank_info` reads them back through Lightning's own class.
+
+**Data slice of a rank.** Rank ``r`` with ``W`` DataLoader workers runs the consumers ``r*W + w``
+(``w < W``) of ``C = ranks x W``; consumer ``c`` takes elements ``c, c+C, c+2C, ...`` of each
+source's infinite chunk sequence (data/stream.py), element ``g`` being chunk ``perm_epoch[g mod n]``
+of epoch ``g // n``. The dry run prints each rank's consumers and the first chunks they open.
+
+The dry run parses the config exactly as ``python -m train fit`` does (LightningCLI, overrides
+included) but instantiates only the data (no model, no trainer, no GPU needed) and builds the
+manifest (cached): it runs on a login node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Iterator
+
+PORT_BASE = 20000
+PORT_SPAN = 10000
+PORT_STRIDE = 1009  # prime, coprime with PORT_SPAN: the probes visit every port of the range
+
+
+# -- master port -------------------------------------------------------------------------------
+def derived_port(job_id: int, array_job_id: int | None = None, array_task_id: int | None = None) -> int:
+    """The first port to try: from the array job id + task id for an array task, else the job id."""
+    key = array_job_id + array_task_id if array_job_id is not None and array_task_id is not None else job_id
+    return PORT_BASE + key % PORT_SPAN
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))  # no SO_REUSEADDR: a port in TIME_WAIT counts as taken too
+        except OSError:
+            return False
+    return True
+
+
+def master_port(env: dict | None = None, tries: int = 200) -> int:
+    """A MASTER_PORT for the job in ``env`` (default os.environ) that is free on this host now.
+
+    Between this check and rank 0's bind another process could take the port; the derivation keeps
+    that unlikely (jobs started close together get different ports), it does not rule it out."""
+    env = os.environ if env is None else env
+
+    def _int(name: str) -> int | None:
+        v = env.get(name)
+        return int(v) if v is not None and v.isdigit() else None
+
+    job = _int("SLURM_JOB_ID") or os.getpid()
+    first = derived_port(job, _int("SLURM_ARRAY_JOB_ID"), _int("SLURM_ARRAY_TASK_ID"))
+    for port in probe_ports(first, tries):
+        if port_is_free(port):
+            return port
+    raise RuntimeError(f"no free port in {tries} tries from {first}")
+
+
+def probe_ports(first: int, tries: int) -> list[int]:
+    """``first``, then steps of PORT_STRIDE (wrapping in the range): a job whose port is busy must
+    not fall back to the port of the job submitted right after it (``first + 1``), which may be
+    starting on the same node at the same moment."""
+    return [PORT_BASE + (first - PORT_BASE + i * PORT_STRIDE) % PORT_SPAN for i in range(tries)]
+
+
+# -- rank layout -------------------------------------------------------------------------------
+def expand_nodelist(nodelist: str) -> list[str]:
+    """``gpu[01-03,07],login2`` -> ``['gpu01', 'gpu02', 'gpu03', 'gpu07', 'login2']`` (scontrol show
+    hostnames when available, else this parser for the common forms)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    hosts = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
+        if plain:
+            hosts.append(plain)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            hi = hi or lo
+            hosts += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
+    return hosts
+
+
+def simulated_nodelist(nodes: int) -> str:
+    width = max(2, len(str(nodes - 1)))
+    return f"node[{0:0{width}d}-{nodes - 1:0{width}d}]" if nodes > 1 else f"node{0:0{width}d}"
+
+
+def slurm_task_env(nodes: int, tasks_per_node: int, global_rank: int, job_id: int = 4242,
+                   nodelist: str | None = None, job_name: str = "wellmixed") -> dict[str, str]:
+    """The SLURM variables srun sets for task ``global_rank`` of an ``nodes x tasks_per_node`` job
+    (block distribution: consecutive ranks fill a node first)."""
+    nodelist = nodelist or simulated_nodelist(nodes)
+    world = nodes * tasks_per_node
+    if not 0 <= global_rank < world:
+        raise ValueError(f"rank {global_rank} outside a world of {world}")
+    return {
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOBID": str(job_id),
+        "SLURM_JOB_NAME": job_name,
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_NODELIST": nodelist,
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NTASKS": str(world),
+        "SLURM_NPROCS": str(world),
+        "SLURM_NTASKS_PER_NODE": str(tasks_per_node),
+        "SLURM_TASKS_PER_NODE": f"{tasks_per_node}(x{nodes})" if nodes > 1 else str(tasks_per_node),
+        "SLURM_PROCID": str(global_rank),
+        "SLURM_LOCALID": str(global_rank % tasks_per_node),
+        "SLURM_NODEID": str(global_rank // tasks_per_node),
+        "SLURM_STEP_NUM_TASKS": str(world),
+        "SLURM_STEP_NUM_NODES": str(nodes),
+    }
+
+
+@contextlib.contextmanager
+def patched_environ(env: dict[str, str]) -> Iterator[None]:
+    """os.environ with ``env`` applied and every other SLURM_* / MASTER_* variable removed; restored after."""
+    saved = dict(os.environ)
+    for k in list(os.environ):
+        if k.startswith("SLURM_") or k in ("MASTER_ADDR", "MASTER_PORT"):
+            del os.environ[k]
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    global_rank: int
+    local_rank: int
+    node_rank: int
+    world_size: int
+    main_address: str
+    main_port: int
+
+
+def rank_info() -> RankInfo:
+    """What Lightning's SLURMEnvironment makes of the current environment (as inside a task)."""
+    import warnings
+
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "srun is available but not used": expected in a simulation
+        env = SLURMEnvironment(auto_requeue=False)
+    return RankInfo(env.global_rank(), env.local_rank(), env.node_rank(), env.world_size(),
+                    env.main_address, env.main_port)
+
+
+def consumer_ids(rank: int, num_workers: int) -> list[int]:
+    """The consumers (global order slices) rank ``rank`` runs: one per DataLoader worker."""
+    workers = max(1, num_workers)
+    return [rank * workers + w for w in range(workers)]
+
+
+# -- the config, parsed as `python -m train fit` parses it --------------------------------------
+def parse_run_config(args: list[str]):
+    """(data module, trainer namespace, run config) from CLI arguments, instantiating only the data."""
+    from jsonargparse import ArgumentParser, Namespace
+
+    from data.datamodule import WellMixedData
+    from train.cli import WellMixedCLI
+
+    class _ParseOnly(WellMixedCLI):
+        def instantiate_classes(self) -> None:
+            p = ArgumentParser()
+            p.add_class_arguments(WellMixedData, "data")
+            self.datamodule = p.instantiate(Namespace(data=self.config.data)).data
+
+    import logging
+
+    args = [a for a in args if a != "fit"]
+    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when sys.argv holds arguments besides args
+    quiet = logging.getLogger("lightning.fabric.utilities.seed")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        cli = _ParseOnly(args=args, run=False)
+    finally:
+        sys.argv = argv
+        quiet.setLevel(level)
+    return cli.datamodule, cli.config.trainer, cli.config.run
+
+
+class SliceTable:
+    """First chunks per source of any consumer, from the manifest and the chunk permutations."""
+
+    def __init__(self, manifest, cfg, num_consumers: int):
+        from data.stream import SourceStream
+
+        self.manifest, self.num_consumers = manifest, num_consumers
+        # chunk_at depends on (seed, source, chunks) only, not on the consumer: one stream per source
+        self.streams = [SourceStream(i, name, info.chunks, None, cfg, 0, num_consumers)
+                        for i, (name, info) in enumerate(manifest.sources.items())]
+
+    def elements(self, source: int, consumer: int, n: int) -> list[tuple[int, int, object]]:
+        """(element g, epoch, chunk) of the first ``n`` elements ``consumer`` opens in ``source``."""
+        st = self.streams[source]
+        out = []
+        for t in range(n):
+            g = consumer + t * self.num_consumers
+            epoch, chunk = st.chunk_at(g)
+            out.append((g, epoch, chunk))
+        return out
+
+    def describe(self, consumer: int, n: int) -> str:
+        parts = []
+        for s, st in enumerate(self.streams):
+            chunks = []
+            for g, epoch, c in self.elements(s, consumer, n):
+                where = f"{self.manifest.shards[c.shard].stem}:{c.start}-{c.stop}"
+                chunks.append(where + (f"@epoch{epoch}" if epoch else ""))
+            parts.append(f"{st.name} " + " ".join(chunks))
+        return "; ".join(parts)
+
+
+def rank_lines(info: RankInfo, hosts: list[str], workers: int, table: SliceTable, chunks: int) -> list[str]:
+    host = hosts[info.node_rank] if info.node_rank < len(hosts) else "?"
+    cons = consumer_ids(info.global_rank, workers)
+    head = (f"rank {info.global_rank:>5} node {info.node_rank} ({host}) local {info.local_rank}: "
+            f"consumers {cons[0]}..{cons[-1]} of {table.num_consumers}")
+    return [head] + [f"    consumer {c}: {table.describe(c, chunks)}" for c in cons]
+
+
+def _rank_selection(spec: str, world: int) -> list[int]:
+    if spec == "all":
+        return list(range(world))
+    if spec == "none":
+        return []
+    if spec == "auto":
+        return list(range(world)) if world <= 16 else list(range(8)) + list(range(world - 8, world))
+    return sorted({int(x) for x in spec.split(",") if x.strip()})
+
+
+def dry_run(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.launch dry-run",
+                                description="Resolved nodes, world size and per-rank data slices; no training.")
+    p.add_argument("--simulate", metavar="NxG", help="a job of N nodes x G tasks per node (no Slurm needed)")
+    p.add_argument("--task", action="store_true", help="print only this srun task's rank (run under srun)")
+    p.add_argument("--ranks", default="auto", help="ranks to print: auto (all up to 16, else the first and last 8), "
+                                                   "all, none, or a list 0,1,511")
+    p.add_argument("--chunks", type=int, default=1, help="first chunks per source and consumer to print")
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- --config CONFIG [overrides ...]")
+    a = p.parse_args(argv)
+    train_args = a.train_args[1:] if a.train_args[:1] == ["--"] else a.train_args
+
+    if a.simulate:
+        m = re.fullmatch(r"(\d+)x(\d+)", a.simulate)
+        if not m:
+            p.error("--simulate takes NxG, e.g. 4x8")
+        nodes, per_node = int(m.group(1)), int(m.group(2))
+        nodelist, job_id = simulated_nodelist(nodes), 4242
+        job_env = slurm_task_env(nodes, per_node, 0, job_id, nodelist)
+    else:
+        if "SLURM_JOB_ID" not in os.environ:
+            p.error("not inside a Slurm job: pass --simulate NxG (e.g. 4x8)")
+        per_node_txt = os.environ.get("SLURM_NTASKS_PER_NODE")
+        if per_node_txt is None:
+            print("error: SLURM_NTASKS_PER_NODE is not set: submit with --ntasks-per-node (one task per GPU); "
+                  "Lightning refuses --ntasks alone", file=sys.stderr)
+            return 2
+        nodes, per_node = int(os.environ["SLURM_NNODES"]), int(per_node_txt)
+        nodelist, job_id = os.environ["SLURM_JOB_NODELIST"], int(os.environ["SLURM_JOB_ID"])
+        job_env = {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
+    world = nodes * per_node
+    hosts = expand_nodelist(nodelist)
+
+    from data.errors import ConfigError
+
+    try:
+        dm, trainer, run = parse_run_config(train_args + ["--trainer.num_nodes", str(nodes),
+                                                          "--trainer.devices", str(per_node)])
+        dm.prepare(trainer.accumulate_grad_batches or 1)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    workers = max(1, dm.num_workers)
+    table = SliceTable(dm.manifest, dm, world * workers)
+    chunks = max(1, a.chunks)
+
+    if a.task:  # this srun task, as Lightning sees it
+        info = rank_info()
+        print("\n".join(rank_lines(info, hosts, workers, table, chunks)), flush=True)
+        return 0 if info.world_size == world else 1
+
+    problems = []
+    accumulate = trainer.accumulate_grad_batches or 1
+    lines = [
+        f"dry run: job {job_id} ({os.environ.get('SLURM_JOB_NAME', 'simulated') if not a.simulate else 'simulated'})",
+        f"  nodes       {nodes}: {' '.join(hosts[:16])}{' ...' if len(hosts) > 16 else ''}",
+        f"  world size  {world} = {nodes} nodes x {per_node} tasks per node "
+        f"(--trainer.num_nodes {nodes} --trainer.devices {per_node}, strategy {trainer.strategy}, "
+        f"accelerator {trainer.accelerator})",
+        f"  rendezvous  MASTER_ADDR {os.environ.get('MASTER_ADDR', hosts[0] if hosts else '?')} "
+        f"MASTER_PORT {os.environ.get('MASTER_PORT', '(derived at launch)')}",
+        f"  run dir     {run.dir}",
+        f"  data        {workers} DataLoader worker(s) per rank -> {world * workers} consumers; "
+        f"rank r runs consumers r*{workers} .. r*{workers}+{workers - 1}",
+    ]
+    if dm.steps.schedule is not None:
+        want = dm.steps.schedule.config.global_batch_size
+        got = dm.batch_size * world * accumulate
+        ok = "ok" if got == want else "MISMATCH: training would refuse to start"
+        lines.append(f"  batch       data.batch_size {dm.batch_size} x {world} ranks x {accumulate} accumulation = {got} "
+                     f"(data.schedule.global_batch_size {want}: {ok})")
+        if got != want:
+            problems.append("global batch")
+        lines.append(f"  steps       {dm.steps.schedule.total_steps} optimizer steps")
+    for name, info in dm.manifest.sources.items():
+        n = len(info.chunks)
+        if n < world * workers:
+            lines.append(f"  note        {name}: {n} chunks < {world * workers} consumers: consumers >= {n} start in a later "
+                         f"epoch of {name} (still each document once per epoch); raise data.min_chunks_per_source to "
+                         "spread the first epoch over every consumer")
+    print("\n".join(lines))
+    selection = [r for r in _rank_selection(a.ranks, world) if 0 <= r < world]
+    if selection:
+        print(f"per-rank data slices (first {chunks} chunk(s) per source of each consumer, <shard>:<rows>):")
+    shown = -1
+    for r in selection:
+        if r != shown + 1 and shown >= 0:
+            print("  ...")
+        with patched_environ({**job_env, **slurm_task_env(nodes, per_node, r, job_id, nodelist,
+                                                           job_env.get("SLURM_JOB_NAME", "wellmixed"))}):
+            info = rank_info()
+        print("\n".join(rank_lines(info, hosts, workers, table, chunks)))
+        shown = r
+    return 2 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "port":
+        print(master_port())
+        return 0
+    if cmd == "dry-run":
+        import logging
+
+        logging.basicConfig(level=logging.WARNING)
+        return dry_run(rest)
+    print(f"unknown command {cmd!r} (port, dry-run)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
