@@ -63,7 +63,7 @@ def available_tokens(cfg: DataConfig, tokens_flag: dict[str, int] | None) -> tup
         manifest = build_manifest(cfg)  # validates every file; a bad one is an error, not a fallback
         skipped = f", {len(manifest.skipped)} bad file(s) skipped" if manifest.skipped else ""
         return ({n: manifest.sources[n].stream_tokens for n in names},
-                f"corpus manifest (token_count of the training documents{skipped})")
+                f"corpus manifest (token_count + one EOT per training document{skipped})")
     if cfg.expected_tokens is None:
         raise ConfigError(
             f"no corpus files for source(s) {absent} (globs: "

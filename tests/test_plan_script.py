@@ -38,7 +38,7 @@ def test_demo_config_on_demo_corpus(demo_corpus, cache_dir, tmp_path):
     for source, cells in rows.items():
         assert len(cells) == 5, (source, cells)  # available, drawn, epochs, stable share, anneal share
         assert float(cells[2]) > 0
-    assert re.search(r"total steps\s+[\d,]+ x 8 sequences", r.stdout)
+    assert re.search(r"total steps\s+[\d,]+ x 4 sequences", r.stdout)
     assert "anneal @" in r.stdout
     data = out.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
