@@ -29,14 +29,13 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from data.datamodule import WellMixedData
 from data.errors import ConfigError
-from train.callbacks import AtomicCheckpointIO, DataStateCallback, ProgressLog, ThroughputCallback, wandb_logger
+from train.callbacks import (AtomicCheckpointIO, DataStateCallback, FinalCheckpoint, ProgressLog, ResumableCSVLogger,
+                             ThroughputCallback, wandb_logger)
 from train.faults import StopOnSignal, remove_stale_temp_files, resolve_checkpoint
 from train.module import PretrainModule
 
@@ -117,7 +116,7 @@ class WellMixedCLI(LightningCLI):
         run: RunConfig = self._section().run
         run_dir = Path(run.dir)
         config["default_root_dir"] = str(run_dir)
-        loggers = [CSVLogger(save_dir=str(run_dir), name="csv", version="")]
+        loggers = [ResumableCSVLogger(save_dir=str(run_dir), name="csv", version="")]
         if run.wandb:
             online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
             loggers.append(wandb_logger(project=run.wandb_project, name=run.wandb_name or run_dir.name,
@@ -134,7 +133,7 @@ class WellMixedCLI(LightningCLI):
             ProgressLog(run.print_every_n_steps if config.get("enable_progress_bar") is False else 0),
             StopOnSignal(str(run_dir / "checkpoints")),  # after DataStateCallback: the cursor is recorded first
             ThroughputCallback(run.peak_flops, log_every_n_steps=run.log_every_n_steps),
-            ModelCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step:07d}",
+            FinalCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step:07d}",
                             auto_insert_metric_name=False, every_n_train_steps=run.ckpt_every_n_steps,
                             save_top_k=run.keep_last_k, monitor="step", mode="max", save_last=True),
         ]
