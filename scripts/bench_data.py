@@ -19,6 +19,11 @@
 (c) Long-run token shares. The demo schedule (configs/demo.yaml, anneal included) for its whole
     run, and the same schedule with a 10x token budget: per phase, the largest
     |realised share - target share| over sources, for both selectors.
+(d) Cost of resume. The cursor of one consumer of the order dump (OrderSimulator, demo batch shape
+    4 x 256) taken at step 10 and at step 10,000 (~10 epochs of the demo corpus), each restored into
+    a fresh consumer a few times: the median restore time (re-reading the open chunks, buffered
+    documents and rows' leftovers by address) must not grow with the position (target ratio <= 1.5),
+    and the cursor's size per consumer, as JSON bytes.
 
 Absolute times are noisy on a shared machine; read the ratios.
 """
@@ -26,7 +31,7 @@ Absolute times are noisy on a shared machine; read the ratios.
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import gc
 import json
 import os
@@ -48,6 +53,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from data.config import DataConfig, corpus_sources, load_data_config  # noqa: E402
 from data.manifest import build_manifest  # noqa: E402
 from data.order import OrderSimulator  # noqa: E402
+from data.stream import ConsumerStream  # noqa: E402
 from data.schedules import build_schedule  # noqa: E402
 from data.tokenizer import get_encoding  # noqa: E402
 
@@ -393,8 +399,8 @@ def phase_errors(corpus: Path, selector: str, scale: float) -> tuple[object, lis
     """
     cfg = load_data_config(DEMO_CONFIG, {"selector": selector})
     cfg.sources = corpus_sources(corpus, list(cfg.sources))
-    cfg.schedule = copy.deepcopy(cfg.schedule)
-    cfg.schedule["train_tokens"] = int(cfg.schedule["train_tokens"] * scale)
+    # a typed, frozen ScheduleConfig: a copy with the budget scaled
+    cfg.schedule = dataclasses.replace(cfg.schedule, train_tokens=int(cfg.schedule.train_tokens * scale))
     schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
     # One consumer whose micro-batch is the whole global batch, as a 1-rank, 1-worker run sees it.
     cfg.batch_size = schedule.config.global_batch_size
@@ -435,6 +441,46 @@ def bench_phases(corpus: Path, scales: list[float]) -> tuple[list[str], dict]:
 
 
 # ---------------------------------------------------------------------------------------------------
+# (d) cost of resume
+
+
+def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], repeats: int) -> tuple[list[str], dict]:
+    cfg = stream_config(corpus, buffer_size=buffer_size, batch_size=4, seq_len=256, open_shards=4)
+    manifest = build_manifest(cfg)
+    sim = OrderSimulator(manifest, cfg, 1, 1)
+    cursors = {}
+    t0 = time.perf_counter()
+    for step in positions:
+        list(sim.batches(step))
+        cursors[step] = json.loads(json.dumps(sim.consumers[0][0].state_dict()))  # what a checkpoint holds
+    replay_s = time.perf_counter() - t0
+    epochs = {s.name: s.taken / len(s.chunks) for s in sim.consumers[0][0].sources}
+    restore, size = {}, {}
+    for step, cursor in cursors.items():
+        times = []
+        for _ in range(repeats):
+            fresh = ConsumerStream(manifest, cfg, 0, 1, 0, 1, sim.steps.weights, sim.steps.seq_len)
+            t = time.perf_counter()
+            fresh.load_state_dict(cursor)
+            times.append(time.perf_counter() - t)
+        restore[step] = statistics.median(times)
+        size[step] = len(json.dumps(cursor, separators=(",", ":")).encode())
+    early, late = positions
+    ratio = restore[late] / restore[early]
+    buffered = len(cfg.sources) * buffer_size
+    lines = [f"(d) cost of resume: one consumer, batch 4 x 256, buffer {buffer_size:,} docs/source, k=4; "
+             f"median of {repeats} restores",
+             f"    replaying the order to step {late:,} took {replay_s:.1f} s (what a cursor-less resume would "
+             f"redo); chunk epochs reached: " + ", ".join(f"{n} {e:.1f}" for n, e in epochs.items())]
+    for step in positions:
+        lines.append(f"    restore at step {step:>6,}: {restore[step] * 1e3:7.1f} ms   cursor {size[step]:,} bytes per consumer "
+                     f"({size[step] / buffered:.1f} bytes per buffered document)")
+    lines.append(f"    restore ratio step {late:,} / step {early:,}: {ratio:.2f}  (target <= 1.5: "
+                 f"{'ok' if ratio <= 1.5 else 'ABOVE'})")
+    return lines, {"ratio": ratio, "restore_s": restore, "bytes": size}
+
+
+# ---------------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -448,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"shuffle buffer per source (default {DEFAULT_BUFFER:,}, or {DEMO_BUFFER} when the corpus has fewer docs)")
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds of (a) (default 5)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the data path (part a)")
-    p.add_argument("--part", default="abc", help="which parts to run, e.g. 'a' or 'bc' (default abc)")
+    p.add_argument("--part", default="abcd", help="which parts to run, e.g. 'a' or 'bd' (default abcd)")
     p.add_argument("--rss-probe", choices=["bare", "path"], help=argparse.SUPPRESS)
     p.add_argument("--probe-threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--probe-batches", type=int, default=10, help=argparse.SUPPRESS)
@@ -495,6 +541,10 @@ def run(args, corpus: Path) -> int:
         print("\n".join(lines), flush=True)
     if "c" in args.part:
         lines, _ = bench_phases(corpus, [0.25] if args.quick else [1, 10])
+        print("\n".join(lines), flush=True)
+    if "d" in args.part:
+        lines, _ = bench_resume(corpus, buffer_size, (10, 1_000) if args.quick else (10, 10_000),
+                                repeats=3 if args.quick else 5)
         print("\n".join(lines), flush=True)
     print(f"done in {time.perf_counter() - t_start:.0f} s")
     return 0

@@ -25,7 +25,7 @@ TINY = [
     "--trainer.precision", "32-true",
     "--run.wandb", "false",
     "--data.order_log", "true",
-    "--data.schedule.train_tokens", "4800",  # 21 steps
+    "--data.schedule.train_tokens", "3600",  # 16 steps
     "--data.schedule.seq_len.start", "32",
     "--data.schedule.seq_len.end", "64",
     "--data.schedule.seq_len.multiple", "32",

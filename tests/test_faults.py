@@ -1,0 +1,257 @@
+"""Faults a cluster produces: a kill during a checkpoint write, a corrupt checkpoint, preemption
+signals, a non-finite loss, a full disk. Real processes and signals where the fault is a process
+event; in-process where it is a file-system event."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.errors import ConfigError
+from train.callbacks import AtomicCheckpointIO
+from train.faults import checkpoint_problem, remove_stale_temp_files, resolve_checkpoint
+from training_runs import (DDP, TINY, Run, assert_same_order, checkpoint_steps, global_step_of, make_workdir,
+                           order_log, run_env, run_to_end)
+
+SHORT = ["--data.schedule.train_tokens", "2400"]  # 11 steps: for the faults that need no long run
+
+
+def _total_steps(log: str) -> int:
+    return int(re.search(r"max_steps=(\d+)` reached", log).group(1))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, demo_corpus):
+    return make_workdir(tmp_path_factory.mktemp("faults"), demo_corpus)
+
+
+@pytest.fixture(scope="module")
+def env(cache_dir):
+    return run_env(cache_dir)
+
+
+@pytest.fixture(scope="module")
+def ref(workdir, env):
+    """An uninterrupted run (1 process, 2 workers, checkpoints every 3 steps, all kept)."""
+    run_dir = workdir / "ref"
+    run_to_end(workdir, run_dir, TINY, env, "ref")
+    return run_dir, order_log(run_dir)
+
+
+@pytest.fixture(scope="module")
+def rng():
+    seed = int(os.environ.get("WELLMIXED_KILL_SEED", random.randrange(10**6)))
+    print(f"WELLMIXED_KILL_SEED={seed}")
+    return seed, random.Random(seed)
+
+
+# -- SIGKILL during a checkpoint write ---------------------------------------------------------------
+
+
+def test_sigkill_during_checkpoint_write_keeps_the_previous_one(workdir, env, rng):
+    """Checkpoints every step; the kill comes while ``last.ckpt`` is being rewritten (its temporary
+    file exists). The previous ``last.ckpt`` still loads with weights_only, and the resume removes the
+    half-written temporary and completes."""
+    seed, r = rng
+    run_dir = workdir / "kill_in_write"
+    ckpts = run_dir / "checkpoints"
+    args = TINY + ["--data.schedule.train_tokens", "1600", "--run.ckpt_every_n_steps", "1", "--run.keep_last_k", "1"]
+    nth = r.randint(2, 4)  # the rewrite of last.ckpt to interrupt (of 7)
+
+    def writing_last() -> bool:
+        return (ckpts / "last.ckpt").exists() and run.lines_done() >= nth and any(ckpts.glob(".last.ckpt.tmp*"))
+
+    run = Run(workdir, run_dir, args, env, "killed")
+    run.signal_when(writing_last)
+    assert run.wait() == -9
+    partial = list(ckpts.glob(".last.ckpt.tmp*"))
+    assert partial, "the kill was meant to land inside a write"
+    ckpt = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] >= nth - 1 and "WellMixedData" in ckpt, (seed, nth, ckpt["global_step"])
+    assert checkpoint_problem(partial[0]) is not None  # the temporary is indeed incomplete
+
+    resumed = run_to_end(workdir, run_dir, args + ["--ckpt_path", "last"], env, "resumed")
+    assert "left by a checkpoint write that did not finish" in resumed.log(tail=10**6)
+    assert not list(ckpts.glob(".*.tmp*"))
+    steps = [ln["step"] for ln in order_log(run_dir)[0]]
+    assert steps == list(range(_total_steps(resumed.log(tail=10**6))))
+
+
+# -- a truncated or corrupt checkpoint -----------------------------------------------------------------
+
+
+def test_resolve_checkpoint_names_the_bad_file_and_falls_back(tmp_path):
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    io = AtomicCheckpointIO()
+    for step in (3, 6):
+        io.save_checkpoint({"state_dict": {"w": torch.ones(2) * step}, "global_step": step}, ckpts / f"step{step:07d}.ckpt")
+        os.utime(ckpts / f"step{step:07d}.ckpt", (step, step))  # mtimes in step order
+    shutil.copy(ckpts / "step0000006.ckpt", ckpts / "last.ckpt")
+    assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "last.ckpt")
+
+    data = (ckpts / "last.ckpt").read_bytes()
+    for damage in (data[: len(data) // 2], b"", b"\0" * 64 + data[64:]):  # truncated, empty, garbled header
+        (ckpts / "last.ckpt").write_bytes(damage)
+        with pytest.raises(ConfigError, match=rf"checkpoint {ckpts / 'last.ckpt'} is unreadable .*--run.ckpt_fallback"):
+            resolve_checkpoint("last", ckpts, fallback=False)
+        assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000006.ckpt")
+    (ckpts / "step0000006.ckpt").write_bytes(b"junk")
+    assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000003.ckpt")
+    assert resolve_checkpoint(None, ckpts, fallback=False) is None
+    assert resolve_checkpoint("last", tmp_path / "nothing", fallback=False) is None  # a first start
+    with pytest.raises(ConfigError, match="no such file"):
+        resolve_checkpoint(str(tmp_path / "missing.ckpt"), ckpts, fallback=False)
+
+
+def test_corrupt_last_checkpoint_is_named_then_fallback_resumes_identically(workdir, env, ref):
+    """A real run: ``last.ckpt`` truncated and the newest step checkpoint garbled. ``--ckpt_path last``
+    stops with an error naming the file; with ``--run.ckpt_fallback true`` the run resumes from the
+    newest valid checkpoint (logged) and its order log ends up identical to the uninterrupted run's."""
+    ref_dir, ref_lines = ref
+    run_dir = workdir / "corrupt"
+    shutil.copytree(ref_dir, run_dir)
+    ckpts = run_dir / "checkpoints"
+    steps = checkpoint_steps(run_dir)
+    last = ckpts / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:100_000])
+    (ckpts / f"step{steps[-1]:07d}.ckpt").write_bytes(b"\0" * 1000)
+    fail = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "refused", expect_rc=2)
+    assert f"error: checkpoint {last} is unreadable (truncated or corrupt?)" in fail.log()
+
+    ok = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last", "--run.ckpt_fallback", "true"], env, "fallback")
+    want = ckpts / f"step{steps[-2]:07d}.ckpt"
+    assert f"falling back to {want}" in ok.log(tail=10**6)
+    assert_same_order(ref_lines, order_log(run_dir))
+
+
+# -- preemption: SIGTERM / SIGUSR1 -------------------------------------------------------------------
+
+
+def _stop_and_resume(workdir, env, ref_lines, run_dir: Path, args: list[str], sig: int, group: bool, seed_rng):
+    seed, r = seed_rng
+    n = len(ref_lines[0])
+    at = r.randint(2, n - 4)
+    run = Run(workdir, run_dir, args, env, "signalled")
+    run.signal_when(lambda: run.lines_done() >= at, sig=sig, group=group)
+    rc = run.wait()
+    log = run.log(tail=10**6)
+    assert rc == 0, f"seed {seed}: a preempted run exits cleanly, got rc {rc}:\n{log[-4000:]}"
+    name = signal.Signals(sig).name
+    assert f"received {name}: checkpoint of step" in log
+    done = run.lines_done()
+    saved = global_step_of(run_dir / "checkpoints" / "last.ckpt")
+    # the checkpoint is of the last step trained: nothing trained after it, nothing lost before it
+    assert saved == done and at <= done < n, (seed, at, done, saved)
+    run_to_end(workdir, run_dir, args + ["--ckpt_path", "last"], env, "resumed")
+    assert_same_order(ref_lines, order_log(run_dir))
+
+
+def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_identically(workdir, env, ref, rng):
+    """SIGTERM to the whole process group (as SLURM sends it: DataLoader workers included): the run
+    saves a checkpoint with the cursors at the next step boundary and exits with code 0; the resumed
+    order log is the uninterrupted one -- no batch skipped, none repeated."""
+    _, ref_lines = ref
+    _stop_and_resume(workdir, env, ref_lines, workdir / "sigterm", TINY, signal.SIGTERM, True, rng)
+
+
+@pytest.mark.slow
+def test_sigusr1_to_rank0_stops_both_ddp_ranks(workdir, env, rng):
+    """SIGUSR1 (SLURM's ``--signal=USR1@90``) sent to rank 0's process only: both DDP ranks agree,
+    checkpoint together and exit 0; the resume continues the identical order on both ranks."""
+    ref_dir = workdir / "ref_ddp"
+    run_to_end(workdir, ref_dir, TINY + SHORT + DDP, env, "ref")
+    _stop_and_resume(workdir, env, order_log(ref_dir), workdir / "sigusr1", TINY + SHORT + DDP, signal.SIGUSR1,
+                     False, rng)
+
+
+# -- non-finite loss ------------------------------------------------------------------------------------
+
+# A driver that trains a PretrainModule whose loss is NaN at optimizer step 5 -- a subclass in the test,
+# so production code needs no test hook. train.cli resolves the module class when the CLI is built.
+NAN_DRIVER = textwrap.dedent("""
+    import sys
+    import torch
+    import train.cli
+    from train.module import PretrainModule
+
+    class NaNAtStep5(PretrainModule):
+        def _token_losses(self, batch):
+            losses = super()._token_losses(batch)
+            return losses * float("nan") if self.global_step == 5 else losses
+
+    train.cli.PretrainModule = NaNAtStep5
+    sys.exit(train.cli.main(sys.argv[1:]))
+""")
+
+
+def _nan_run(workdir, env, run_dir: Path, mode: str) -> tuple[int, str]:
+    import subprocess
+
+    driver = workdir / "nan_driver.py"
+    driver.write_text(NAN_DRIVER)
+    args = ["fit", *TINY, *SHORT, "--data.num_workers", "0", "--model.on_nonfinite", mode, "--run.dir", str(run_dir)]
+    p = subprocess.run([sys.executable, str(driver), *args], cwd=workdir, env=env, capture_output=True, text=True,
+                       timeout=300)
+    return p.returncode, p.stdout + p.stderr
+
+
+def test_nonfinite_loss_stops_with_a_clear_error(workdir, env):
+    rc, out = _nan_run(workdir, env, workdir / "nan_stop", "stop")
+    assert rc == 3, out[-3000:]
+    assert "error: non-finite loss at step 5" in out and "model.on_nonfinite: skip" in out
+
+
+def test_nonfinite_loss_skip_skips_the_step_and_logs_it(workdir, env):
+    run_dir = workdir / "nan_skip"
+    rc, out = _nan_run(workdir, env, run_dir, "skip")
+    assert rc == 0, out[-3000:]
+    assert "non-finite loss at step 5: step skipped (1 so far)" in out
+    assert len(order_log(run_dir)[0]) == _total_steps(out)  # the run went on to its end
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        skipped = [float(row["train/skipped_steps"]) for row in csv.DictReader(f) if row.get("train/skipped_steps")]
+    assert skipped[:5] == [0.0] * 5 and skipped[-1] == 1.0
+
+
+# -- disk full while saving -------------------------------------------------------------------------------
+
+
+def test_disk_full_while_saving_leaves_last_checkpoint_intact(tmp_path, monkeypatch):
+    """ENOSPC in the middle of writing: a clear error naming the file, the previous ``last.ckpt``
+    byte-for-byte intact and loadable, no temporary left behind."""
+    io = AtomicCheckpointIO()
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.zeros(1000)}, "global_step": 3}, last)
+    before = last.read_bytes()
+
+    real_save = torch.save
+
+    def save_until_full(obj, f, *a, **kw):
+        f.write(b"PK\x03\x04" + b"\0" * 4096)  # some bytes reach the disk, then it is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    with pytest.raises(OSError, match=rf"could not write checkpoint {last}: .*No space left on device.*disk full"):
+        io.save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "global_step": 6}, last)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert last.read_bytes() == before
+    assert torch.load(last, weights_only=True)["global_step"] == 3
+    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
+
+
+def test_stale_temporaries_are_removed(tmp_path):
+    (tmp_path / ".last.ckpt.tmp1234").write_bytes(b"half")
+    (tmp_path / "step0000003.ckpt").write_bytes(b"kept")
+    assert [p.name for p in remove_stale_temp_files(tmp_path)] == [".last.ckpt.tmp1234"]
+    assert [p.name for p in tmp_path.iterdir()] == ["step0000003.ckpt"]
