@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -12,6 +13,10 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import Throughput
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 log = logging.getLogger(__name__)
@@ -139,6 +144,52 @@ class ProgressLog(L.Callback):
             if key in m:
                 parts.append(fmt.format(float(m[key])))
         log.info(" | ".join(parts))
+
+
+class ResumableCSVLogger(CSVLogger):
+    """CSVLogger that continues an existing ``metrics.csv`` instead of deleting it.
+
+    Lightning's CSV writer removes the file when it starts, so a resumed run kept only the rows
+    logged after the resume (a 308-step run resumed at step 300 was left with 8 steps of history).
+    Rows a killed run logged past its checkpoint stay; readers keep the last value per step.
+    """
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+class _AppendingWriter(ExperimentWriter):
+    def _check_log_dir_exists(self) -> None:  # Lightning's deletes metrics.csv here
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = next(csv.reader(f), [])  # new columns rewrite the file with both
+
+
+class FinalCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that also writes ``last.ckpt`` at the final step of a finished run.
+
+    Lightning writes ``last.ckpt`` at the end of training only when it wrote no checkpoint during the
+    run: a 308-step run with checkpoints every 50 steps ended with ``last.ckpt`` at step 300, so the
+    exported (or evaluated, or ablation-compared) model missed the end of the anneal and the LR
+    decay. A run stopped early by a signal is left to StopOnSignal, which wrote its own checkpoint.
+    """
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        super().on_train_end(trainer, pl_module)  # last.ckpt when nothing was saved during the run
+        finished = trainer.max_steps is not None and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
+        if self.save_last and finished and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key: checkpoints stay interchangeable with it (keep_last_k and last.ckpt's
+        # path are restored on resume, so last.ckpt is overwritten instead of a new last-v1.ckpt)
+        return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

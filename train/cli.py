@@ -36,7 +36,7 @@ from data.datamodule import WellMixedData
 from data.errors import ConfigError
 from train.callbacks import (AtomicCheckpointIO, DataStateCallback, FinalCheckpoint, ProgressLog, ResumableCSVLogger,
                              ThroughputCallback, wandb_logger)
-from train.faults import StopOnSignal, remove_stale_temp_files, resolve_checkpoint
+from train.faults import StopOnSignal, install_early_handlers, remove_stale_temp_files, resolve_checkpoint
 from train.module import PretrainModule
 
 log = logging.getLogger("wellmixed")
@@ -177,6 +177,7 @@ class WellMixedCLI(LightningCLI):
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("WANDB_SILENT", "true")
+    install_early_handlers()
     try:
         WellMixedCLI(args=argv)
     except ConfigError as e:

@@ -36,6 +36,17 @@ log = logging.getLogger("wellmixed")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+_EARLY: list[int] = []  # signals received before training started (start-up, data loading)
+
+
+def install_early_handlers() -> None:
+    """Flag-only handlers from process start: a SIGUSR1 during start-up would otherwise kill the
+    process (its default action); the first step boundary then checkpoints and stops."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda signum, frame: _EARLY.append(signum))
+
+
 class StopOnSignal(L.Callback):
     """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly."""
 
@@ -54,6 +65,8 @@ class StopOnSignal(L.Callback):
             return
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handler)
+        if _EARLY and self.received is None:
+            self.received = _EARLY[0]
         self._last_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
