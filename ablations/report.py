@@ -46,10 +46,12 @@ import yaml  # noqa: E402
 
 from ablations.evals import EVALUATIONS, Evaluation  # noqa: E402
 from ablations.runs import (  # noqa: E402
-    drawn_tokens, final_mixer_state, is_complete, planned_tokens, read_config, read_metrics, schedule_of, series,
+    config_differences, drawn_tokens, final_mixer_state, is_complete, planned_tokens, read_config, read_metrics, schedule_of, series,
 )
 
 ARMS = ("scheduled", "fixed")
+ARM_KEYS = ("data.schedule.mixture", "run.dir", "run.wandb_name", "ckpt_path")
+"""Config keys the arms may differ in; any other difference in their saved configs is flagged."""
 RUN_DIR = re.compile(r"^(scheduled|fixed)-seed(\d+)$")
 PLANNED_RTOL = 1e-6
 DEFAULT_RULE = ROOT / "ablations" / "decision_rule.yaml"
@@ -176,7 +178,8 @@ class TokenCheck:
                 and self.steps[0] == self.steps[1])
 
 
-def check_tokens(runs: dict[str, Path], rtol: float, atol: float | None) -> TokenCheck:
+def check_tokens(seed: int, runs: dict[str, Path], rtol: float, atol: float | None) -> TokenCheck:
+    """Planned, targeted and drawn tokens per source of one seed's two arms."""
     configs = {arm: read_config(runs[arm]) for arm in ARMS}
     planned = {arm: planned_tokens(configs[arm]) for arm in ARMS}
     sources = list(planned["scheduled"])
@@ -197,7 +200,7 @@ def check_tokens(runs: dict[str, Path], rtol: float, atol: float | None) -> Toke
                              rtol * planned["scheduled"][s] + atol,
                              tuple(None if m is None else m.in_flight.get(s) for m in final),
                              tuple(None if m is None else m.target.get(s) for m in final)))
-    return TokenCheck(0, rows, planned_equal, (planned["scheduled"], planned["fixed"]),
+    return TokenCheck(seed, rows, planned_equal, (planned["scheduled"], planned["fixed"]),
                       (steps["scheduled"], steps["fixed"]))
 
 
@@ -244,7 +247,9 @@ def mixture_text(config: dict) -> str:
         for p in mix["phases"])
 
 
-def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: float, atol: float | None) -> tuple[str, bool]:
+def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: float,
+                 atol: float | None) -> tuple[str, bool]:
+    """The Markdown report (plots written next to it) and whether every check passed."""
     runs = discover(out)
     flags: list[str] = []
     seeds = sorted(set(runs["scheduled"]) & set(runs["fixed"]))
@@ -259,10 +264,14 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
             if not is_complete(runs[arm][seed]):
                 flags.append(f"`{runs[arm][seed].name}` is not finished: its last held-out loss predates the end "
                              "of the schedule (resume it: re-run ablations/run.py with the same arguments)")
+    for seed in seeds:
+        differ = config_differences(*(read_config(runs[arm][seed]) for arm in ARMS), allowed=ARM_KEYS)
+        if differ:
+            flags.append(f"seed {seed}: the arms' configs differ in more than the mixture: "
+                         + ", ".join(f"`{k}`" for k in differ))
     checks = []
     for seed in seeds:
-        check = check_tokens({arm: runs[arm][seed] for arm in ARMS}, rtol, atol)
-        check.seed = seed
+        check = check_tokens(seed, {arm: runs[arm][seed] for arm in ARMS}, rtol, atol)
         checks.append(check)
         if not check.planned_equal:
             flags.append(f"seed {seed}: the arms were configured for DIFFERENT tokens per source (planned "
@@ -284,7 +293,7 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
     schedule = schedule_of(configs["scheduled"])
 
     plots = write_plots(out, runs, seeds, diffs, rule, schedule.decay_start, verdict)
-    md = render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol)
+    md = render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol, atol)
     return md, not flags
 
 
@@ -292,11 +301,12 @@ def _short(tokens: dict[str, float]) -> str:
     return "{" + ", ".join(f"{s}: {fmt_tokens(v)}" for s, v in tokens.items()) + "}"
 
 
-def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol) -> str:
+def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol, atol) -> str:
     name = configs["scheduled"]["run"].get("wandb_group") or out.name
     md = [f"# Ablation report: {name}", ""]
+    shown = os.path.relpath(out) if Path(out).resolve().is_relative_to(Path.cwd()) else str(out)
     md.append(f"Scheduled vs fixed mixture, {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), "
-              f"from the logs in `{out}` (`python ablations/report.py {out}`).")
+              f"from the logs in `{shown}` (`python ablations/report.py {shown}`).")
     md.append("")
     if flags:
         md.append("## ⚠️ CHECKS FAILED: this is not a valid comparison")
@@ -324,15 +334,17 @@ def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verd
         md.append(f"| {arm} | {mixture_text(configs[arm])} | {s.total_steps:,} | {fmt_tokens(s.total_tokens)} | "
                   f"{s.decay_start:,} |")
     md.append("")
-    md.append("Everything else is identical (same base config, model, budget, LR schedule, seed per pair); "
-              "the held-out chunks are the same for every arm and seed.")
+    md.append("Everything else in the two arms' saved configs is identical (checked: model, budget, LR schedule, "
+              "data, seed per pair" + ("; see the flags above" if any("configs differ" in f for f in flags) else "")
+              + "); the held-out chunks are the same for every arm and seed.")
     md.append("")
 
     md.append("## Tokens per source (must be equal)")
     md.append("")
     all_ok = all(c.ok for c in checks)
     md.append(("Equal: both arms drew the same tokens per source, up to the documents in flight at the end "
-               f"(tolerance per source: {rtol:g} of its planned tokens + one step's tokens)."
+               f"(tolerance per source: {rtol:g} of its planned tokens + "
+               f"{'one step of tokens' if atol is None else fmt_tokens(atol) + ' tokens'})."
                if all_ok else "**MISMATCH — FLAGGED**: the arms did not draw the same tokens per source (see above)."))
     md.append("")
     for c in checks:
@@ -362,7 +374,8 @@ def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verd
     md.append("|---|---:|---:|---:|")
     for m, d in diffs.items():
         if m.startswith("heldout/"):
-            md.append(f"| {m.split('/', 1)[1]} | {np.mean(d.scheduled):.4f} | {np.mean(d.fixed):.4f} | {pm(d.mean, d.std)} |")
+            md.append(f"| {m.split('/', 1)[1]} | {np.mean(d.scheduled):.4f} | {np.mean(d.fixed):.4f} | "
+                      f"{pm(d.mean, d.std)} |")
     md.append("")
     md.append("Nats per token on the held-out chunks (negative difference: the schedule is better)"
               + ("; mean ± std over seeds." if len(seeds) > 1 else "."))
@@ -403,7 +416,7 @@ def along_run_table(runs, seeds, decay_start: int) -> list[str]:
     """Difference (scheduled - fixed) in overall and per-source held-out loss at each evaluation."""
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
     keys = ["val/loss"] + sorted({k for r in rows["scheduled"][0] for k in r if k.startswith("val/loss/")})
-    steps = sorted({st for st, _ in series(rows["scheduled"][0], "val/loss")} & {st for st, _ in series(rows["fixed"][0], "val/loss")})
+    steps = sorted(set.intersection(*({st for st, _ in series(rows[arm][0], "val/loss")} for arm in ARMS)))
     if not steps:
         return []
     head = ["step"] + ["all" if k == "val/loss" else k.split("/")[-1] for k in keys]

@@ -19,7 +19,9 @@ re-running the same command after a crash continues where it stopped. Afterwards
 
 ``--slurm`` writes ``OUT/jobs.json`` and submits ``ablations/ablation.sbatch`` as an array with one
 task per run (``--dry-run`` prints the sbatch command instead); each task asks this script for its
-command line (``--task-args``), so the skip/resume rule above applies to requeued tasks too.
+arguments (``--task-args``: nothing once the run is complete) and hands them to the SLURM launcher
+``scripts/slurm/train.sbatch``, which resumes from the newest checkpoint and requeues before the
+time limit.
 """
 
 from __future__ import annotations
@@ -96,12 +98,12 @@ def plan_jobs(pair: Pair, seeds: list[int], out: Path, name: str, extra: list[st
     return jobs
 
 
-def task_args(job: Job) -> list[str] | None:
+def task_args(job: Job, resume: bool = True) -> list[str] | None:
     """The job's ``python -m train fit`` arguments now: None when it is finished, resumed when begun."""
     run_dir = ROOT / job.run_dir  # relative to the repository root, where training runs
     if is_complete(run_dir):
         return None
-    if (run_dir / "checkpoints" / "last.ckpt").is_file():
+    if resume and (run_dir / "checkpoints" / "last.ckpt").is_file():
         return job.args + ["--ckpt_path", "last"]
     return job.args
 
@@ -134,10 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="default: runs/ablation-<pair>")
     p.add_argument("--name", default=None, help="ablation name, the wandb group (default: OUT's folder name)")
     p.add_argument("--slurm", action="store_true", help="submit a SLURM job array instead of running here")
-    p.add_argument("--sbatch-args", default="", help='extra sbatch flags, given with "=": --sbatch-args="--partition=gpu --time=24:00:00"')
+    p.add_argument("--sbatch-args", default="",
+                   help='extra sbatch flags, given with "=": --sbatch-args="--partition=gpu --time=24:00:00"')
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--no-report", action="store_true", help="do not write OUT/report.md after the runs")
-    p.add_argument("--report-args", default="", help='flags for ablations/report.py, given with "=": --report-args="--token-rtol 0.05"')
+    p.add_argument("--report-args", default="",
+                   help='flags for ablations/report.py, given with "=": --report-args="--token-rtol 0.05"')
     args = p.parse_args(own)
 
     pair = PAIRS[args.pair]
@@ -186,9 +190,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_task_args(jobs_file: Path, index: int) -> int:
-    """Prints array task ``index``'s training arguments, shell-quoted; nothing when it is complete."""
+    """Prints array task ``index``'s training arguments, shell-quoted; nothing when it is complete.
+
+    Without ``--ckpt_path``: the launcher resumes from the run's newest checkpoint itself.
+    """
     job = Job(**json.loads((ROOT / jobs_file).read_text())[index])
-    todo = task_args(job)
+    todo = task_args(job, resume=False)
     if todo is not None:
         print(shlex.join(todo))
     else:

@@ -45,6 +45,23 @@ def read_config(run_dir: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
+def config_differences(a: dict, b: dict, allowed: tuple[str, ...]) -> list[str]:
+    """Dotted keys whose values differ between two saved configs, except those under ``allowed``."""
+    flat_a, flat_b = _flatten(a), _flatten(b)
+    return sorted(k for k in flat_a.keys() | flat_b.keys()
+                  if flat_a.get(k) != flat_b.get(k) and not any(k == p or k.startswith(p + ".") for p in allowed))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def schedule_of(config: dict) -> Schedule:
     return build_schedule(config["data"]["schedule"], list(config["data"]["sources"]))
 
@@ -109,12 +126,18 @@ def final_mixer_state(run_dir: Path, sources: list[str]) -> MixerState | None:
 
 
 def is_complete(run_dir: Path) -> bool:
-    """True when the run trained its whole schedule and logged the held-out loss at its last step."""
+    """True when the run trained its whole schedule (and logged the held-out loss at its last step)."""
     try:
         config, rows = read_config(run_dir), read_metrics(run_dir)
     except FileNotFoundError:
         return False
     total = schedule_of(config).total_steps
     max_steps = (config.get("trainer") or {}).get("max_steps")
-    last = total if max_steps in (None, -1) else min(total, int(max_steps))
-    return any(step >= last - 1 for step, _ in series(rows, "val/loss"))
+    last = (total if max_steps in (None, -1) else min(total, int(max_steps))) - 1
+    if config["data"].get("val_tokens_per_source"):  # the final held-out loss is logged at the last step
+        return any(step >= last for step, _ in series(rows, "val/loss"))
+    try:  # no held-out set: the order log (micro-batch steps) reached the end
+        _, steps = drawn_tokens(run_dir)
+    except FileNotFoundError:
+        return False
+    return steps >= (last + 1) * int((config.get("trainer") or {}).get("accumulate_grad_batches") or 1)

@@ -18,13 +18,14 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ablations import report, run  # noqa: E402
-from ablations.runs import drawn_tokens, is_complete  # noqa: E402
+from ablations.runs import drawn_tokens, is_complete, read_metrics  # noqa: E402
 from data.schedules import build_schedule, tokens_per_source  # noqa: E402
 
 PAIRS = sorted(run.PAIRS)
@@ -79,7 +80,8 @@ def test_fixed_arm_draws_the_scheduled_tokens_per_source(arms, pair):
     planned_s, planned_f = tokens_per_source(sched), tokens_per_source(fixed)
     for s in SOURCES:
         assert planned_f[s] == pytest.approx(planned_s[s], rel=1e-6)
-    assert (fixed.total_steps, fixed.total_tokens, fixed.decay_start) == (sched.total_steps, sched.total_tokens, sched.decay_start)
+    for attr in ("total_steps", "total_tokens", "decay_start"):
+        assert getattr(fixed, attr) == getattr(sched, attr), attr
     assert [fixed.lr(t) for t in range(0, sched.total_steps, 7)] == [sched.lr(t) for t in range(0, sched.total_steps, 7)]
     assert len(sched.phase_boundaries) == 2 and len(fixed.phase_boundaries) == 1  # a real schedule vs a fixed mix
     assert fixed.mixture_weights(0)["curated"] > sched.mixture_weights(0)["curated"]
@@ -131,7 +133,8 @@ def test_runner_dry_run_names_each_arm_and_seed(capsys, tmp_path):
     fixed = lines[1]
     assert "--config configs/demo.yaml --config ablations/demo_scheduled.yaml --config ablations/demo_fixed.yaml" in fixed
     assert f"--run.dir {tmp_path}/abl/fixed-seed1 " in fixed and "--data.seed 1 " in fixed
-    assert "--run.wandb_group abl --run.wandb_name abl/fixed-seed1" in fixed and fixed.endswith("--trainer.precision 32-true")
+    assert "--run.wandb_group abl --run.wandb_name abl/fixed-seed1" in fixed
+    assert fixed.endswith("--trainer.precision 32-true")
     assert "demo_fixed" not in lines[0]
 
 
@@ -140,20 +143,26 @@ def test_slurm_array_runs_one_arm_per_task(capsys, tmp_path):
     assert run.main(["--pair", "350m_2b", "--slurm", "--dry-run", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("sbatch --array=0-1 --job-name=abl ablations/ablation.sbatch ")
-    # what a task runs: its own arm, resumed once it has a checkpoint
+    # what array task 1 runs: the fixed arm, through the SLURM launcher (CONFIG, then the overrides)
     jobs = run.plan_jobs(run.PAIRS["350m_2b"], [1234], out, "abl", [])
     out.mkdir()
     (out / "jobs.json").write_text(json.dumps([vars(j) for j in jobs]))
-    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1", "DRY_RUN": "1", "LAUNCHER": "srun", "PY": sys.executable}
-    task = subprocess.run(["bash", str(ROOT / run.SBATCH), str(out / "jobs.json")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=True).stdout
-    assert task.startswith("srun ") and "-m train fit" in task and "ablations/350m_2b_fixed.yaml" in task
-    assert "--ckpt_path" not in task
+
+    def task(launcher: str) -> str:
+        env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1", "DRY_RUN": "1", "LAUNCHER": launcher, "PY": sys.executable}
+        return subprocess.run(["bash", str(ROOT / run.SBATCH), str(out / "jobs.json")], cwd=ROOT, env=env,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    launched = task("scripts/slurm/train.sbatch")
+    assert launched.startswith("bash scripts/slurm/train.sbatch configs/pretrain_350m_20b.yaml --config "
+                               "ablations/350m_2b_scheduled.yaml --config ablations/350m_2b_fixed.yaml --seed_everything")
+    assert f"--run.dir {out}/fixed-seed1234 " in launched and "--ckpt_path" not in launched  # the launcher resumes
+    plain = task("srun")
+    assert plain.startswith("srun ") and "-m train fit --config configs/pretrain_350m_20b.yaml" in plain
+    assert "--ckpt_path" not in plain
     (out / "fixed-seed1234" / "checkpoints").mkdir(parents=True)
     (out / "fixed-seed1234" / "checkpoints" / "last.ckpt").write_bytes(b"")
-    task = subprocess.run(["bash", str(ROOT / run.SBATCH), str(out / "jobs.json")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=True).stdout
-    assert task.rstrip().endswith("--ckpt_path last")
+    assert task("srun").endswith("--ckpt_path last")
 
 
 # -- end to end on the demo corpus, tiny model -----------------------------------------------------
@@ -171,7 +180,7 @@ TINY = [
     "--data.buffer_size", "64",
     "--data.num_workers", "1",
     "--run.val_every_n_steps", "10",
-    "--run.ckpt_every_n_steps", "1000",
+    "--run.ckpt_every_n_steps", "10",
 ]
 # 16k tokens over 4 rows while single demo documents run to 14k tokens: the documents in flight at
 # the end are a large share of each source's tokens, so the realised counts get a wide tolerance
@@ -194,9 +203,11 @@ def ablation_out(demo_corpus, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_demo_ablation_end_to_end(ablation_out, capsys):
     runs = {arm: ablation_out / f"{arm}-seed1234" for arm in run.ARMS}
-    assert all(is_complete(d) for d in runs.values())
+    assert all(is_complete(d) for d in runs.values())  # held-out loss logged at the last step
     (sched, steps_s), (fixed, steps_f) = (drawn_tokens(runs[arm]) for arm in run.ARMS)
     assert steps_s == steps_f > 30 and sum(sched.values()) == sum(fixed.values())
+    for d in runs.values():  # last.ckpt holds the final model, although step checkpoints came before it
+        assert torch.load(d / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)["global_step"] == steps_s
 
     assert report.main([str(ablation_out), *TINY_REPORT]) == 0
     md = (ablation_out / "report.md").read_text()
@@ -236,7 +247,8 @@ def test_report_flags_unequal_tokens(ablation_out, tmp_path):
     assert report.main([str(out), *TINY_REPORT]) == 1
     md = (out / "report.md").read_text()
     assert md.startswith("# Ablation report") and "## ⚠️ CHECKS FAILED" in md
-    assert "**FLAG**: seed 1234: tokens drawn per source DIFFER beyond the tolerance for web" in md
+    flag = next(ln for ln in md.splitlines() if ln.startswith("- **FLAG**"))
+    assert "seed 1234: tokens drawn per source DIFFER beyond the tolerance for" in flag and "curated (" in flag
     assert "| curated |" in md and "**MISMATCH**" in md and "Mixer targets" in md and "not checked" in md
 
 
@@ -250,7 +262,14 @@ def test_report_flags_arms_configured_for_different_tokens(ablation_out, tmp_pat
     cfg_path.write_text(yaml.safe_dump(cfg))
     assert report.main([str(out), "--token-rtol", "100"]) == 1  # realised counts pass; the plan does not
     md = (out / "report.md").read_text()
-    assert "configured for DIFFERENT tokens per source" in md and "Planned tokens (each run's saved config): **NOT equal**" in md
+    assert "configured for DIFFERENT tokens per source" in md
+    assert "Planned tokens (each run's saved config): **NOT equal**" in md
+    assert "differ in more than the mixture" not in md
+
+    cfg["data"]["schedule"]["lr"]["peak"] = 3e-3  # and a different learning rate
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    assert report.main([str(out), "--token-rtol", "100"]) == 1
+    assert "the arms' configs differ in more than the mixture: `data.schedule.lr.peak`" in (out / "report.md").read_text()
 
 
 @pytest.mark.slow
@@ -266,3 +285,17 @@ def test_decision_rule_from_flags(ablation_out, tmp_path):
     assert report.main([str(out), *TINY_REPORT, "--improve", "heldout/code", "--max-regression", "5"]) == 0
     md = (out / "report.md").read_text()
     assert "`heldout/code` gains" in md and "worsens by more than 5" in md
+
+
+# -- what the comparison relies on in the training loop ----------------------------------------------
+def test_csv_history_survives_a_resume(tmp_path):
+    """Lightning's CSV logger deleted metrics.csv on start: a resumed arm lost its held-out curve."""
+    from train.callbacks import ResumableCSVLogger
+
+    for steps in ([0, 1], [2]):  # a run, then its resume (with a new column)
+        logger = ResumableCSVLogger(save_dir=str(tmp_path), name="csv", version="")
+        for step in steps:
+            logger.log_metrics({"val/loss": 10.0 - step, **({"new": 1.0} if step == 2 else {})}, step=step)
+        logger.save()
+    rows = read_metrics(tmp_path)
+    assert [(r["step"], r["val/loss"], r["new"]) for r in rows] == [("0", "10.0", ""), ("1", "9.0", ""), ("2", "8.0", "1.0")]
