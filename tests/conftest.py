@@ -52,3 +52,14 @@ def make_cfg(demo_corpus, cache_dir):
         return DataConfig(**kw)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _restore_environ():
+    """Every test leaves os.environ as it found it. Lightning writes MASTER_ADDR / MASTER_PORT /
+    NODE_RANK into os.environ when a Trainer is built under an (injected) SLURM environment; leaked
+    into later tests, the DDP subprocesses they start try to rendezvous with a fake host and hang."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
