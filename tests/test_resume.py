@@ -34,7 +34,7 @@ from data.manifest import build_manifest
 from data.order import OrderSimulator
 from data.reader import ShardReader
 from data.stream import SourceStream, chunk_permutation
-from training_runs import (DDP, TINY, Run, assert_same_order, global_step_of, make_workdir,
+from training_runs import (DDP, TINY, Run, assert_same_order, global_step_of, make_workdir, owed_docs,
                            order_log, run_env, run_to_end)
 
 CKPT_EVERY = 3
@@ -285,22 +285,6 @@ SCHEDULE = {
 }
 
 
-def _owed(stream: SourceStream, epoch: int) -> list[tuple[int, int]]:
-    """Documents of ``epoch`` a consumer still owes: buffered, left in open chunks, or in the
-    elements of its own slice it has not taken yet."""
-    out = [(d.shard, d.row) for d in stream.buffer if d.epoch == epoch]
-    for _, used, docs in stream.open:
-        out += [(d.shard, d.row) for d in docs[used:] if d.epoch == epoch]
-    n = len(stream.chunks)
-    g = stream.consumer + stream.taken * stream.num_consumers
-    while g < (epoch + 1) * n:
-        e, chunk = stream.chunk_at(g)
-        if e == epoch:
-            out += [(chunk.shard, r) for r in range(chunk.start, chunk.stop)]
-        g += stream.num_consumers
-    return out
-
-
 LAYOUTS = [  # (ranks, workers, micro-batch) before -> after; the global batch stays 4 except where noted
     ((2, 2, 2), (1, 2, 4)),  # 2 ranks -> 1 rank
     ((1, 2, 4), (1, 3, 4)),  # more workers
@@ -360,7 +344,7 @@ def test_elastic_layout_change_keeps_exactly_once(make_cfg, old, new):
     for doc in list(emitted) + list(in_rows):
         started[m.source_names[address[doc][0]]].add(doc)
     for i, (name, info) in enumerate(m.sources.items()):
-        owed = Counter(m.doc_id(*a) for rank in second.consumers for c in rank for a in _owed(c.sources[i], 0))
+        owed = Counter(m.doc_id(*a) for rank in second.consumers for c in rank for a in owed_docs(c.sources[i], 0))
         everything = {m.doc_id(c.shard, r) for c in info.chunks for r in range(c.start, c.stop)}
         assert not set(owed) & started[name], f"{name}: a document was read and is still owed"
         assert max(owed.values(), default=1) == 1, f"{name}: a document is owed twice"
@@ -398,10 +382,10 @@ def test_elastic_source_streams_cover_each_epoch_once(make_cfg, n_old, n_new):
         new.append(s)
     for s in new:
         for _ in range(20000):
-            if not _owed(s, 0) and not _owed(s, 1):
+            if not owed_docs(s, 0) and not owed_docs(s, 1):
                 break
             take(s, 1)
-        assert not _owed(s, 0) and not _owed(s, 1)
+        assert not owed_docs(s, 0) and not owed_docs(s, 1)
     for epoch in (0, 1):
         assert emitted[epoch] == everything, f"epoch {epoch}: not every document exactly once"
 

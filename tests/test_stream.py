@@ -15,6 +15,7 @@ from data.order import OrderSimulator
 from data.stream import ConsumerStream, SourceStream, chunk_permutation
 from data.reader import ShardReader
 from data.tokenizer import EOT_ID, get_encoding
+from training_runs import owed_docs
 
 
 def dump(manifest, cfg, steps, world_size=2, workers=2):
@@ -46,21 +47,6 @@ def _all_docs(m, source):
     return {(c.shard, r) for c in m.sources[source].chunks for r in range(c.start, c.stop)}
 
 
-def _pending(stream: SourceStream, epoch: int) -> list[tuple[int, int]]:
-    """Docs of `epoch` this consumer still owes: buffered, left in open chunks, or in unopened chunks."""
-    out = [(d.shard, d.row) for d in stream.buffer if d.epoch == epoch]
-    for g, used, docs in stream.open:
-        out += [(d.shard, d.row) for d in docs[used:] if d.epoch == epoch]
-    n = len(stream.chunks)
-    g = stream.consumer + stream.taken * stream.num_consumers
-    while g < (epoch + 1) * n:
-        e, chunk = stream.chunk_at(g)
-        if e == epoch:
-            out += [(chunk.shard, r) for r in range(chunk.start, chunk.stop)]
-        g += stream.num_consumers
-    return out
-
-
 @pytest.mark.parametrize("min_chunks", [64, 1])  # 1: curated has fewer chunks than the 16 consumers
 @pytest.mark.parametrize("source", ["curated", "books"])
 def test_consumers_disjoint_and_cover_each_epoch(make_cfg, source, min_chunks):
@@ -83,19 +69,19 @@ def test_consumers_disjoint_and_cover_each_epoch(make_cfg, source, min_chunks):
                 if d.epoch == 0:
                     emitted[(d.shard, d.row)] += 1
         if round_ % 8 == 0:
-            owed = Counter(a for s in streams for a in _pending(s, 0))
+            owed = Counter(a for s in streams for a in owed_docs(s, 0))
             assert not (set(owed) & set(emitted)), "a document was both emitted and still owed"
             total = emitted + owed
             assert set(total) == everything and max(total.values()) == 1
     # drain every consumer past epoch 0: the whole epoch was emitted, each document exactly once
     for s in streams:
         for _ in range(5000):
-            if not _pending(s, 0):
+            if not owed_docs(s, 0):
                 break
             d = s.next_doc()
             if d.epoch == 0:
                 emitted[(d.shard, d.row)] += 1
-        assert _pending(s, 0) == []
+        assert owed_docs(s, 0) == []
     assert set(emitted) == everything and max(emitted.values()) == 1
 
 

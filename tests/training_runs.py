@@ -161,3 +161,19 @@ def make_workdir(tmp: Path, demo_corpus: Path) -> Path:
     if not link.exists():
         link.symlink_to(demo_corpus, target_is_directory=True)
     return tmp
+
+
+def owed_docs(stream, epoch: int) -> list[tuple[int, int]]:
+    """Documents of ``epoch`` a consumer still owes: buffered, left in open chunks, or in the
+    elements of its own slice it has not taken yet."""
+    out = [(d.shard, d.row) for d in stream.buffer if d.epoch == epoch]
+    for _, used, docs in stream.open:
+        out += [(d.shard, d.row) for d in docs[used:] if d.epoch == epoch]
+    n = len(stream.chunks)
+    g = stream.consumer + stream.taken * stream.num_consumers
+    while g < (epoch + 1) * n:
+        e, chunk = stream.chunk_at(g)
+        if e == epoch:
+            out += [(chunk.shard, r) for r in range(chunk.start, chunk.stop)]
+        g += stream.num_consumers
+    return out
