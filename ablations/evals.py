@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ablations.runs import read_metrics, series
+from train.metrics_csv import read_metrics, series
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -46,8 +46,9 @@ import yaml  # noqa: E402
 
 from ablations.evals import EVALUATIONS, Evaluation  # noqa: E402
 from ablations.runs import (  # noqa: E402
-    config_differences, drawn_tokens, final_mixer_state, is_complete, planned_tokens, read_config, read_metrics, schedule_of, series,
+    config_differences, drawn_tokens, final_mixer_state, is_complete, planned_tokens, read_config, schedule_of,
 )
+from train.metrics_csv import read_metrics, series  # noqa: E402
 
 ARMS = ("scheduled", "fixed")
 ARM_KEYS = ("data.schedule.mixture", "run.dir", "run.wandb_name", "ckpt_path")

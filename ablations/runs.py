@@ -10,7 +10,6 @@ A run directory of ``python -m train fit`` holds::
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,23 +17,7 @@ from pathlib import Path
 import yaml
 
 from data.schedules import Schedule, build_schedule, tokens_per_source
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, str]]:
-    path = Path(run_dir) / "csv" / "metrics.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found (is {run_dir} a run directory of python -m train fit?)")
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def series(rows: list[dict[str, str]], key: str) -> list[tuple[int, float]]:
-    """(step, value) of every row that has ``key``, sorted by step; a resumed run's rewrite wins."""
-    out = {}
-    for r in rows:
-        if r.get(key):
-            out[int(r["step"])] = float(r[key])
-    return sorted(out.items())
+from train.metrics_csv import read_metrics, series
 
 
 def read_config(run_dir: Path) -> dict:

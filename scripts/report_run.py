@@ -10,7 +10,6 @@ the loss of a model that learned token frequencies and nothing else.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 import sys
@@ -19,21 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def read_metrics(run_dir: Path) -> list[dict[str, str]]:
-    path = run_dir / "csv" / "metrics.csv"
-    if not path.is_file():
-        raise SystemExit(f"error: {path} not found (is {run_dir} a run directory?)")
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def series(rows: list[dict[str, str]], key: str) -> list[tuple[int, float]]:
-    out = {}
-    for r in rows:
-        if r.get(key):
-            out[int(r["step"])] = float(r[key])  # a resumed run rewrites steps: keep the last
-    return sorted(out.items())
+from train.metrics_csv import read_metrics, series  # noqa: E402
 
 
 def unigram_entropy(corpus: Path) -> float:
@@ -81,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, default=None, help="corpus dir (DIR/<source>/*.parquet) for the unigram entropy")
     p.add_argument("--out", type=Path, default=None, help="PNG path (default RUN_DIR/loss_per_source.png)")
     args = p.parse_args(argv)
-    rows = read_metrics(args.run_dir)
+    try:
+        rows = read_metrics(args.run_dir)
+    except FileNotFoundError as e:
+        raise SystemExit(f"error: {e}") from None
     sources = sorted({k.split("/")[-1] for r in rows[:1] for k in r if k.startswith("val/loss/") or k.startswith("train/loss/")})
     lines = [f"{'source':<10} {'held-out start':>15} {'held-out end':>13} {'change':>8}"]
     for s in sources + ["all"]:

@@ -60,6 +60,22 @@ def _restore_environ():
     NODE_RANK into os.environ when a Trainer is built under an (injected) SLURM environment; leaked
     into later tests, the DDP subprocesses they start try to rendezvous with a fake host and hang."""
     saved = dict(os.environ)
+    rank = _rank_zero_only_rank()
     yield
     os.environ.clear()
     os.environ.update(saved)
+    if rank is not None:  # a Trainer built under an injected SLURM rank 5 leaves rank_zero_only.rank = 5:
+        _set_rank_zero_only_rank(rank)  # a later logger test in this process would then write nothing
+
+
+def _rank_zero_only_rank() -> int | None:
+    if "lightning_utilities.core.rank_zero" not in sys.modules:
+        return None
+    return getattr(sys.modules["lightning_utilities.core.rank_zero"].rank_zero_only, "rank", None)
+
+
+def _set_rank_zero_only_rank(rank: int) -> None:
+    for name in ("lightning_utilities.core.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning.pytorch.utilities.rank_zero"):
+        if name in sys.modules:
+            sys.modules[name].rank_zero_only.rank = rank

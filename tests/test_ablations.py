@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ablations import report, run  # noqa: E402
-from ablations.runs import drawn_tokens, is_complete, read_metrics  # noqa: E402
+from ablations.runs import drawn_tokens, is_complete  # noqa: E402
+from train.metrics_csv import read_metrics  # noqa: E402
 from data.schedules import build_schedule, tokens_per_source  # noqa: E402
 
 PAIRS = sorted(run.PAIRS)
