@@ -29,7 +29,6 @@ from train.malloc import keep_freed_memory  # noqa: E402
 keep_freed_memory()  # the same allocator setting as python -m train
 
 import lightning as L  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 

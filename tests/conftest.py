@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,6 +16,16 @@ os.environ.setdefault("WANDB_MODE", "offline")
 from data.config import DataConfig, SourceConfig  # noqa: E402
 
 SOURCES = ["web", "code", "books", "curated"]
+
+# The modules that train in subprocesses, longest first. pytest-xdist (--dist loadfile, as
+# scripts/test.sh runs it) hands whole modules to workers in collection order: starting with the
+# longest keeps one of them from being the last thing running while the other workers sit idle.
+LONG_MODULES = ["test_resume.py", "test_slurm.py", "test_faults.py", "test_ablations.py", "test_train.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_MODULES)))  # stable: file order otherwise
 WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}
 
 
@@ -52,6 +63,60 @@ def make_cfg(demo_corpus, cache_dir):
         return DataConfig(**kw)
 
     return make
+
+
+# -- reference runs shared by tests/test_resume.py and tests/test_faults.py (tests/training_runs.py) --------
+#
+# Trained once per session. Under pytest-xdist (scripts/test.sh runs the suite on several workers) the
+# first worker that needs one trains it under a file lock in the folder all workers share, and the
+# others wait for it and read it: a reference run costs one training, whichever worker asks.
+
+
+@pytest.fixture(scope="session")
+def runs_root(tmp_path_factory) -> Path:
+    base = tmp_path_factory.getbasetemp()  # under xdist: <session folder>/popen-gw<N>
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "reference_runs"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def runs_env(cache_dir) -> dict:
+    from training_runs import run_env
+
+    return run_env(cache_dir)
+
+
+def _shared_run(root: Path, demo_corpus: Path, env: dict, name: str, args: list[str]):
+    from filelock import FileLock
+
+    from training_runs import make_workdir, order_log, run_to_end
+
+    run_dir = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (root / f"{name}.done").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)  # a run interrupted in an earlier attempt
+            run_to_end(make_workdir(root / "work", demo_corpus), run_dir, args, env, name)
+            (root / f"{name}.done").touch()
+    return run_dir, order_log(run_dir)
+
+
+@pytest.fixture(scope="session")
+def ref_single(runs_root, demo_corpus, runs_env):
+    """The uninterrupted TINY run: 1 process, 2 DataLoader workers, a checkpoint every 3 steps, all
+    kept. (run_dir, rank -> order-log lines); tests copy what they change, never write into it."""
+    from training_runs import TINY
+
+    return _shared_run(runs_root, demo_corpus, runs_env, "ref_single", TINY)
+
+
+@pytest.fixture(scope="session")
+def ref_ddp(runs_root, demo_corpus, runs_env):
+    """The uninterrupted TINY run on 2 DDP ranks (gloo), 2 DataLoader workers each, micro-batch 2 x 2
+    ranks; a checkpoint at step 9 (the elastic-resume test starts from it)."""
+    from training_runs import DDP, TINY
+
+    return _shared_run(runs_root, demo_corpus, runs_env, "ref_ddp", TINY + DDP + ["--run.ckpt_every_n_steps", "9"])
 
 
 @pytest.fixture(autouse=True)

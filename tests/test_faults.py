@@ -24,7 +24,7 @@ from train.faults import checkpoint_problem, remove_stale_temp_files, resolve_ch
 from training_runs import (DDP, TINY, Run, assert_same_order, checkpoint_steps, global_step_of, make_workdir,
                            order_log, run_env, run_to_end)
 
-SHORT = ["--data.schedule.train_tokens", "2400"]  # 11 steps: for the faults that need no long run
+SHORT = ["--data.schedule.train_tokens", "1600"]  # 7 steps: for the faults that need no long run
 
 
 def _total_steps(log: str) -> int:
@@ -39,14 +39,6 @@ def workdir(tmp_path_factory, demo_corpus):
 @pytest.fixture(scope="module")
 def env(cache_dir):
     return run_env(cache_dir)
-
-
-@pytest.fixture(scope="module")
-def ref(workdir, env):
-    """An uninterrupted run (1 process, 2 workers, checkpoints every 3 steps, all kept)."""
-    run_dir = workdir / "ref"
-    run_to_end(workdir, run_dir, TINY, env, "ref")
-    return run_dir, order_log(run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +58,7 @@ def test_sigkill_during_checkpoint_write_keeps_the_previous_one(workdir, env, rn
     seed, r = rng
     run_dir = workdir / "kill_in_write"
     ckpts = run_dir / "checkpoints"
-    args = TINY + ["--data.schedule.train_tokens", "1600", "--run.ckpt_every_n_steps", "1", "--run.keep_last_k", "1"]
+    args = TINY + SHORT + ["--run.ckpt_every_n_steps", "1", "--run.keep_last_k", "1"]
     nth = r.randint(2, 4)  # the rewrite of last.ckpt to interrupt (of 7)
 
     def writing_last() -> bool:
@@ -115,11 +107,11 @@ def test_resolve_checkpoint_names_the_bad_file_and_falls_back(tmp_path):
         resolve_checkpoint(str(tmp_path / "missing.ckpt"), ckpts, fallback=False)
 
 
-def test_corrupt_last_checkpoint_is_named_then_fallback_resumes_identically(workdir, env, ref):
+def test_corrupt_last_checkpoint_is_named_then_fallback_resumes_identically(workdir, env, ref_single):
     """A real run: ``last.ckpt`` truncated and the newest step checkpoint garbled. ``--ckpt_path last``
     stops with an error naming the file; with ``--run.ckpt_fallback true`` the run resumes from the
     newest valid checkpoint (logged) and its order log ends up identical to the uninterrupted run's."""
-    ref_dir, ref_lines = ref
+    ref_dir, ref_lines = ref_single
     run_dir = workdir / "corrupt"
     shutil.copytree(ref_dir, run_dir)
     ckpts = run_dir / "checkpoints"
@@ -158,22 +150,20 @@ def _stop_and_resume(workdir, env, ref_lines, run_dir: Path, args: list[str], si
     assert_same_order(ref_lines, order_log(run_dir))
 
 
-def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_identically(workdir, env, ref, rng):
+def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_identically(workdir, env, ref_single, rng):
     """SIGTERM to the whole process group (as SLURM sends it: DataLoader workers included): the run
     saves a checkpoint with the cursors at the next step boundary and exits with code 0; the resumed
     order log is the uninterrupted one -- no batch skipped, none repeated."""
-    _, ref_lines = ref
+    _, ref_lines = ref_single
     _stop_and_resume(workdir, env, ref_lines, workdir / "sigterm", TINY, signal.SIGTERM, True, rng)
 
 
 @pytest.mark.slow
-def test_sigusr1_to_rank0_stops_both_ddp_ranks(workdir, env, rng):
+def test_sigusr1_to_rank0_stops_both_ddp_ranks(workdir, env, ref_ddp, rng):
     """SIGUSR1 (SLURM's ``--signal=USR1@90``) sent to rank 0's process only: both DDP ranks agree,
     checkpoint together and exit 0; the resume continues the identical order on both ranks."""
-    ref_dir = workdir / "ref_ddp"
-    run_to_end(workdir, ref_dir, TINY + SHORT + DDP, env, "ref")
-    _stop_and_resume(workdir, env, order_log(ref_dir), workdir / "sigusr1", TINY + SHORT + DDP, signal.SIGUSR1,
-                     False, rng)
+    _, ref_lines = ref_ddp
+    _stop_and_resume(workdir, env, ref_lines, workdir / "sigusr1", TINY + DDP, signal.SIGUSR1, False, rng)
 
 
 # -- non-finite loss ------------------------------------------------------------------------------------

@@ -4,8 +4,10 @@ The seed article's test, made the centrepiece: a training run is SIGKILLed (not 
 at a point after its first checkpoint, resumed with ``--ckpt_path last``, and its order log compared
 with an uninterrupted run of the same config: the document pieces of every step identical rank by
 rank, the loss bitwise identical (fp32 on CPU), and lr / sequence length / mixture weights those of
-the same step. Variants: one process with 2 DataLoader workers (fast), 2 DDP ranks with 2 workers
-each, a kill in the middle of the anneal, a kill across a source's epoch boundary (slow).
+the same step. Variants: one process with 2 DataLoader workers, killed in the middle of the anneal
+(fast); 2 DDP ranks with 2 workers each; a kill across a source's epoch boundary (slow); a run cut
+short by ``--trainer.max_steps`` and continued. The uninterrupted runs are shared with
+tests/test_faults.py (tests/conftest.py: ref_single, ref_ddp).
 
 Kill points vary from run to run; the seed is printed with every failure and can be fixed with
 WELLMIXED_KILL_SEED=<n>.
@@ -57,23 +59,6 @@ def env(cache_dir):
     return run_env(cache_dir)
 
 
-@pytest.fixture(scope="module")
-def ref_single(workdir, env):
-    """The uninterrupted run: 1 process, 2 DataLoader workers."""
-    run_dir = workdir / "ref_single"
-    # no checkpoints: they do not change the order or the loss, and writing them is most of a step's time
-    run_to_end(workdir, run_dir, TINY + ["--run.ckpt_every_n_steps", "1000"], env, "ref")
-    return run_dir, order_log(run_dir)
-
-
-@pytest.fixture(scope="module")
-def ref_ddp(workdir, env):
-    """The uninterrupted run: 2 DDP ranks (gloo), 2 DataLoader workers each, micro-batch 2 x 2 ranks."""
-    run_dir = workdir / "ref_ddp"
-    run_to_end(workdir, run_dir, TINY + DDP + ["--run.ckpt_every_n_steps", "9"], env, "ref")  # step 9: elastic
-    return run_dir, order_log(run_dir)
-
-
 def _kill_and_resume(workdir, env, run_dir: Path, args: list[str], condition, why: str) -> tuple[int, int]:
     """SIGKILL the whole process group once ``condition(run)`` holds, resume with --ckpt_path last.
 
@@ -101,17 +86,15 @@ def _pieces(lines):
 # -- real processes, real SIGKILL ------------------------------------------------------------------
 
 
-def test_sigkill_one_process_two_workers(workdir, env, ref_single, kill_rng):
-    """(a) Kill at a varied point after the first checkpoint: the resumed run's order log is the
-    uninterrupted run's, line for line (pieces, bitwise loss, lr, seq_len, weights)."""
+def test_stop_at_max_steps_then_continue_to_the_end(workdir, env, ref_single):
+    """A run cut short by ``--trainer.max_steps`` (before the schedule's end, between two step
+    checkpoints), then continued with ``--ckpt_path last`` to the schedule's end: one run's order."""
     _, ref = ref_single
-    seed, rng = kill_rng
-    n = len(ref[0])
-    kill_at = rng.randint(CKPT_EVERY + 1, n - 3)  # order-log lines written when the kill is sent
-    run_dir = workdir / "a"
-    done, resumed_from = _kill_and_resume(
-        workdir, env, run_dir, TINY, lambda r: r.lines_done() >= kill_at and _has_ckpt(r), f"seed {seed}")
-    assert CKPT_EVERY <= resumed_from <= done < n, (seed, kill_at, done, resumed_from)
+    run_dir = workdir / "max_steps"
+    first = run_to_end(workdir, run_dir, TINY + ["--trainer.max_steps", "7"], env, "first")
+    assert "stops before the schedule's" in first.log(tail=10**6)
+    assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == 7
+    run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "continued")
     assert_same_order(ref, order_log(run_dir))
 
 
@@ -134,9 +117,10 @@ def test_sigkill_two_ddp_ranks_two_workers_each(workdir, env, ref_ddp, kill_rng)
     assert max((rank0 + rank1).values()) == 1, "a document piece was read twice"
 
 
-@pytest.mark.slow
-def test_sigkill_in_the_middle_of_the_anneal(workdir, env, ref_single, kill_rng):
-    """(c) The checkpoint and the kill both inside the anneal phase (mixture and LR decay changing)."""
+def test_sigkill_one_process_two_workers_in_the_anneal(workdir, env, ref_single, kill_rng):
+    """(a) One process, 2 DataLoader workers; the checkpoint and the kill both inside the anneal phase
+    (mixture and LR decay changing): the resumed run's order log is the uninterrupted run's, line for
+    line (pieces, bitwise loss, lr, seq_len, weights)."""
     _, ref = ref_single
     seed, rng = kill_rng
     n = len(ref[0])
@@ -144,7 +128,7 @@ def test_sigkill_in_the_middle_of_the_anneal(workdir, env, ref_single, kill_rng)
     assert ref[0][anneal]["weights"]["curated"] == 0.35 and anneal < n - 4
     ckpt = (anneal // CKPT_EVERY + 1) * CKPT_EVERY  # first checkpoint strictly inside the anneal
     kill_at = ckpt + rng.randint(1, 2)
-    run_dir = workdir / "c"
+    run_dir = workdir / "a"
     done, resumed_from = _kill_and_resume(
         workdir, env, run_dir, TINY, lambda r: r.lines_done() >= kill_at and _has_ckpt(r, ckpt), f"seed {seed}")
     assert anneal < resumed_from <= done < n, (seed, anneal, done, resumed_from)

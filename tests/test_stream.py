@@ -94,7 +94,6 @@ def test_packing_invariants(make_cfg):
     reader = ShardReader(m, cfg)
     stems = {s.stem: i for i, s in enumerate(m.shards)}
     source_of_shard = {sh: i for i, info in enumerate(m.sources.values()) for sh in info.shards}
-    prev_targets_last = None
     for _ in range(6):
         b = c.next_batch()
         assert b["input_ids"].shape == (3, 96) and b["targets"].shape == (3, 96)

@@ -40,6 +40,23 @@ TINY = [
     "--data.open_shards", "2",
     "--data.num_workers", "2",
 ]
+# A run long enough for the loss to fall and the schedules to play out: 34 steps of 4 x 32..64 tokens,
+# held-out loss every 10 steps (tests/test_train.py, the demo ablation in tests/test_ablations.py).
+SMALL = [
+    "--model.model", str(ROOT / "configs" / "model" / "tiny.yaml"),
+    "--trainer.precision", "32-true",
+    "--run.wandb", "false",
+    "--data.schedule.train_tokens", "8000",
+    "--data.schedule.seq_len.start", "32",
+    "--data.schedule.seq_len.end", "64",
+    "--data.schedule.seq_len.multiple", "32",
+    "--data.schedule.seq_len.warmup_steps", "4",
+    "--data.schedule.lr.warmup_steps", "3",
+    "--data.schedule.lr.peak", "1e-2",
+    "--data.val_tokens_per_source", "256",
+    "--data.buffer_size", "64",
+    "--run.val_every_n_steps", "10",
+]
 DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp", "--data.batch_size", "2"]
 
 
