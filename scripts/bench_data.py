@@ -508,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="wellmixed-bench-") as tmp:
         corpus = args.corpus
+        if corpus is not None and not corpus.is_dir():
+            raise SystemExit(f"bench_data.py: --corpus {corpus}: not a directory "
+                             "(give a corpus root with one folder of parquet shards per source, or omit the flag)")
         if corpus is None:
             from data.demo_corpus import build_demo_corpus
 
@@ -540,10 +543,10 @@ def run(args, corpus: Path) -> int:
                                 iid_batches=50 if args.quick else 2000)
         print("\n".join(lines), flush=True)
     if "c" in args.part:
-        lines, _ = bench_phases(corpus, [0.25] if args.quick else [1, 10])
+        lines, _ = bench_phases(corpus, [0.1] if args.quick else [1, 10])
         print("\n".join(lines), flush=True)
     if "d" in args.part:
-        lines, _ = bench_resume(corpus, buffer_size, (10, 1_000) if args.quick else (10, 10_000),
+        lines, _ = bench_resume(corpus, buffer_size, (10, 300) if args.quick else (10, 10_000),
                                 repeats=3 if args.quick else 5)
         print("\n".join(lines), flush=True)
     print(f"done in {time.perf_counter() - t_start:.0f} s")
