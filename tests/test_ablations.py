@@ -169,7 +169,7 @@ def test_slurm_array_runs_one_arm_per_task(capsys, tmp_path):
 
 # -- end to end on the demo corpus, tiny model -----------------------------------------------------
 TINY = [*SMALL, "--data.num_workers", "1", "--run.ckpt_every_n_steps", "10"]
-# 8k tokens over 4 rows while single demo documents run to 14k tokens: the documents in flight at
+# 4k tokens over 4 rows while single demo documents run to 14k tokens: the documents in flight at
 # the end are a large share of each source's tokens, so the realised counts get a wide tolerance
 # here (planned tokens and the mixers' targets are still compared to 1e-6).
 TINY_REPORT = ["--token-rtol", "0.5"]

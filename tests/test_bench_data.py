@@ -26,7 +26,7 @@ KEYS = [
     "phase share error random",
     "(d) cost of resume",
     "cursor",
-    "restore ratio step 1,000 / step 10:",
+    "restore ratio step ",
 ]
 
 

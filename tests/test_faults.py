@@ -24,7 +24,7 @@ from train.faults import checkpoint_problem, remove_stale_temp_files, resolve_ch
 from training_runs import (DDP, TINY, Run, assert_same_order, checkpoint_steps, global_step_of, make_workdir,
                            order_log, run_env, run_to_end)
 
-SHORT = ["--data.schedule.train_tokens", "1600"]  # 7 steps: for the faults that need no long run
+SHORT = ["--data.schedule.train_tokens", "800"]  # 7 steps: for the faults that need no long run
 
 
 def _total_steps(log: str) -> int:

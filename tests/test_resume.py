@@ -151,7 +151,7 @@ def _small_curated(tmp: Path, demo_corpus: Path, rows: int) -> Path:
 
 @pytest.mark.slow
 def test_sigkill_across_a_source_epoch_boundary(workdir, env, demo_corpus, cache_dir, kill_rng):
-    """(d) A curated source of 15 short documents read at a 50-60% share: about 2 epochs in the run;
+    """(d) A curated source of 10 short documents read at a 50-60% share: about 2 epochs in the run;
     the checkpoint is before its first epoch ends and the kill after it.
 
     With a one-document buffer, one open chunk and one worker, the curated documents must come in
@@ -160,13 +160,13 @@ def test_sigkill_across_a_source_epoch_boundary(workdir, env, demo_corpus, cache
     (With a larger buffer the epochs overlap by up to a buffer's worth of documents, by design;
     tests/test_stream.py checks exactly-once per epoch for that case on the data layer.)"""
     seed, rng = kill_rng
-    small = _small_curated(workdir, demo_corpus, rows=15)
+    small = _small_curated(workdir, demo_corpus, rows=10)
     sources = {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in ("web", "code", "books")}
     sources["curated"] = {"paths": [str(small / "*.parquet")]}
     mixture = {"phases": [{"name": "stable", "weights": {"web": 0.3, "code": 0.1, "books": 0.1, "curated": 0.5}},
                           {"name": "anneal", "start": "anneal",
                            "weights": {"web": 0.2, "code": 0.1, "books": 0.1, "curated": 0.6}}]}
-    args = TINY + ["--data.schedule.train_tokens", "4800",  # 21 steps
+    args = TINY + ["--data.schedule.train_tokens", "2400",  # 21 steps
                    "--data.sources", json.dumps(sources), "--data.schedule.mixture", json.dumps(mixture),
                    "--data.buffer_size", "1", "--data.open_shards", "1", "--data.num_workers", "1"]
     ref_dir = workdir / "ref_wrap"

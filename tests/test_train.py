@@ -79,7 +79,7 @@ def test_logged_shares_equal_the_batch_tokens(tiny_run):
 
 def test_schedule_reaches_the_anneal_and_lr_decays_to_min(tiny_run):
     log = read_log(tiny_run)
-    assert log[0]["seq_len"] == 32 and log[-1]["seq_len"] == 64
+    assert log[0]["seq_len"] == 16 and log[-1]["seq_len"] == 32
     assert log[0]["weights"]["curated"] == pytest.approx(0.08) and log[-1]["weights"]["curated"] == pytest.approx(0.35)
     assert log[-1]["lr"] == 0.0
 
