@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -92,6 +93,30 @@ def runs_env(cache_dir) -> dict:
     from training_runs import run_env
 
     return run_env(cache_dir)
+
+
+# -- for the modules that train, kill and resume in subprocesses (test_resume, test_faults) --------
+
+
+@pytest.fixture(scope="module")
+def workdir(request, tmp_path_factory, demo_corpus) -> Path:
+    """One working folder per module, where configs/demo.yaml's relative corpus globs resolve."""
+    from training_runs import make_workdir
+
+    return make_workdir(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]), demo_corpus)
+
+
+@pytest.fixture(scope="module")
+def env(runs_env) -> dict:
+    return runs_env
+
+
+@pytest.fixture(scope="module")
+def kill_rng():
+    """Where the kills land: random per run, printed, and replayable with WELLMIXED_KILL_SEED."""
+    seed = int(os.environ.get("WELLMIXED_KILL_SEED", random.randrange(10**6)))
+    print(f"WELLMIXED_KILL_SEED={seed}")
+    return seed, random.Random(seed)
 
 
 def _shared_run(root: Path, demo_corpus: Path, env: dict, name: str, args: list[str]):

@@ -110,6 +110,7 @@ def test_qk_norm_exports_as_qwen3(tmp_path):
     assert max_logit_diff(model, out, transformers.Qwen3ForCausalLM) <= 1e-4
 
 
+@pytest.mark.slow
 def test_cli_bare_state_dict_with_check(tmp_path):
     """A bare GPT state dict (as torch.compile would save it) + --model-config, bf16 weights, --check."""
     model = random_model(load_model_config(TINY), seed=4)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import errno
 import os
-import random
 import re
 import shutil
 import signal
@@ -21,8 +20,7 @@ import torch
 from data.errors import ConfigError
 from train.callbacks import AtomicCheckpointIO
 from train.faults import checkpoint_problem, remove_stale_temp_files, resolve_checkpoint
-from training_runs import (DDP, TINY, Run, assert_same_order, checkpoint_steps, global_step_of, make_workdir,
-                           order_log, run_env, run_to_end)
+from training_runs import DDP, TINY, Run, assert_same_order, checkpoint_steps, global_step_of, order_log, run_to_end
 
 SHORT = ["--data.schedule.train_tokens", "800"]  # 7 steps: for the faults that need no long run
 
@@ -31,31 +29,15 @@ def _total_steps(log: str) -> int:
     return int(re.search(r"max_steps=(\d+)` reached", log).group(1))
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory, demo_corpus):
-    return make_workdir(tmp_path_factory.mktemp("faults"), demo_corpus)
-
-
-@pytest.fixture(scope="module")
-def env(cache_dir):
-    return run_env(cache_dir)
-
-
-@pytest.fixture(scope="module")
-def rng():
-    seed = int(os.environ.get("WELLMIXED_KILL_SEED", random.randrange(10**6)))
-    print(f"WELLMIXED_KILL_SEED={seed}")
-    return seed, random.Random(seed)
-
-
 # -- SIGKILL during a checkpoint write ---------------------------------------------------------------
 
 
-def test_sigkill_during_checkpoint_write_keeps_the_previous_one(workdir, env, rng):
+@pytest.mark.slow
+def test_sigkill_during_checkpoint_write_keeps_the_previous_one(workdir, env, kill_rng):
     """Checkpoints every step; the kill comes while ``last.ckpt`` is being rewritten (its temporary
     file exists). The previous ``last.ckpt`` still loads with weights_only, and the resume removes the
     half-written temporary and completes."""
-    seed, r = rng
+    seed, r = kill_rng
     run_dir = workdir / "kill_in_write"
     ckpts = run_dir / "checkpoints"
     args = TINY + SHORT + ["--run.ckpt_every_n_steps", "1", "--run.keep_last_k", "1"]
@@ -107,6 +89,7 @@ def test_resolve_checkpoint_names_the_bad_file_and_falls_back(tmp_path):
         resolve_checkpoint(str(tmp_path / "missing.ckpt"), ckpts, fallback=False)
 
 
+@pytest.mark.slow
 def test_corrupt_last_checkpoint_is_named_then_fallback_resumes_identically(workdir, env, ref_single):
     """A real run: ``last.ckpt`` truncated and the newest step checkpoint garbled. ``--ckpt_path last``
     stops with an error naming the file; with ``--run.ckpt_fallback true`` the run resumes from the
@@ -150,20 +133,21 @@ def _stop_and_resume(workdir, env, ref_lines, run_dir: Path, args: list[str], si
     assert_same_order(ref_lines, order_log(run_dir))
 
 
-def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_identically(workdir, env, ref_single, rng):
+@pytest.mark.slow
+def test_sigterm_checkpoints_at_the_step_boundary_and_resumes_identically(workdir, env, ref_single, kill_rng):
     """SIGTERM to the whole process group (as SLURM sends it: DataLoader workers included): the run
     saves a checkpoint with the cursors at the next step boundary and exits with code 0; the resumed
     order log is the uninterrupted one -- no batch skipped, none repeated."""
     _, ref_lines = ref_single
-    _stop_and_resume(workdir, env, ref_lines, workdir / "sigterm", TINY, signal.SIGTERM, True, rng)
+    _stop_and_resume(workdir, env, ref_lines, workdir / "sigterm", TINY, signal.SIGTERM, True, kill_rng)
 
 
 @pytest.mark.slow
-def test_sigusr1_to_rank0_stops_both_ddp_ranks(workdir, env, ref_ddp, rng):
+def test_sigusr1_to_rank0_stops_both_ddp_ranks(workdir, env, ref_ddp, kill_rng):
     """SIGUSR1 (SLURM's ``--signal=USR1@90``) sent to rank 0's process only: both DDP ranks agree,
     checkpoint together and exit 0; the resume continues the identical order on both ranks."""
     _, ref_lines = ref_ddp
-    _stop_and_resume(workdir, env, ref_lines, workdir / "sigusr1", TINY + DDP, signal.SIGUSR1, False, rng)
+    _stop_and_resume(workdir, env, ref_lines, workdir / "sigusr1", TINY + DDP, signal.SIGUSR1, False, kill_rng)
 
 
 # -- non-finite loss ------------------------------------------------------------------------------------
@@ -197,12 +181,14 @@ def _nan_run(workdir, env, run_dir: Path, mode: str) -> tuple[int, str]:
     return p.returncode, p.stdout + p.stderr
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_with_a_clear_error(workdir, env):
     rc, out = _nan_run(workdir, env, workdir / "nan_stop", "stop")
     assert rc == 3, out[-3000:]
     assert "error: non-finite loss at step 5" in out and "model.on_nonfinite: skip" in out
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_skip_skips_the_step_and_logs_it(workdir, env):
     run_dir = workdir / "nan_skip"
     rc, out = _nan_run(workdir, env, run_dir, "skip")

@@ -19,8 +19,6 @@ data layer (OrderSimulator, SourceStream) and on a real 2-rank -> 1-rank resume.
 from __future__ import annotations
 
 import json
-import os
-import random
 import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -36,27 +34,10 @@ from data.manifest import build_manifest
 from data.order import OrderSimulator
 from data.reader import ShardReader
 from data.stream import SourceStream, chunk_permutation
-from training_runs import (DDP, TINY, Run, assert_same_order, global_step_of, make_workdir, owed_docs,
-                           order_log, run_env, run_to_end)
+from training_runs import (DDP, TINY, Run, assert_same_order, global_step_of, owed_docs, order_log,
+                           run_to_end)
 
 CKPT_EVERY = 3
-
-
-@pytest.fixture(scope="module")
-def kill_rng():
-    seed = int(os.environ.get("WELLMIXED_KILL_SEED", random.randrange(10**6)))
-    print(f"WELLMIXED_KILL_SEED={seed}")
-    return seed, random.Random(seed)
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory, demo_corpus):
-    return make_workdir(tmp_path_factory.mktemp("resume"), demo_corpus)
-
-
-@pytest.fixture(scope="module")
-def env(cache_dir):
-    return run_env(cache_dir)
 
 
 def _kill_and_resume(workdir, env, run_dir: Path, args: list[str], condition, why: str) -> tuple[int, int]:
@@ -86,6 +67,7 @@ def _pieces(lines):
 # -- real processes, real SIGKILL ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stop_at_max_steps_then_continue_to_the_end(workdir, env, ref_single):
     """A run cut short by ``--trainer.max_steps`` (before the schedule's end, between two step
     checkpoints), then continued with ``--ckpt_path last`` to the schedule's end: one run's order."""
@@ -117,6 +99,7 @@ def test_sigkill_two_ddp_ranks_two_workers_each(workdir, env, ref_ddp, kill_rng)
     assert max((rank0 + rank1).values()) == 1, "a document piece was read twice"
 
 
+@pytest.mark.slow
 def test_sigkill_one_process_two_workers_in_the_anneal(workdir, env, ref_single, kill_rng):
     """(a) One process, 2 DataLoader workers; the checkpoint and the kill both inside the anneal phase
     (mixture and LR decay changing): the resumed run's order log is the uninterrupted run's, line for

@@ -50,6 +50,7 @@ def tiny_run(demo_corpus, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_run_reaches_the_budget_and_loss_falls(tiny_run):
     log = read_log(tiny_run)
     steps = [x["step"] for x in log]
@@ -62,6 +63,7 @@ def test_run_reaches_the_budget_and_loss_falls(tiny_run):
     assert val[0][0] == 0 and val[-1][1] < val[0][1] - 2.0  # held-out loss at the start, and it falls
 
 
+@pytest.mark.slow
 def test_logged_shares_equal_the_batch_tokens(tiny_run):
     """train/share/<source> is the batch's realised token share; train/target/<source> the step's weight."""
     log = {x["step"]: x for x in read_log(tiny_run)}
@@ -77,6 +79,7 @@ def test_logged_shares_equal_the_batch_tokens(tiny_run):
         assert float(r["train/lr"]) == pytest.approx(line["lr"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_schedule_reaches_the_anneal_and_lr_decays_to_min(tiny_run):
     log = read_log(tiny_run)
     assert log[0]["seq_len"] == 16 and log[-1]["seq_len"] == 32
@@ -84,6 +87,7 @@ def test_schedule_reaches_the_anneal_and_lr_decays_to_min(tiny_run):
     assert log[-1]["lr"] == 0.0
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_every_worker_cursor(tiny_run):
     ckpt = torch.load(tiny_run / "checkpoints" / "last.ckpt", weights_only=True)  # plain types only
     state = ckpt["WellMixedData"]
@@ -98,11 +102,13 @@ def test_checkpoint_holds_every_worker_cursor(tiny_run):
     assert len(json.dumps(state)) < 200_000
 
 
+@pytest.mark.slow
 def test_fresh_run_refuses_a_directory_with_checkpoints(tiny_run, demo_corpus):
     proc = run_train(tiny_run, demo_corpus, check=False)
     assert proc.returncode == 2 and "--ckpt_path last" in proc.stderr
 
 
+@pytest.mark.slow
 def test_bad_config_fails_before_compute(demo_corpus, tmp_path):
     proc = run_train(tmp_path / "run", demo_corpus, "--data.schedule.seq_len.end", "1024",
                      "--data.schedule.train_tokens", "400000", check=False)
@@ -121,6 +127,7 @@ def test_per_source_loss_is_a_token_weighted_mean():
     assert sums.tolist() == [1 + 2 + 6, 3 + 4 + 5, 0] and counts.tolist() == [3, 3, 0]
 
 
+@pytest.mark.slow
 def test_wandb_runs_offline_without_an_account(demo_corpus, tmp_path, monkeypatch):
     """No API key, no WANDB_MODE: the run must not prompt or hang, and leaves an offline run to sync."""
     for var in ("WANDB_API_KEY", "WANDB_MODE"):
