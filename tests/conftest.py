@@ -89,7 +89,8 @@ def runs_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def runs_env(cache_dir) -> dict:
+def env(cache_dir) -> dict:
+    """The environment of training subprocesses: the session's manifest cache, wandb offline."""
     from training_runs import run_env
 
     return run_env(cache_dir)
@@ -104,11 +105,6 @@ def workdir(request, tmp_path_factory, demo_corpus) -> Path:
     from training_runs import make_workdir
 
     return make_workdir(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]), demo_corpus)
-
-
-@pytest.fixture(scope="module")
-def env(runs_env) -> dict:
-    return runs_env
 
 
 @pytest.fixture(scope="module")
@@ -134,21 +130,21 @@ def _shared_run(root: Path, demo_corpus: Path, env: dict, name: str, args: list[
 
 
 @pytest.fixture(scope="session")
-def ref_single(runs_root, demo_corpus, runs_env):
+def ref_single(runs_root, demo_corpus, env):
     """The uninterrupted TINY run: 1 process, 2 DataLoader workers, a checkpoint every 3 steps, all
     kept. (run_dir, rank -> order-log lines); tests copy what they change, never write into it."""
     from training_runs import TINY
 
-    return _shared_run(runs_root, demo_corpus, runs_env, "ref_single", TINY)
+    return _shared_run(runs_root, demo_corpus, env, "ref_single", TINY)
 
 
 @pytest.fixture(scope="session")
-def ref_ddp(runs_root, demo_corpus, runs_env):
+def ref_ddp(runs_root, demo_corpus, env):
     """The uninterrupted TINY run on 2 DDP ranks (gloo), 2 DataLoader workers each, micro-batch 2 x 2
     ranks; a checkpoint at step 9 (the elastic-resume test starts from it)."""
     from training_runs import DDP, TINY
 
-    return _shared_run(runs_root, demo_corpus, runs_env, "ref_ddp", TINY + DDP + ["--run.ckpt_every_n_steps", "9"])
+    return _shared_run(runs_root, demo_corpus, env, "ref_ddp", TINY + DDP + ["--run.ckpt_every_n_steps", "9"])
 
 
 @pytest.fixture(autouse=True)

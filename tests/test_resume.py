@@ -4,9 +4,9 @@ The seed article's test, made the centrepiece: a training run is SIGKILLed (not 
 at a point after its first checkpoint, resumed with ``--ckpt_path last``, and its order log compared
 with an uninterrupted run of the same config: the document pieces of every step identical rank by
 rank, the loss bitwise identical (fp32 on CPU), and lr / sequence length / mixture weights those of
-the same step. Variants: one process with 2 DataLoader workers, killed in the middle of the anneal
-(fast); 2 DDP ranks with 2 workers each; a kill across a source's epoch boundary (slow); a run cut
-short by ``--trainer.max_steps`` and continued. The uninterrupted runs are shared with
+the same step. Variants: one process with 2 DataLoader workers, killed in the middle of the anneal;
+2 DDP ranks with 2 workers each; a kill across a source's epoch boundary; a run cut short by
+``--trainer.max_steps`` and continued. The uninterrupted runs are shared with
 tests/test_faults.py (tests/conftest.py: ref_single, ref_ddp).
 
 Kill points vary from run to run; the seed is printed with every failure and can be fixed with
@@ -82,7 +82,7 @@ def test_stop_at_max_steps_then_continue_to_the_end(workdir, env, ref_single):
 
 @pytest.mark.slow
 def test_sigkill_two_ddp_ranks_two_workers_each(workdir, env, ref_ddp, kill_rng):
-    """(b) 2 ranks x 2 workers: every rank's log identical after the resume; ranks never share a
+    """2 ranks x 2 workers: every rank's log identical after the resume; ranks never share a
     document piece (doc_id, offset) -- no source wraps in this run, so no piece may appear twice."""
     _, ref = ref_ddp
     seed, rng = kill_rng
@@ -101,7 +101,7 @@ def test_sigkill_two_ddp_ranks_two_workers_each(workdir, env, ref_ddp, kill_rng)
 
 @pytest.mark.slow
 def test_sigkill_one_process_two_workers_in_the_anneal(workdir, env, ref_single, kill_rng):
-    """(a) One process, 2 DataLoader workers; the checkpoint and the kill both inside the anneal phase
+    """One process, 2 DataLoader workers; the checkpoint and the kill both inside the anneal phase
     (mixture and LR decay changing): the resumed run's order log is the uninterrupted run's, line for
     line (pieces, bitwise loss, lr, seq_len, weights)."""
     _, ref = ref_single
@@ -134,7 +134,7 @@ def _small_curated(tmp: Path, demo_corpus: Path, rows: int) -> Path:
 
 @pytest.mark.slow
 def test_sigkill_across_a_source_epoch_boundary(workdir, env, demo_corpus, cache_dir, kill_rng):
-    """(d) A curated source of 10 short documents read at a 50-60% share: about 2 epochs in the run;
+    """A curated source of 10 short documents read at a 50-60% share: about 2 epochs in the run;
     the checkpoint is before its first epoch ends and the kill after it.
 
     With a one-document buffer, one open chunk and one worker, the curated documents must come in
