@@ -34,32 +34,49 @@ def _total_steps(log: str) -> int:
 
 @pytest.mark.slow
 def test_sigkill_during_checkpoint_write_keeps_the_previous_one(workdir, env, kill_rng):
-    """Checkpoints every step; the kill comes while ``last.ckpt`` is being rewritten (its temporary
-    file exists). The previous ``last.ckpt`` still loads with weights_only, and the resume removes the
-    half-written temporary and completes."""
+    """Checkpoints every step, keeping one; the kill comes while a step checkpoint is being written
+    (its temporary file exists). ``last.ckpt`` -- the previous step's file under a second name, not a
+    second serialization -- still loads with weights_only, and the resume removes the half-written
+    temporary and completes, overwriting ``last.ckpt`` (no ``last-v1.ckpt``)."""
     seed, r = kill_rng
     run_dir = workdir / "kill_in_write"
     ckpts = run_dir / "checkpoints"
     args = TINY + SHORT + ["--run.ckpt_every_n_steps", "1", "--run.keep_last_k", "1"]
-    nth = r.randint(2, 4)  # the rewrite of last.ckpt to interrupt (of 7)
+    nth = r.randint(2, 4)  # the checkpoint write to interrupt (of 7)
 
-    def writing_last() -> bool:
-        return (ckpts / "last.ckpt").exists() and run.lines_done() >= nth and any(ckpts.glob(".last.ckpt.tmp*"))
+    def writing() -> bool:
+        return (ckpts / "last.ckpt").exists() and run.lines_done() >= nth and any(ckpts.glob(".step*.ckpt.tmp*"))
 
     run = Run(workdir, run_dir, args, env, "killed")
-    run.signal_when(writing_last)
+    run.signal_when(writing)
     assert run.wait() == -9
-    partial = list(ckpts.glob(".last.ckpt.tmp*"))
+    partial = list(ckpts.glob(".step*.ckpt.tmp*"))
     assert partial, "the kill was meant to land inside a write"
     ckpt = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)
-    assert ckpt["global_step"] >= nth - 1 and "WellMixedData" in ckpt, (seed, nth, ckpt["global_step"])
+    step = ckpt["global_step"]
+    assert step >= nth - 1 and "WellMixedData" in ckpt, (seed, nth, step)
+    assert os.path.samefile(ckpts / "last.ckpt", ckpts / f"step{step:07d}.ckpt")  # one file, two names
     assert checkpoint_problem(partial[0]) is not None  # the temporary is indeed incomplete
 
     resumed = run_to_end(workdir, run_dir, args + ["--ckpt_path", "last"], env, "resumed")
     assert "left by a checkpoint write that did not finish" in resumed.log(tail=10**6)
     assert not list(ckpts.glob(".*.tmp*"))
+    assert sorted(p.name for p in ckpts.glob("last*")) == ["last.ckpt"]
     steps = [ln["step"] for ln in order_log(run_dir)[0]]
     assert steps == list(range(_total_steps(resumed.log(tail=10**6))))
+
+
+@pytest.mark.slow
+def test_every_step_checkpoint_can_stand_in_for_last(ref_single):
+    """Each step file is saved with the ModelCheckpoint state last.ckpt holds (last.ckpt at a step
+    checkpoint is the same file): a resume from any of them, the first included, overwrites
+    last.ckpt instead of starting a last-v1.ckpt."""
+    run_dir, _ = ref_single
+    ckpts = run_dir / "checkpoints"
+    for step in checkpoint_steps(run_dir):
+        state = torch.load(ckpts / f"step{step:07d}.ckpt", map_location="cpu", weights_only=True)["callbacks"]
+        (cb,) = [v for k, v in state.items() if k.startswith("ModelCheckpoint")]
+        assert Path(cb["last_model_path"]) == ckpts / "last.ckpt", (step, cb["last_model_path"])
 
 
 # -- a truncated or corrupt checkpoint -----------------------------------------------------------------

@@ -6,6 +6,7 @@ import csv
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -171,13 +172,38 @@ class _AppendingWriter(ExperimentWriter):
 
 
 class FinalCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that also writes ``last.ckpt`` at the final step of a finished run.
+    """ModelCheckpoint that writes each checkpoint once, and ``last.ckpt`` at the final step too.
 
     Lightning writes ``last.ckpt`` at the end of training only when it wrote no checkpoint during the
     run: a 308-step run with checkpoints every 50 steps ended with ``last.ckpt`` at step 300, so the
     exported (or evaluated, or ablation-compared) model missed the end of the anneal and the LR
     decay. A run stopped early by a signal is left to StopOnSignal, which wrote its own checkpoint.
+
+    With ``save_last=True`` Lightning serializes the step file and then ``last.ckpt`` again, the same
+    state twice (for the 350M run ~4.3 GB of weights and AdamW moments, on the training's critical
+    path). Here ``last.ckpt`` at the step of a step file is a hard link to it, put in place with a
+    rename (atomic, as every checkpoint write); the step file is written with the callback state
+    that ``last.ckpt`` holds, so the two names are interchangeable for a resume.
     """
+
+    def _save_topk_checkpoint(self, trainer, monitor_candidates) -> None:
+        if self.save_last is True:  # the state the step file saves is then the one last.ckpt holds
+            self.last_model_path = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+
+    def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
+        src = self._last_checkpoint_saved
+        last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        if not (self.save_last is True and src and self._last_global_step_saved == trainer.global_step
+                and os.path.basename(src) != os.path.basename(last) and "://" not in src):
+            return super()._save_last_checkpoint(trainer, monitor_candidates)
+        # rank 0 decides for all ranks: a sharded checkpoint is a folder, and other nodes may not see it
+        if not trainer.strategy.broadcast(os.path.isfile(src) if trainer.is_global_zero else None, src=0):
+            return super()._save_last_checkpoint(trainer, monitor_candidates)
+        self.last_model_path = last
+        if trainer.is_global_zero:
+            link_checkpoint(Path(src), Path(last))
+        trainer.strategy.barrier()
 
     def on_train_end(self, trainer, pl_module) -> None:
         super().on_train_end(trainer, pl_module)  # last.ckpt when nothing was saved during the run
@@ -190,6 +216,20 @@ class FinalCheckpoint(ModelCheckpoint):
         # ModelCheckpoint's key: checkpoints stay interchangeable with it (keep_last_k and last.ckpt's
         # path are restored on resume, so last.ckpt is overwritten instead of a new last-v1.ckpt)
         return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
+
+
+def link_checkpoint(src: Path, dst: Path) -> None:
+    """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
+    atomically through a ``.NAME.tmpPID`` temporary like AtomicCheckpointIO's writes."""
+    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    os.replace(tmp, dst)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
