@@ -218,10 +218,16 @@ class FinalCheckpoint(ModelCheckpoint):
         return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
 
 
+def _temporary(path: Path) -> Path:
+    """Where a checkpoint is written before its rename: ``.NAME.tmpPID`` beside it (what
+    train/faults.py's remove_stale_temp_files clears after a kill)."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
 def link_checkpoint(src: Path, dst: Path) -> None:
     """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
-    atomically through a ``.NAME.tmpPID`` temporary like AtomicCheckpointIO's writes."""
-    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    atomically through a temporary like AtomicCheckpointIO's writes."""
+    tmp = _temporary(dst)
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
@@ -242,7 +248,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp = _temporary(path)
         try:
             with open(tmp, "wb") as f:
                 torch.save(checkpoint, f)
