@@ -39,16 +39,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
+import numpy as np
+import yaml
 
-from ablations.evals import EVALUATIONS, Evaluation  # noqa: E402
-from ablations.runs import (  # noqa: E402
-    config_differences, drawn_tokens, final_mixer_state, is_complete, planned_tokens, read_config, schedule_of,
+from ablations.evals import EVALUATIONS, Evaluation
+from ablations.runs import (
+    config_differences,
+    drawn_tokens,
+    final_mixer_state,
+    is_complete,
+    planned_tokens,
+    read_config,
+    schedule_of,
 )
-from train.metrics_csv import read_metrics, series  # noqa: E402
+from train.metrics_csv import read_metrics, series
 
 ARMS = ("scheduled", "fixed")
 ARM_KEYS = ("data.schedule.mixture", "run.dir", "run.wandb_name", "ckpt_path")

@@ -36,11 +36,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
+import yaml
 
-from ablations.runs import is_complete  # noqa: E402
+from ablations.runs import is_complete
 
 ARMS = ("scheduled", "fixed")
 SBATCH = "ablations/ablation.sbatch"

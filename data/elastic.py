@@ -34,20 +34,13 @@ without reading them), which only affects which source the next few documents co
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
+from data.cursor import CURSOR_VERSION, buffer_addrs, pack_ints
 from data.errors import ConfigError
 from data.manifest import Manifest
-from data.stream import CURSOR_VERSION, _pack_ints, _source_key, _unpack_ints
-
-
-def _buffer_addrs(buf: Any) -> np.ndarray:
-    """A cursor's buffer (packed text, array or list) as an [n, 3] int array of (shard, row, epoch)."""
-    if isinstance(buf, str):
-        return _unpack_ints(buf).reshape(-1, 3)
-    return np.asarray(buf, dtype=np.int32).reshape(-1, 3)
+from data.order import RNG_LEVEL2, source_key
 
 
 def redistribute_source(states: list[dict | None], n_new: int, name: str, seed: int, resume_step: int) -> list[dict]:
@@ -67,15 +60,15 @@ def redistribute_source(states: list[dict | None], n_new: int, name: str, seed: 
             chunks += [[int(g), int(used)] for g, used in st["open"]]
     for c, t in enumerate(taken):
         chunks += [[g, 0] for g in range(c + t * n_old, frontier, n_old)]
-    buffered = [addr for st in states if st is not None for addr in _buffer_addrs(st["buffer"]).tolist()]
+    buffered = [addr for st in states if st is not None for addr in buffer_addrs(st["buffer"]).tolist()]
 
     out = []
     for c in range(n_new):
-        rng = np.random.PCG64([seed, _source_key(name), c, 7, resume_step])  # fresh, deterministic
+        rng = np.random.PCG64([seed, source_key(name), c, RNG_LEVEL2, resume_step])  # fresh, deterministic
         out.append({
             "taken": frontier // n_new,
             "open": chunks[c::n_new],
-            "buffer": _pack_ints(np.array(buffered[c::n_new], dtype=np.int32).reshape(-1, 3)),
+            "buffer": pack_ints(np.array(buffered[c::n_new], dtype=np.int32).reshape(-1, 3)),
             "rng": rng.state,
         })
     return out

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from data.order import RNG_MIXER
+
 
 class Mixer:
     def __init__(self, n_sources: int, selector: str, avg_doc_tokens: list[float], seed: tuple[int, int]):
@@ -29,7 +31,7 @@ class Mixer:
         self.emitted = np.zeros(n_sources, dtype=np.int64)
         self.committed = np.zeros(n_sources, dtype=np.int64)  # emitted + chosen but not yet emitted
         self.target = np.zeros(n_sources, dtype=np.float64)
-        self.rng = np.random.Generator(np.random.PCG64([*seed, 11]))
+        self.rng = np.random.Generator(np.random.PCG64([*seed, RNG_MIXER]))
 
     def choose(self, weights: np.ndarray) -> int:
         """Index of the source the next document comes from, given this step's weights."""

@@ -1,152 +1,56 @@
-"""The global order, simulated: R ranks x W workers in one process, no model.
+"""Level 1: the global order of each source's chunks. Pure functions of (seed, source, epoch).
 
-This is what ``scripts/dump_order.py`` runs, and what the tests use to check the properties of the
-order (determinism, disjoint slices, coverage, exact cursor). A training run produces the same
-lines from its real DataLoader workers (``data.order_log: true``).
+::
 
-Order-dump line, one per (step, rank), ranks in order within a step::
+    per source: infinite chunk sequence = perm(seed, source, epoch 0) ++ perm(seed, source, epoch 1) ++ ...
+        consumer c of C owns elements c, c+C, c+2C, ...
 
-    {"step": s, "rank": r, "seq_len": L, "pieces": [[doc_id, first_token_offset, n_tokens], ...],
-     "source_tokens": {"web": n, ...}, "weights": {"web": w, ...}, "lr": x}
-
-``pieces`` are the document pieces of the rank's micro-batch, row after row, covering the input
-tokens; a document's tokens are its cl100k tokens followed by one EOT.
+Every permutation is seeded from (seed, source, epoch) only, never from the rank: each consumer takes
+a disjoint slice of one global order, so every chunk is read exactly once per source-epoch across
+the whole job. Local randomness (level 2, the mixer) uses the named RNG streams below.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Callable, Iterator
+import zlib
 
 import numpy as np
 
-from data.config import DataConfig
-from data.errors import ConfigError
-from data.manifest import Manifest
-from data.stream import ConsumerStream
+from data.manifest import Chunk
+
+# Named RNG streams: the last word of a PCG64 seed sequence, so that two uses of (seed, source,
+# consumer) never share random numbers. Changing one changes every order: they are part of the format.
+RNG_LEVEL2 = 7  # which open chunk, which buffer slot (data/stream.py, data/elastic.py)
+RNG_MIXER = 11  # the mixer's random choices (data/mixer.py)
 
 
-class StepSchedule:
-    """Mixture weights, sequence length and LR as functions of the data step (the micro-batch index).
-
-    With gradient accumulation A, micro-batch m belongs to optimizer step m // A: the schedules are
-    keyed on optimizer steps (units in names: a schedule step is an optimizer step). Picklable, so
-    DataLoader workers get a copy.
-    """
-
-    def __init__(self, names: list[str], schedule=None, weights: dict[str, float] | None = None,
-                 seq_len: int = 2048, accumulate: int = 1):
-        self.names, self.schedule, self.accumulate = names, schedule, max(1, accumulate)
-        self.fixed_weights = None if weights is None else np.array([weights[n] for n in names], dtype=np.float64)
-        self.fixed_seq_len = seq_len
-
-    @classmethod
-    def from_config(cls, cfg: DataConfig, accumulate: int = 1, schedule=None) -> "StepSchedule":
-        names = list(cfg.sources)
-        if schedule is None and cfg.schedule is not None:
-            from data.schedules import build_schedule
-
-            schedule = build_schedule(cfg.schedule, sources=names)
-        if schedule is not None:
-            return cls(names, schedule=schedule, accumulate=accumulate)
-        return cls(names, weights=cfg.weights, seq_len=cfg.seq_len, accumulate=accumulate)
-
-    def weights(self, step: int) -> np.ndarray:
-        if self.schedule is None:
-            return self.fixed_weights
-        ws = self.schedule.mixture_weights(step // self.accumulate)
-        return np.array([ws[n] for n in self.names], dtype=np.float64)
-
-    def seq_len(self, step: int) -> int:
-        if self.schedule is None:
-            return self.fixed_seq_len
-        return self.schedule.max_seq_len(step // self.accumulate)
-
-    @property
-    def lr(self) -> Callable[[int], float] | None:
-        if self.schedule is None:
-            return None
-        return lambda step: self.schedule.lr(step // self.accumulate)
-
-    @property
-    def total_steps(self) -> int | None:
-        return None if self.schedule is None else self.schedule.total_steps * self.accumulate
+def source_key(name: str) -> int:
+    """A source's seed word: stable across configs that add or reorder sources."""
+    return zlib.crc32(name.encode())
 
 
-class OrderSimulator:
-    """All consumers of a job, stepping in lock-step the way the DataLoaders would deliver."""
-
-    def __init__(self, manifest: Manifest, cfg: DataConfig, world_size: int, num_workers: int, schedule=None):
-        if world_size < 1 or num_workers < 0:
-            raise ConfigError(f"--world-size must be >= 1 and --num-workers >= 0 (got {world_size}, {num_workers})")
-        self.manifest, self.cfg = manifest, cfg
-        self.world_size, self.workers = world_size, max(1, num_workers)
-        self.steps = StepSchedule.from_config(cfg, schedule=schedule)
-        self.lr_at = self.steps.lr
-        fp = manifest.fingerprint()
-        self.consumers = [
-            [ConsumerStream(manifest, cfg, r, world_size, w, self.workers, self.steps.weights, self.steps.seq_len, fp)
-             for w in range(self.workers)]
-            for r in range(world_size)
-        ]
-        self.step = 0
-
-    def batches(self, steps: int) -> Iterator[tuple[int, int, dict]]:
-        """(step, rank, batch) for steps [self.step, steps), ranks in order within a step."""
-        while self.step < steps:
-            for rank in range(self.world_size):
-                batch = self.consumers[rank][self.step % self.workers].next_batch()
-                assert batch["step"] == self.step, (batch["step"], self.step)
-                yield self.step, rank, batch
-            self.step += 1
-
-    def order_lines(self, steps: int) -> Iterator[dict]:
-        names = self.manifest.source_names
-        for step, rank, batch in self.batches(steps):
-            yield order_line(batch, names, self.lr_at)
-
-    def state_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "world_size": self.world_size,
-            "num_workers": self.workers,
-            "consumers": [[c.state_dict() for c in rank] for rank in self.consumers],
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        if (state["world_size"], state["num_workers"]) != (self.world_size, self.workers):
-            raise ConfigError(
-                f"cursor was saved with --world-size {state['world_size']} --num-workers {state['num_workers']}; "
-                f"resume with the same values (got {self.world_size}, {self.workers})"
-            )
-        fp = state["consumers"][0][0]["fingerprint"]
-        if fp != self.manifest.fingerprint():
-            raise ConfigError(
-                f"cursor was saved for another corpus/config (fingerprint {fp}, now {self.manifest.fingerprint()}); "
-                "resume with the same corpus, filters and chunking"
-            )
-        for rank, states in zip(self.consumers, state["consumers"]):
-            for consumer, st in zip(rank, states):
-                if st["seed"] != self.cfg.seed:
-                    raise ConfigError(f"cursor was saved with seed {st['seed']}, not {self.cfg.seed}; use --seed {st['seed']}")
-                consumer.load_state_dict(st)
-        self.step = state["step"]
+def chunk_permutation(seed: int, source: str, epoch: int, n_chunks: int) -> np.ndarray:
+    """The order of a source's chunks in one epoch (the same on every rank)."""
+    return np.random.default_rng([seed, source_key(source), epoch]).permutation(n_chunks)
 
 
-def order_line(batch: dict, source_names: list[str], lr_at: Callable[[int], float] | None = None) -> dict:
-    step = batch["step"]
-    line = {
-        "step": step,
-        "rank": batch["rank"],
-        "seq_len": int(batch["input_ids"].shape[1]),
-        "pieces": batch["pieces"],
-        "source_tokens": {n: int(t) for n, t in zip(source_names, batch["source_tokens"])},
-        "weights": {n: round(float(w), 6) for n, w in zip(source_names, batch["weights"])},
-    }
-    if lr_at is not None:
-        line["lr"] = float(lr_at(step))
-    return line
+def element(consumer: int, taken: int, num_consumers: int) -> int:
+    """The global element a consumer opens as its ``taken``-th chunk (its slice: c, c+C, c+2C, ...)."""
+    return consumer + taken * num_consumers
 
 
-def dumps(line: dict) -> str:
-    return json.dumps(line, separators=(",", ":"))
+class ChunkOrder:
+    """Element g of a source's infinite chunk sequence -> (epoch, chunk), caching a few epochs."""
+
+    def __init__(self, seed: int, name: str, chunks: list[Chunk]):
+        self.seed, self.name, self.chunks = seed, name, chunks
+        self._perms: dict[int, np.ndarray] = {}
+
+    def __call__(self, g: int) -> tuple[int, Chunk]:
+        epoch, i = divmod(g, len(self.chunks))
+        perm = self._perms.get(epoch)
+        if perm is None:
+            if len(self._perms) > 2:
+                self._perms.pop(min(self._perms))
+            perm = self._perms[epoch] = chunk_permutation(self.seed, self.name, epoch, len(self.chunks))
+        return epoch, self.chunks[perm[i]]

@@ -45,17 +45,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # `python scripts/bench_data.py` puts scripts/, not the repo root, on sys.path
 
-import numpy as np  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import numpy as np
+import pyarrow.parquet as pq
 
-from data.config import DataConfig, corpus_sources, load_data_config  # noqa: E402
-from data.manifest import build_manifest  # noqa: E402
-from data.order import OrderSimulator  # noqa: E402
-from data.stream import ConsumerStream  # noqa: E402
-from data.schedules import build_schedule  # noqa: E402
-from data.tokenizer import get_encoding  # noqa: E402
+from data.config import DataConfig, corpus_sources, load_data_config
+from data.manifest import build_manifest
+from data.packer import ConsumerStream
+from data.schedules import build_schedule
+from data.simulate import OrderSimulator
+from data.tokenizer import get_encoding
 
 SOURCES = ["web", "code", "books", "curated"]
 DEMO_CONFIG = ROOT / "configs" / "demo.yaml"
@@ -512,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"bench_data.py: --corpus {corpus}: not a directory "
                              "(give a corpus root with one folder of parquet shards per source, or omit the flag)")
         if corpus is None:
-            from data.demo_corpus import build_demo_corpus
+            from data.corpus.demo import build_demo_corpus
 
             corpus = Path(tmp) / "demo_corpus"
             build_demo_corpus(corpus)

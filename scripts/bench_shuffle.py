@@ -30,11 +30,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 SCRIPT = ROOT / "scripts" / "global_shuffle.py"
 # Runs a command and prints the peak RSS (KB on Linux) of its whole process tree (reaped children included).
@@ -113,7 +112,7 @@ def throughput(name: str, glob_: str, size: dict, tmp: Path, buckets: int, repea
 
 
 def memory(glob_: str, tmp: Path, bucket_counts: list[int], buffer_mb: float) -> None:
-    _, base, _ = run([sys.executable, "-c", "import data.corpus_tools"], rss=True)
+    _, base, _ = run([sys.executable, "-c", "import data.corpus.shuffle"], rss=True)
     print(f"  RSS of a process that imported the tool: {base} MB; scatter buffer --buffer-mb {buffer_mb:g}")
     print(f"  {'buckets':>7} {'largest bucket':>15} {'scatter peak':>13} {'gather peak':>12} {'(gather - base) / bucket':>25}")
     points = []
@@ -152,7 +151,7 @@ def main() -> None:
         tmp = Path(tmpdir)
         corpus = Path(args.corpus) if args.corpus else None
         if corpus is None:
-            from data.demo_corpus import build_demo_corpus
+            from data.corpus.demo import build_demo_corpus
 
             corpus = tmp / "demo"
             build_demo_corpus(corpus)

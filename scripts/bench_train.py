@@ -22,9 +22,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from train.malloc import keep_freed_memory  # noqa: E402
+from train.malloc import keep_freed_memory
 
 keep_freed_memory()  # the same allocator setting as python -m train
 
@@ -42,10 +40,10 @@ SOURCES = ["web", "code", "books", "curated"]
 def demo_batches(n: int, batch: int, seq: int, corpus: Path | None) -> list[dict]:
     """Real packed batches from the demo corpus (built into a temp dir unless given)."""
     from data.config import DataConfig, corpus_sources
-    from data.datamodule import to_torch
-    from data.demo_corpus import build_demo_corpus
+    from data.corpus.demo import build_demo_corpus
     from data.manifest import build_manifest
-    from data.order import OrderSimulator
+    from data.simulate import OrderSimulator
+    from train.datamodule import to_torch
 
     if corpus is None:
         corpus = Path(tempfile.mkdtemp()) / "demo_corpus"

@@ -21,12 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from data.config import check_weights, corpus_sources, load_data_config  # noqa: E402
-from data.errors import ConfigError  # noqa: E402
-from data.manifest import build_manifest  # noqa: E402
-from data.order import OrderSimulator, dumps  # noqa: E402
+from data.config import check_weights, corpus_sources, load_data_config
+from data.errors import ConfigError
+from data.manifest import build_manifest
+from data.simulate import OrderSimulator, dumps
 
 
 def parse_weights(text: str) -> dict[str, float]:

@@ -7,7 +7,7 @@ memory and written as parquet with the input's schema::
     python scripts/global_shuffle.py 'dolma3/**/*.parquet' --out shuffled --buckets 200 --seed 42 --workers 16
     python scripts/global_shuffle.py 'demo_corpus/*/*.parquet' --out /tmp/demo_shuffled --buckets 8
 
-Phases (data/corpus_tools.py has the details): *scatter*, one task per input file, streams row groups
+Phases (data/corpus/shuffle.py has the details): *scatter*, one task per input file, streams row groups
 into per-bucket part files under ``--tmp`` (default ``OUT/_shuffle_tmp``; lz4 parts need about
 1.3-2x the input's parquet size in free space), memory bounded by ``--buffer-mb``; *gather*, one task per bucket, reads the
 bucket's parts, permutes them and writes ``OUT/bucket-00042.parquet`` (peak memory per worker: about
@@ -46,13 +46,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, which holds `data`
 # Arrow's allocator, for this process and the workers it spawns (they inherit the environment). The
 # system allocator hands freed buffers back; mimalloc, Arrow's default, kept about 90 MB more at the
 # peak of a gather over 64 buckets, at the same speed (scripts/bench_shuffle.py).
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
-from data.corpus_tools import (  # noqa: E402
+from data.corpus.shuffle import (
     ShuffleSpec,
     cleanup,
     format_report,
@@ -63,7 +62,7 @@ from data.corpus_tools import (  # noqa: E402
     verify,
     write_report,
 )
-from data.errors import ConfigError  # noqa: E402
+from data.errors import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

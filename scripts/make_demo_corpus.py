@@ -1,17 +1,13 @@
-"""Build the embedded demo corpus (offline, from CPython's own files; see data/demo_corpus.py).
+"""Build the embedded demo corpus (offline, from CPython's own files; see data/corpus/demo.py).
 
     python scripts/make_demo_corpus.py --out demo_corpus [--force]
 """
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-# `python scripts/make_demo_corpus.py` puts scripts/ on sys.path, not the repo root that holds `data`.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from data.demo_corpus import build_demo_corpus, format_summary  # noqa: E402
+from data.corpus.demo import build_demo_corpus, format_summary
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,11 +21,8 @@ import sys
 import warnings
 from pathlib import Path
 
-# `python scripts/plan.py` puts scripts/ on sys.path, not the repo root that holds `data`.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from data.config import DataConfig, corpus_sources, load_data_config  # noqa: E402
-from data.errors import ConfigError  # noqa: E402
+from data.config import DataConfig, corpus_sources, load_data_config
+from data.errors import ConfigError
 
 
 def parse_tokens(text: str) -> dict[str, int]:

@@ -16,9 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from train.metrics_csv import read_metrics, series  # noqa: E402
+from train.metrics_csv import read_metrics, series
 
 
 def unigram_entropy(corpus: Path) -> float:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_MODE", "offline")
 # One intra-op thread per process (before torch is imported here and in every training subprocess,
 # which inherit this environment): the suite runs more processes than cores, and idle OpenMP threads
@@ -19,19 +18,18 @@ os.environ.setdefault("WANDB_MODE", "offline")
 # OMP_NUM_THREADS to override.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from data.config import DataConfig, SourceConfig  # noqa: E402
+from data.config import DataConfig, SourceConfig
 
 SOURCES = ["web", "code", "books", "curated"]
 
-# The modules that train in subprocesses, longest first. pytest-xdist (--dist loadfile, as
-# scripts/test.sh runs it) hands whole modules to workers in collection order: starting with the
-# longest keeps one of them from being the last thing running while the other workers sit idle.
-LONG_MODULES = ["test_resume.py", "test_slurm.py", "test_faults.py", "test_ablations.py", "test_train.py"]
-
-
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONG_MODULES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_MODULES)))  # stable: file order otherwise
+    """Modules with slow (training) tests first: pytest-xdist (--dist loadfile, as scripts/test.sh runs
+    it) hands whole modules to workers in collection order, and a long module started last would keep
+    the suite running while the other workers sit idle."""
+    slow_tests: dict = {}
+    for item in items:
+        slow_tests[item.path] = slow_tests.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow_tests[item.path])  # stable: file order otherwise
 
 
 WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}
@@ -39,7 +37,7 @@ WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}
 
 @pytest.fixture(scope="session")
 def demo_corpus(tmp_path_factory) -> Path:
-    from data.demo_corpus import build_demo_corpus
+    from data.corpus.demo import build_demo_corpus
 
     out = tmp_path_factory.mktemp("demo_corpus")
     build_demo_corpus(out)
@@ -117,7 +115,6 @@ def kill_rng():
 
 def _shared_run(root: Path, demo_corpus: Path, env: dict, name: str, args: list[str]):
     from filelock import FileLock
-
     from training_runs import make_workdir, order_log, run_to_end
 
     run_dir = root / name

@@ -13,8 +13,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.throughput import Throughput
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter

@@ -32,11 +32,19 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from data.datamodule import WellMixedData
 from data.errors import ConfigError
-from train.callbacks import (AtomicCheckpointIO, DataStateCallback, FinalCheckpoint, ProgressLog, ResumableCSVLogger,
-                             ThroughputCallback, wandb_logger)
+from train.callbacks import (
+    AtomicCheckpointIO,
+    DataStateCallback,
+    FinalCheckpoint,
+    ProgressLog,
+    ResumableCSVLogger,
+    ThroughputCallback,
+    wandb_logger,
+)
+from train.datamodule import WellMixedData
 from train.faults import StopOnSignal, install_early_handlers, remove_stale_temp_files, resolve_checkpoint
+from train.model import ModelConfigError
 from train.module import PretrainModule
 
 log = logging.getLogger("wellmixed")
@@ -180,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     install_early_handlers()
     try:
         WellMixedCLI(args=argv)
-    except ConfigError as e:
+    except (ConfigError, ModelConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except FloatingPointError as e:  # model.on_nonfinite: stop

@@ -194,8 +194,8 @@ def parse_run_config(args: list[str]):
     """(data module, trainer namespace, run config) from CLI arguments, instantiating only the data."""
     from jsonargparse import ArgumentParser, Namespace
 
-    from data.datamodule import WellMixedData
     from train.cli import WellMixedCLI
+    from train.datamodule import WellMixedData
 
     class _ParseOnly(WellMixedCLI):
         def instantiate_classes(self) -> None:
@@ -222,31 +222,31 @@ class SliceTable:
     """First chunks per source of any consumer, from the manifest and the chunk permutations."""
 
     def __init__(self, manifest, cfg, num_consumers: int):
-        from data.stream import SourceStream
+        from data.order import ChunkOrder
 
         self.manifest, self.num_consumers = manifest, num_consumers
-        # chunk_at depends on (seed, source, chunks) only, not on the consumer: one stream per source
-        self.streams = [SourceStream(i, name, info.chunks, None, cfg, 0, num_consumers)
-                        for i, (name, info) in enumerate(manifest.sources.items())]
+        self.orders = [ChunkOrder(cfg.seed, name, info.chunks) for name, info in manifest.sources.items()]
 
     def elements(self, source: int, consumer: int, n: int) -> list[tuple[int, int, object]]:
         """(element g, epoch, chunk) of the first ``n`` elements ``consumer`` opens in ``source``."""
-        st = self.streams[source]
+        from data.order import element
+
+        chunk_at = self.orders[source]
         out = []
         for t in range(n):
-            g = consumer + t * self.num_consumers
-            epoch, chunk = st.chunk_at(g)
+            g = element(consumer, t, self.num_consumers)
+            epoch, chunk = chunk_at(g)
             out.append((g, epoch, chunk))
         return out
 
     def describe(self, consumer: int, n: int) -> str:
         parts = []
-        for s, st in enumerate(self.streams):
+        for s, order in enumerate(self.orders):
             chunks = []
             for g, epoch, c in self.elements(s, consumer, n):
                 where = f"{self.manifest.shards[c.shard].stem}:{c.start}-{c.stop}"
                 chunks.append(where + (f"@epoch{epoch}" if epoch else ""))
-            parts.append(f"{st.name} " + " ".join(chunks))
+            parts.append(f"{order.name} " + " ".join(chunks))
         return "; ".join(parts)
 
 
@@ -302,12 +302,13 @@ def dry_run(argv: list[str]) -> int:
     hosts = expand_nodelist(nodelist)
 
     from data.errors import ConfigError
+    from train.model import ModelConfigError
 
     try:
         dm, trainer, run = parse_run_config(train_args + ["--trainer.num_nodes", str(nodes),
                                                           "--trainer.devices", str(per_node)])
         dm.prepare(trainer.accumulate_grad_batches or 1)
-    except ConfigError as e:
+    except (ConfigError, ModelConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     workers = max(1, dm.num_workers)

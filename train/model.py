@@ -28,7 +28,10 @@ import yaml
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from data.errors import ConfigError
+
+class ModelConfigError(ValueError):
+    """A bad model config: the message names the field (or file) and what is wrong. The model does not
+    import the data path, so this is its own error; the CLI reports it like ``data.errors.ConfigError``."""
 
 
 @dataclass
@@ -90,16 +93,16 @@ class ModelConfig:
         for name in ("tie_embeddings", "qk_norm", "doc_mask", "activation_checkpointing"):
             _check_bool(name, getattr(self, name))
         if self.d_model % self.n_heads:
-            raise ConfigError(
+            raise ModelConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
             )
         if self.head_dim % 2:
-            raise ConfigError(
+            raise ModelConfigError(
                 f"model.d_model / model.n_heads = {self.head_dim} is the head dimension and must be even "
                 "(RoPE rotates pairs of dimensions)"
             )
         if self.n_heads % self.kv_heads:
-            raise ConfigError(
+            raise ModelConfigError(
                 f"model.n_heads ({self.n_heads}) must be divisible by model.n_kv_heads ({self.n_kv_heads})"
             )
 
@@ -372,25 +375,25 @@ def document_causal_mask(doc_index: Tensor) -> Tensor:
 
 def load_model_config(path: str | Path) -> ModelConfig:
     """Read a ``configs/model/*.yaml`` file: a flat mapping of :class:`ModelConfig` fields.
-    Missing keys take the dataclass defaults; unknown keys and bad values raise :class:`ConfigError`
+    Missing keys take the dataclass defaults; unknown keys and bad values raise :class:`ModelConfigError`
     naming the file and the key."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: model config file not found")
+        raise ModelConfigError(f"{path}: model config file not found")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ModelConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping of model fields (d_model: 1024, ...)")
+        raise ModelConfigError(f"{path}: expected a mapping of model fields (d_model: 1024, ...)")
     known = [f.name for f in fields(ModelConfig)]
     unknown = [key for key in raw if key not in known]
     if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {unknown}; valid keys are {known}")
+        raise ModelConfigError(f"{path}: unknown key(s) {unknown}; valid keys are {known}")
     try:
         return ModelConfig(**raw)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+    except ModelConfigError as e:
+        raise ModelConfigError(f"{path}: {e}") from None
 
 
 def _short(n: int) -> str:
@@ -404,17 +407,17 @@ def _short(n: int) -> str:
 def _check_positive_int(name: str, value: object) -> None:
     # bool is an int subclass; `n_layers: true` is a typo, not 1.
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"model.{name} must be a positive integer (got {value!r})")
+        raise ModelConfigError(f"model.{name} must be a positive integer (got {value!r})")
 
 
 def _check_positive_float(name: str, value: object) -> None:
     # YAML 1.1 reads `1e-5` (no dot) as a string; say so, since that is the usual cause.
     if isinstance(value, str):
-        raise ConfigError(f"model.{name} must be a positive number (got the string {value!r}; write e.g. 1.0e-5)")
+        raise ModelConfigError(f"model.{name} must be a positive number (got the string {value!r}; write e.g. 1.0e-5)")
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
-        raise ConfigError(f"model.{name} must be a positive number (got {value!r})")
+        raise ModelConfigError(f"model.{name} must be a positive number (got {value!r})")
 
 
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise ConfigError(f"model.{name} must be true or false (got {value!r})")
+        raise ModelConfigError(f"model.{name} must be true or false (got {value!r})")

@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from training_runs import owed_docs
 
 from data.manifest import build_manifest
-from data.order import OrderSimulator
-from data.stream import ConsumerStream, SourceStream, chunk_permutation
+from data.order import chunk_permutation
+from data.packer import ConsumerStream
 from data.reader import ShardReader
+from data.simulate import OrderSimulator
+from data.stream import SourceStream
 from data.tokenizer import EOT_ID, get_encoding
-from training_runs import owed_docs
 
 
 def dump(manifest, cfg, steps, world_size=2, workers=2):

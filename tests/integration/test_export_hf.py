@@ -3,7 +3,6 @@ after export, and the exported tokenizer.json encodes like tiktoken's cl100k_bas
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,16 +15,14 @@ import torch
 
 from data.errors import ConfigError
 from data.tokenizer import EOT_ID, VOCAB_SIZE, get_encoding
+from train import export as export_hf
 from train.model import GPT, ModelConfig, load_model_config
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "model" / "tiny.yaml"
-_spec = importlib.util.spec_from_file_location("export_hf", ROOT / "scripts" / "export_hf.py")
-export_hf = sys.modules["export_hf"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(export_hf)
 
 
 def random_model(cfg: ModelConfig, seed: int = 0) -> GPT:

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from data.manifest import build_manifest
-from data.order import OrderSimulator, dumps
+from data.simulate import OrderSimulator, dumps
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "dump_order.py"
 SOURCES = ["web", "code", "books", "curated"]
 WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}

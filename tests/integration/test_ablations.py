@@ -21,14 +21,14 @@ import pytest
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
-from ablations import report, run  # noqa: E402
-from ablations.runs import drawn_tokens, is_complete  # noqa: E402
-from train.metrics_csv import read_metrics  # noqa: E402
-from data.schedules import build_schedule, tokens_per_source  # noqa: E402
-from training_runs import SMALL  # noqa: E402
+from training_runs import SMALL
+
+from ablations import report, run
+from ablations.runs import drawn_tokens, is_complete
+from data.schedules import build_schedule, tokens_per_source
+from train.metrics_csv import read_metrics
 
 PAIRS = sorted(run.PAIRS)
 SOURCES = ("web", "code", "books", "curated")

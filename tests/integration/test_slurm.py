@@ -27,17 +27,17 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-
 from training_runs import TINY, assert_same_order, make_workdir, order_log
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "scripts" / "slurm" / "train.sbatch"
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 BINARIES = ["munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo"]
@@ -271,7 +271,7 @@ def jobs(slurm, tmp_path_factory, demo_corpus, cache_dir):
     t0 = time.monotonic()
     submitted = {}
     for name, extra in (("dry", {"DRY_RUN": "1"}), ("ref", {}), ("pre", {})):
-        env = slurm.env(REPO=str(ROOT), RUN_NAME=name, WELLMIXED_CACHE=str(cache_dir), WANDB_MODE="offline",
+        env = slurm.env(REPO=str(ROOT), PY=sys.executable, RUN_NAME=name, WELLMIXED_CACHE=str(cache_dir), WANDB_MODE="offline",
                         WANDB_SILENT="true", PYTHONHASHSEED="0", **extra)
         job_id = slurm.sbatch(f"--job-name=wm-{name}", f"--chdir={work}", f"--output={work}/logs/%x-%j.out",
                               *JOB_OPTS, str(SBATCH), CONFIG, *TRAIN_ARGS, env=env)

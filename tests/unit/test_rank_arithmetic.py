@@ -21,11 +21,24 @@ import pytest
 from lightning.fabric.plugins.environments import SLURMEnvironment
 
 from data.manifest import build_manifest
-from data.stream import ConsumerStream, Doc, SourceStream
-from train.launch import (consumer_ids, derived_port, dry_run, expand_nodelist, master_port, patched_environ,
-                          port_is_free, probe_ports, rank_info, simulated_nodelist, slurm_task_env)
+from data.packer import ConsumerStream
+from data.stream import SourceStream
+from data.types import Doc
+from train.launch import (
+    consumer_ids,
+    derived_port,
+    dry_run,
+    expand_nodelist,
+    master_port,
+    patched_environ,
+    port_is_free,
+    probe_ports,
+    rank_info,
+    simulated_nodelist,
+    slurm_task_env,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAYOUTS = [(4, 8), (64, 8)]  # nodes x GPUs: 32 and 512 ranks
 
 

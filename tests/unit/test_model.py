@@ -10,10 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data.errors import ConfigError
-from train.model import GPT, ModelConfig, load_model_config
+from train.model import GPT, ModelConfig, ModelConfigError, load_model_config
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "model"
 TINY = load_model_config(CONFIG_DIR / "tiny.yaml")
 ATOL = 1e-5
 
@@ -246,7 +245,7 @@ def test_350m_adamw_step_on_cpu():
     ],
 )
 def test_validation_errors_name_the_field(overrides, message):
-    with pytest.raises(ConfigError) as excinfo:
+    with pytest.raises(ModelConfigError) as excinfo:
         ModelConfig(**overrides)
     assert message in str(excinfo.value)
 
@@ -267,12 +266,12 @@ def test_350m_yaml_is_the_dataclass_default():
 def test_unknown_yaml_key_names_file_and_key(tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text("d_model: 64\nn_layer: 2\n")
-    with pytest.raises(ConfigError, match=r"typo\.yaml: unknown key\(s\) \['n_layer'\]"):
+    with pytest.raises(ModelConfigError, match=r"typo\.yaml: unknown key\(s\) \['n_layer'\]"):
         load_model_config(path)
 
 
 def test_bad_yaml_value_names_file_and_field(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("norm_eps: 1e-5\n")  # YAML 1.1: a string
-    with pytest.raises(ConfigError, match=r"bad\.yaml: model\.norm_eps must be a positive number"):
+    with pytest.raises(ModelConfigError, match=r"bad\.yaml: model\.norm_eps must be a positive number"):
         load_model_config(path)

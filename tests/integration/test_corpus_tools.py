@@ -1,10 +1,9 @@
-"""Global bucket shuffle and split by source (data/corpus_tools.py, scripts/global_shuffle.py,
+"""Global bucket shuffle and split by source (data/corpus/shuffle.py, scripts/global_shuffle.py,
 scripts/split_by_source.py) on the real, clustered demo corpus: one sub-source per input file."""
 
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 import json
 import os
 import re
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.corpus_tools import (
+from data.corpus.shuffle import (
     RowStats,
     ShuffleSpec,
     gather,
@@ -29,13 +28,10 @@ from data.corpus_tools import (
     source_share_check,
     verify,
 )
+from data.corpus.split import split_by_source
 from data.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("split_by_source", ROOT / "scripts" / "split_by_source.py")
-split_script = sys.modules["split_by_source"] = importlib.util.module_from_spec(_spec)  # registered: it defines a dataclass
-_spec.loader.exec_module(split_script)
-split_by_source = split_script.split_by_source
+ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = 8
 MAPPING = {"web": ["web_*"], "code": ["code_*"], "books": ["books_*"], "curated": ["curated_*"]}
 

@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.manifest import build_manifest
-from data.order import OrderSimulator
 from data.plan import implied_epochs
 from data.schedules import build_schedule, fixed_equivalent_weights, tokens_per_source
+from data.simulate import OrderSimulator
 
 PHASES = [
     {"name": "stable", "weights": {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}},

@@ -25,17 +25,17 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from training_runs import DDP, TINY, Run, assert_same_order, global_step_of, order_log, owed_docs, run_to_end
 
 from data.config import SourceConfig
-from data.datamodule import WellMixedData
 from data.elastic import redistribute_simulator_state, redistribute_source
 from data.errors import ConfigError
 from data.manifest import build_manifest
-from data.order import OrderSimulator
+from data.order import chunk_permutation
 from data.reader import ShardReader
-from data.stream import SourceStream, chunk_permutation
-from training_runs import (DDP, TINY, Run, assert_same_order, global_step_of, owed_docs, order_log,
-                           run_to_end)
+from data.simulate import OrderSimulator
+from data.stream import SourceStream
+from train.datamodule import WellMixedData
 
 CKPT_EVERY = 3
 

@@ -30,12 +30,14 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from data.config import DataConfig
+from data.cursor import pack_cursor
 from data.elastic import redistribute
 from data.errors import ConfigError
 from data.manifest import Manifest, build_manifest
-from data.order import StepSchedule, order_line
+from data.packer import ConsumerStream
 from data.reader import ShardReader
-from data.stream import ConsumerStream, pack_cursor
+from data.simulate import order_line
+from data.steps import StepSchedule
 
 log = logging.getLogger(__name__)
 TENSOR_KEYS = ("input_ids", "targets", "target_source", "doc_index")

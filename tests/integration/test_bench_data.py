@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # runs the benchmark script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 KEYS = [
     "(a) throughput",

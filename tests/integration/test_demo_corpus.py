@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.demo_corpus import MANIFEST, MAX_DOC_CHARS, SOURCES, build_demo_corpus
+from data.corpus.demo import MANIFEST, MAX_DOC_CHARS, SOURCES, build_demo_corpus
 from data.tokenizer import get_encoding
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Token shares (min, max) per mixture source.
 SHARE_RANGES = {"web": (0.55, 0.65), "code": (0.15, 0.25), "books": (0.10, 0.15), "curated": (0.05, 0.10)}
 

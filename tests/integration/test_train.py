@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from training_runs import SMALL
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = ["--config", str(ROOT / "configs/demo.yaml"), *SMALL, "--data.order_log", "true",
         "--run.ckpt_every_n_steps", "5", "--data.num_workers", "2"]

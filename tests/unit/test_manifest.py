@@ -22,8 +22,8 @@ import data.manifest as manifest_mod
 from data.config import DataConfig, FilterConfig, SourceConfig
 from data.errors import ConfigError
 from data.manifest import build_manifest
-from data.order import OrderSimulator
 from data.reader import ShardReader
+from data.simulate import OrderSimulator
 from data.tokenizer import count_tokens, get_encoding
 
 # -- helpers ------------------------------------------------------------------------------------

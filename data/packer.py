@@ -1,0 +1,149 @@
+"""Mixing and packing: all sources of one consumer, packed into the micro-batches of its steps.
+
+::
+
+    mixer: picks the source of each next document by tokens (data/mixer.py)
+    packer: row-parallel packing into sequences of seq_len(step) + 1 tokens (each row of the batch
+            continues its own document), EOT after every document
+
+A rank with W DataLoader workers delivers step s from worker s mod W, so the consumer (rank, worker)
+produces steps worker, worker+W, ... and knows each batch's global step: that is what the schedules
+(mixture weights, sequence length) are evaluated at.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from data.config import DataConfig
+from data.cursor import CURSOR_VERSION, pack_cursor
+from data.errors import ConfigError
+from data.manifest import Manifest
+from data.mixer import Mixer
+from data.reader import ShardReader
+from data.stream import SourceStream
+from data.types import Doc, Leftover, TrainBatch
+
+
+class ConsumerStream:
+    """All sources of one consumer, mixed and packed into micro-batches, one per global step it owns."""
+
+    def __init__(self, manifest: Manifest, cfg: DataConfig, rank: int, world_size: int, worker: int,
+                 num_workers: int, weights_at: Callable[[int], np.ndarray], seq_len_at: Callable[[int], int],
+                 fingerprint: str | None = None):
+        workers = max(1, num_workers)
+        self.manifest, self.cfg = manifest, cfg
+        self.rank, self.worker, self.workers = rank, worker, workers
+        self.consumer = rank * workers + worker
+        self.num_consumers = world_size * workers
+        self.weights_at, self.seq_len_at = weights_at, seq_len_at
+        self.fingerprint = fingerprint or manifest.fingerprint()
+        self.reader = ShardReader(manifest, cfg)
+        self.sources = [
+            SourceStream(i, name, info.chunks, self.reader, cfg, self.consumer, self.num_consumers)
+            for i, (name, info) in enumerate(manifest.sources.items())
+        ]
+        avg_doc_tokens = [max(1.0, info.tokens / max(1, info.docs)) for info in manifest.sources.values()]
+        self.mixer = Mixer(len(self.sources), cfg.selector, avg_doc_tokens, seed=(cfg.seed, self.consumer))
+        self.rows: list[Leftover | None] = [None] * cfg.batch_size
+        self.pending: list[Leftover] = []  # leftovers an elastic resume could not fit into the rows
+        self.next_step = worker
+
+    def _next_doc(self, weights: np.ndarray) -> Doc:
+        doc = self.sources[self.mixer.choose(weights)].next_doc()
+        self.mixer.commit(doc.source, len(doc.tokens))
+        return doc
+
+    def next_batch(self) -> TrainBatch:
+        """The micro-batch of step ``self.next_step``: B rows of seq_len inputs and targets."""
+        step = self.next_step
+        L = int(self.seq_len_at(step))
+        weights = np.asarray(self.weights_at(step), dtype=np.float64)
+        B = len(self.rows)
+        tokens = np.empty((B, L + 1), dtype=np.int64)
+        source = np.empty((B, L + 1), dtype=np.int8)
+        doc_index = np.empty((B, L + 1), dtype=np.int32)
+        pieces: list[list] = []
+        source_tokens = np.zeros(len(self.sources), dtype=np.int64)
+        for b in range(B):
+            n, d = 0, 0
+            cur = self.rows[b]
+            while True:
+                if cur is None:
+                    cur = self.pending.pop(0) if self.pending else Leftover(self._next_doc(weights), 0)
+                doc, off = cur.doc, cur.offset
+                take = min(len(doc.tokens) - off, L + 1 - n)
+                tokens[b, n:n + take] = doc.tokens[off:off + take]
+                source[b, n:n + take] = doc.source
+                doc_index[b, n:n + take] = d
+                # Inputs are the first L tokens; the (L+1)-th is only a target (it is the next row's
+                # first input), so only tokens placed before position L count as emitted here.
+                emitted = min(take, L - n)
+                if emitted > 0:
+                    pieces.append([self.manifest.doc_id(doc.shard, doc.row), off, emitted])
+                    source_tokens[doc.source] += emitted
+                    self.mixer.emit(doc.source, emitted, weights)
+                n += take
+                if n == L + 1:
+                    # The last token taken is the next row's first input: stay on this document.
+                    cur = Leftover(doc, off + take - 1)
+                    break
+                cur, d = None, d + 1
+            self.rows[b] = cur
+        self.next_step += self.workers
+        return {
+            "step": step,
+            "rank": self.rank,
+            "worker": self.worker,
+            "input_ids": tokens[:, :-1],
+            "targets": tokens[:, 1:],
+            "target_source": source[:, 1:],
+            "doc_index": doc_index[:, :-1],
+            "pieces": pieces,
+            "source_tokens": source_tokens,
+            "weights": weights,
+            "cursor": self.snapshot(),  # cheap; packed only when a checkpoint is written
+        }
+
+    # -- cursor --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return pack_cursor(self.snapshot())
+
+    def snapshot(self) -> dict:
+        rows = [None if r is None else [r.doc.source, r.doc.shard, r.doc.row, r.doc.epoch, r.offset] for r in self.rows]
+        out = {
+            "version": CURSOR_VERSION,
+            "fingerprint": self.fingerprint,
+            "seed": self.cfg.seed,
+            "consumer": self.consumer,
+            "num_consumers": self.num_consumers,
+            "next_step": self.next_step,
+            "sources": {s.name: s.snapshot() for s in self.sources},
+            "mixer": self.mixer.state_dict(),
+            "rows": rows,
+        }
+        if self.pending:
+            out["pending"] = [[r.doc.source, r.doc.shard, r.doc.row, r.doc.epoch, r.offset] for r in self.pending]
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != CURSOR_VERSION:
+            raise ConfigError(f"data cursor version {state.get('version')} is not {CURSOR_VERSION}")
+        if (state["consumer"], state["num_consumers"]) != (self.consumer, self.num_consumers):
+            raise ConfigError(
+                f"data cursor belongs to consumer {state['consumer']} of {state['num_consumers']}, "
+                f"not {self.consumer} of {self.num_consumers}"
+            )
+        self.next_step = state["next_step"]
+        for s in self.sources:
+            s.load_state_dict(state["sources"][s.name])
+        self.mixer.load_state_dict(state["mixer"])
+        self.rows = [None if r is None else self._leftover(r) for r in state["rows"]]
+        self.pending = [self._leftover(r) for r in state.get("pending", [])]
+
+    def _leftover(self, r: list) -> Leftover:
+        src, shard, row, epoch, offset = r
+        (toks,) = self.reader.read_docs(src, [(shard, row)])
+        return Leftover(Doc(src, shard, row, epoch, toks), offset)

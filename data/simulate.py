@@ -1,0 +1,104 @@
+"""The global order, simulated: R ranks x W workers in one process, no model.
+
+This is what ``scripts/dump_order.py`` runs, and what the tests use to check the properties of the
+order (determinism, disjoint slices, coverage, exact cursor). A training run produces the same
+lines from its real DataLoader workers (``data.order_log: true``).
+
+Order-dump line, one per (step, rank), ranks in order within a step::
+
+    {"step": s, "rank": r, "seq_len": L, "pieces": [[doc_id, first_token_offset, n_tokens], ...],
+     "source_tokens": {"web": n, ...}, "weights": {"web": w, ...}, "lr": x}
+
+``pieces`` are the document pieces of the rank's micro-batch, row after row, covering the input
+tokens; a document's tokens are its cl100k tokens followed by one EOT.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Iterator
+
+from data.config import DataConfig
+from data.errors import ConfigError
+from data.manifest import Manifest
+from data.packer import ConsumerStream
+from data.steps import StepSchedule
+
+
+class OrderSimulator:
+    """All consumers of a job, stepping in lock-step the way the DataLoaders would deliver."""
+
+    def __init__(self, manifest: Manifest, cfg: DataConfig, world_size: int, num_workers: int, schedule=None):
+        if world_size < 1 or num_workers < 0:
+            raise ConfigError(f"--world-size must be >= 1 and --num-workers >= 0 (got {world_size}, {num_workers})")
+        self.manifest, self.cfg = manifest, cfg
+        self.world_size, self.workers = world_size, max(1, num_workers)
+        self.steps = StepSchedule.from_config(cfg, schedule=schedule)
+        self.lr_at = self.steps.lr
+        fp = manifest.fingerprint()
+        self.consumers = [
+            [ConsumerStream(manifest, cfg, r, world_size, w, self.workers, self.steps.weights, self.steps.seq_len, fp)
+             for w in range(self.workers)]
+            for r in range(world_size)
+        ]
+        self.step = 0
+
+    def batches(self, steps: int) -> Iterator[tuple[int, int, dict]]:
+        """(step, rank, batch) for steps [self.step, steps), ranks in order within a step."""
+        while self.step < steps:
+            for rank in range(self.world_size):
+                batch = self.consumers[rank][self.step % self.workers].next_batch()
+                assert batch["step"] == self.step, (batch["step"], self.step)
+                yield self.step, rank, batch
+            self.step += 1
+
+    def order_lines(self, steps: int) -> Iterator[dict]:
+        names = self.manifest.source_names
+        for step, rank, batch in self.batches(steps):
+            yield order_line(batch, names, self.lr_at)
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "world_size": self.world_size,
+            "num_workers": self.workers,
+            "consumers": [[c.state_dict() for c in rank] for rank in self.consumers],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["world_size"], state["num_workers"]) != (self.world_size, self.workers):
+            raise ConfigError(
+                f"cursor was saved with --world-size {state['world_size']} --num-workers {state['num_workers']}; "
+                f"resume with the same values (got {self.world_size}, {self.workers})"
+            )
+        fp = state["consumers"][0][0]["fingerprint"]
+        if fp != self.manifest.fingerprint():
+            raise ConfigError(
+                f"cursor was saved for another corpus/config (fingerprint {fp}, now {self.manifest.fingerprint()}); "
+                "resume with the same corpus, filters and chunking"
+            )
+        for rank, states in zip(self.consumers, state["consumers"]):
+            for consumer, st in zip(rank, states):
+                if st["seed"] != self.cfg.seed:
+                    raise ConfigError(f"cursor was saved with seed {st['seed']}, not {self.cfg.seed}; use --seed {st['seed']}")
+                consumer.load_state_dict(st)
+        self.step = state["step"]
+
+
+def order_line(batch: dict, source_names: list[str], lr_at: Callable[[int], float] | None = None) -> dict:
+    step = batch["step"]
+    line = {
+        "step": step,
+        "rank": batch["rank"],
+        "seq_len": int(batch["input_ids"].shape[1]),
+        "pieces": batch["pieces"],
+        "source_tokens": {n: int(t) for n, t in zip(source_names, batch["source_tokens"])},
+        "weights": {n: round(float(w), 6) for n, w in zip(source_names, batch["weights"])},
+    }
+    if lr_at is not None:
+        line["lr"] = float(lr_at(step))
+    return line
+
+
+def dumps(line: dict) -> str:
+    return json.dumps(line, separators=(",", ":"))

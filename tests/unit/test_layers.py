@@ -1,0 +1,78 @@
+"""The layer rules, read from the imports of every module (static: nothing is imported or run).
+
+data/ (the training-time path) never imports train/, the corpus tools, Lightning or torch; the model
+never imports data/; nothing imports ablations/ except ablations/; nothing imports scripts/.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def imports(path: Path) -> set[str]:
+    """Every module name a file imports, at any depth (function-level imports included)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+DATA_PATH = [p for p in modules("data") if "corpus" not in p.relative_to(ROOT / "data").parts]
+
+
+@pytest.mark.parametrize("path", DATA_PATH, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_data_path_is_framework_free_and_never_imports_train_or_the_corpus_tools(path):
+    bad = {m for m in imports(path)
+           if top(m) in {"train", "ablations", "scripts", "lightning", "torch"} or m.startswith("data.corpus")}
+    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", modules("data/corpus"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_corpus_tools_never_import_train_or_lightning(path):
+    bad = {m for m in imports(path) if top(m) in {"train", "ablations", "scripts", "lightning"}}
+    assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_the_model_never_imports_data():
+    bad = {m for m in imports(ROOT / "train" / "model.py") if top(m) == "data"}
+    assert not bad, f"train/model.py imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("folder", ["data", "train", "ablations", "scripts", "tests"])
+def test_nothing_imports_scripts_and_only_ablations_imports_ablations(folder):
+    for path in modules(folder):
+        found = {top(m) for m in imports(path)}
+        assert "scripts" not in found, f"{path.relative_to(ROOT)} imports scripts/"
+        if folder in ("data", "train"):
+            assert "ablations" not in found, f"{path.relative_to(ROOT)} imports ablations/"
+
+
+def edits_sys_path(path: Path) -> bool:
+    """True where a file calls a method of ``sys.path`` (insert, append, ...)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        f = node.func if isinstance(node, ast.Call) else None
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and f.value.attr == "path" \
+                and getattr(f.value.value, "id", "") == "sys":
+            return True
+    return False
+
+
+@pytest.mark.parametrize("folder", ["data", "train", "ablations", "scripts", "tests"])
+def test_no_file_edits_sys_path(folder):
+    assert not [str(p.relative_to(ROOT)) for p in modules(folder) if edits_sys_path(p)]

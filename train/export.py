@@ -1,0 +1,291 @@
+"""Export a checkpoint to the Hugging Face format, so `transformers` and evaluation harnesses can load it.
+
+    python scripts/export_hf.py runs/demo/checkpoints/last.ckpt --out hf/demo
+    python scripts/export_hf.py model_state.pt --model-config configs/model/350m.yaml --out hf/350m --dtype bfloat16
+    python scripts/export_hf.py last.ckpt --out hf/demo --check     # also compare logits with transformers
+
+Input: a Lightning checkpoint (``state_dict`` with keys ``model.<...>``, the ModelConfig fields in
+``hyper_parameters["model"]``) or a bare state dict of ``train.model.GPT`` (then ``--model-config``
+names its YAML). ``torch.compile``'s ``_orig_mod.`` prefix is dropped. Output, in ``--out``:
+
+- ``config.json``: ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` when ``qk_norm`` is on: Llama plus a
+  per-head RMSNorm on q and k before RoPE, exactly ours). vocab_size is the padded 100,352;
+  bos/eos are cl100k's ``<|endoftext|>`` (100257).
+- ``model.safetensors``: renamed weights (tok_emb -> model.embed_tokens, blocks.i.attn.wq ->
+  model.layers.i.self_attn.q_proj, w1/w3/w2 -> gate/up/down_proj, attn_norm/mlp_norm ->
+  input/post_attention_layernorm, norm -> model.norm; lm_head only when untied). No permutation of
+  wq/wk rows: our ``apply_rope`` already rotates halves ``(x[i], x[i + Dh/2])``, HF's ``rotate_half``.
+  Our GQA maps query head h to kv head ``h // (H / K)``, as HF's ``repeat_kv`` does.
+- ``tokenizer.json`` (+ ``tokenizer_config.json``, ``special_tokens_map.json``): cl100k_base rebuilt
+  for the ``tokenizers`` library from tiktoken's ranks (byte-level BPE with cl100k's split pattern and
+  merges recovered from the ranks; the five special tokens at their cl100k ids), so
+  ``AutoTokenizer.from_pretrained(OUT)`` works; the test checks it encodes like tiktoken. Documents
+  end with ``<|endoftext|>`` in training; the tokenizer adds no BOS/EOS by itself.
+- ``tokenizer_info.json`` and ``README.md``: the canonical tokenizer is tiktoken's cl100k_base
+  (``tiktoken.get_encoding("cl100k_base")``), EOT 100257; ids 100277..100351 are padding rows of the
+  embedding that no token maps to.
+
+Not exported: ``doc_mask`` (training-time attention masking; HF attends causally over the whole
+input, which is the same for a single document) and ``activation_checkpointing``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from data.errors import ConfigError
+from data.tokenizer import CL100K_PAT_STR, EOT_ID, SPECIAL_TOKENS, VOCAB_SIZE, bpe_file
+from train.model import GPT, ModelConfig, load_model_config
+
+# cl100k's split pattern for Oniguruma (the `tokenizers` regex engine): there `X{1,3}+` is not a
+# possessive interval but "(X{1,3}) one or more times", which would keep digit runs whole; the
+# greedy `{1,3}` splits them into groups of three like tiktoken. The other possessives are Oniguruma's.
+HF_PAT_STR = CL100K_PAT_STR.replace(r"\p{N}{1,3}+", r"\p{N}{1,3}")
+assert HF_PAT_STR != CL100K_PAT_STR
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_checkpoint(path: str | Path, model_config: str | Path | None = None,
+                    trust: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(ModelConfig, GPT state dict) from a Lightning checkpoint or a bare state dict.
+
+    Loaded with ``weights_only=True`` (no code runs); ``trust=True`` allows full unpickling, for
+    trusted checkpoints that hold other objects (e.g. ones written before checkpoints were made
+    weights-only loadable)."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=not trust)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: checkpoint not found") from None
+    except Exception as e:
+        hint = "" if trust else " (if it holds other objects and you trust it, pass --trust-checkpoint)"
+        raise ConfigError(f"{path}: not loadable as weights only{hint}: {str(e).splitlines()[0]}") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{path}: expected a dict (a Lightning checkpoint or a state dict), got {type(obj).__name__}")
+    hparams = None
+    if "state_dict" in obj:
+        state = obj["state_dict"]
+        hparams = (obj.get("hyper_parameters") or {}).get("model")
+    else:
+        state = obj
+    state = {_strip(k): v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if model_config is not None:
+        cfg = load_model_config(model_config)
+    elif isinstance(hparams, dict):
+        known = {f.name for f in fields(ModelConfig)}
+        cfg = ModelConfig(**{k: v for k, v in hparams.items() if k in known})
+    else:
+        raise ConfigError(f"{path}: no model config inside (a bare state dict?): pass --model-config configs/model/<name>.yaml")
+    return cfg, state
+
+
+def _strip(key: str) -> str:
+    """``model._orig_mod.blocks.0...`` (Lightning + torch.compile) -> ``blocks.0...``."""
+    for prefix in ("model.", "_orig_mod."):
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    return key
+
+
+def check_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+    """Every GPT weight present with its shape (compared with a GPT built on the meta device)."""
+    with torch.device("meta"):
+        ref = GPT(cfg).state_dict()
+    missing = [k for k in ref if k not in state]
+    unexpected = [k for k in state if k not in ref]
+    bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in ref.items() if k in state and state[k].shape != v.shape]
+    problems = [f"{what} {items[:5]}" for what, items in (("missing", missing), ("unexpected", unexpected), ("shape", bad)) if items]
+    if problems:
+        raise ConfigError("checkpoint does not match the model config: " + "; ".join(problems))
+
+
+def hf_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Our parameter names -> HF Llama/Qwen3 names (contiguous, detached, in ``dtype``)."""
+    names = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = "lm_head.weight"
+    per_layer = {
+        "attn_norm.weight": "input_layernorm.weight",
+        "attn.wq.weight": "self_attn.q_proj.weight",
+        "attn.wk.weight": "self_attn.k_proj.weight",
+        "attn.wv.weight": "self_attn.v_proj.weight",
+        "attn.wo.weight": "self_attn.o_proj.weight",
+        "mlp_norm.weight": "post_attention_layernorm.weight",
+        "mlp.w1.weight": "mlp.gate_proj.weight",
+        "mlp.w3.weight": "mlp.up_proj.weight",
+        "mlp.w2.weight": "mlp.down_proj.weight",
+    }
+    if cfg.qk_norm:
+        per_layer.update({"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"})
+    for i in range(cfg.n_layers):
+        names.update({f"blocks.{i}.{ours}": f"model.layers.{i}.{theirs}" for ours, theirs in per_layer.items()})
+    return {theirs: state[ours].detach().to(dtype).contiguous() for ours, theirs in names.items()}
+
+
+def hf_config(cfg: ModelConfig, dtype: str) -> dict:
+    """config.json for LlamaForCausalLM (Qwen3ForCausalLM with qk_norm)."""
+    out = {
+        "architectures": ["Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM"],
+        "model_type": "qwen3" if cfg.qk_norm else "llama",
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rope_theta": float(cfg.rope_theta),  # transformers < 5 reads this key ...
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(cfg.rope_theta)},  # ... >= 5 this one
+        "rope_scaling": None,
+        "rms_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "initializer_range": cfg.init_std,
+        "bos_token_id": EOT_ID,
+        "eos_token_id": EOT_ID,
+        "use_cache": True,
+        "torch_dtype": dtype,
+    }
+    if cfg.qk_norm:
+        out.update({"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.n_layers,
+                    "layer_types": ["full_attention"] * cfg.n_layers})
+    else:
+        out.update({"mlp_bias": False, "pretraining_tp": 1})
+    return out
+
+
+def write_tokenizer(out: Path, max_len: int) -> None:
+    """tokenizer.json etc.: cl100k_base as a `tokenizers` byte-level BPE, built from tiktoken's ranks.
+
+    tiktoken stores only ranks; BPE merges are recovered as in transformers' TikTokenConverter: for
+    each token, every split into two tokens whose ranks are both lower gives the merge (left, right),
+    ordered by the merged token's rank. ``ignore_merges`` makes a whole pre-token that is in the
+    vocabulary one token, as tiktoken does.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in bpe_file().read_bytes().splitlines() if line)}
+    byte_map = _bytes_to_unicode()
+
+    def s(b: bytes) -> str:
+        return "".join(byte_map[x] for x in b)
+
+    vocab = {s(tok): rank for tok, rank in ranks.items()}
+    merges = []
+    for tok, rank in ranks.items():
+        for i in range(1, len(tok)):
+            left, right = tok[:i], tok[i:]
+            if left in ranks and right in ranks:
+                merges.append((rank, ranks[left], ranks[right], s(left), s(right)))
+    merges.sort()
+    vocab.update(SPECIAL_TOKENS)  # the special ids are not contiguous with the ranks (100256 is unused)
+    model = models.BPE(vocab, [(m[3], m[4]) for m in merges], fuse_unk=False, ignore_merges=True)
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(HF_PAT_STR), behavior="isolated", invert=False),
+        ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tok.save(str(out / "tokenizer.json"))
+    eot = "<|endoftext|>"
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": eot, "eos_token": eot, "unk_token": None, "pad_token": None,
+        "model_max_length": max_len, "clean_up_tokenization_spaces": False,
+        "add_bos_token": False, "add_eos_token": False,
+    }, indent=1) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": eot, "eos_token": eot}, indent=1) + "\n")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (what ByteLevel pre-tokenizers use)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def write_tokenizer_info(out: Path, cfg: ModelConfig, with_json: bool) -> None:
+    info = {
+        "tokenizer": "cl100k_base",
+        "library": "tiktoken",
+        "load": 'tiktoken.get_encoding("cl100k_base")',
+        "eot_token": "<|endoftext|>",
+        "eot_id": EOT_ID,
+        "special_tokens": SPECIAL_TOKENS,
+        "n_vocab": VOCAB_SIZE,
+        "model_vocab_size": cfg.vocab_size,
+        "padding_ids": [VOCAB_SIZE, cfg.vocab_size - 1] if cfg.vocab_size > VOCAB_SIZE else None,
+        "documents": "encoded with encode_ordinary (special-token text stays text), each followed by EOT",
+        "tokenizer_json": with_json,
+    }
+    (out / "tokenizer_info.json").write_text(json.dumps(info, indent=1) + "\n")
+    arch = "Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM"
+    (out / "README.md").write_text(
+        f"# wellmixed export\n\n{arch}, {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads "
+        f"({cfg.kv_heads} kv), context {cfg.max_seq_len}.\n\n"
+        "## Tokenizer\n\ncl100k_base through tiktoken (`tiktoken.get_encoding(\"cl100k_base\")`); every training "
+        f"document ends with `<|endoftext|>` = {EOT_ID}, which is also bos/eos here. The embedding has "
+        f"{cfg.vocab_size} rows: ids {VOCAB_SIZE}..{cfg.vocab_size - 1} are padding that no token maps to.\n"
+        + ("`tokenizer.json` is the same encoding rebuilt for the `tokenizers` library "
+           "(`AutoTokenizer.from_pretrained` loads it); it adds no BOS/EOS.\n" if with_json else
+           "No `tokenizer.json` was written (--no-tokenizer-json): use tiktoken.\n")
+    )
+
+
+def export(checkpoint: str | Path, out: str | Path, model_config: str | Path | None = None,
+           dtype: str = "float32", tokenizer_json: bool = True, trust: bool = False) -> Path:
+    """Write config.json, model.safetensors and the tokenizer files into ``out``; returns ``out``."""
+    from safetensors.torch import save_file
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype!r}: choose one of {list(DTYPES)}")
+    cfg, state = load_checkpoint(checkpoint, model_config, trust)
+    check_state(cfg, state)
+    if cfg.tie_embeddings and not torch.equal(state["tok_emb.weight"], state.get("lm_head.weight", state["tok_emb.weight"])):
+        raise ConfigError("model.tie_embeddings is on but lm_head.weight differs from tok_emb.weight in the checkpoint")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = out / "model.safetensors"
+    save_file(hf_state_dict(cfg, state, DTYPES[dtype]), str(weights), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    weights.chmod(0o666 & ~umask)  # safetensors writes 0600; others on a shared cluster need to read it
+    (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=1) + "\n")
+    if tokenizer_json:
+        write_tokenizer(out, cfg.max_seq_len)
+    write_tokenizer_info(out, cfg, tokenizer_json)
+    return out
+
+
+@torch.no_grad()
+def compare_logits(checkpoint: str | Path, out: str | Path, model_config: str | Path | None = None,
+                   dtype: str = "float32", batch: int = 2, length: int = 32, seed: int = 0, trust: bool = False) -> float:
+    """Max |logits ours - logits transformers| on random ids, both in fp32 on CPU (with the weights
+    rounded to ``dtype`` first, as exported)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg, state = load_checkpoint(checkpoint, model_config, trust)
+    ours = GPT(cfg)
+    ours.load_state_dict({k: v.to(DTYPES[dtype]).float() for k, v in state.items()})
+    ours.eval()
+    theirs = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    theirs.eval()
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB_SIZE, (batch, min(length, cfg.max_seq_len)), generator=g)
+    return (ours(ids) - theirs(ids).logits.float()).abs().max().item()
