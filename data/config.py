@@ -189,7 +189,9 @@ def corpus_sources(corpus_dir: str | Path, names: Optional[list[str]] = None) ->
     if names is not None:
         missing = [n for n in names if n not in found]
         if missing:
-            raise ConfigError(f"--corpus {root}: no parquet files for source(s) {missing} (expected {root}/<source>/*.parquet)")
+            raise ConfigError(
+                f"--corpus {root}: no parquet files for source(s) {missing} (expected {root}/<source>/*.parquet)"
+            )
         found = list(names)
     if not found:
         raise ConfigError(f"--corpus {root}: no <source>/*.parquet folders found")

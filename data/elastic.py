@@ -97,13 +97,17 @@ def redistribute(cursors: list[list[dict | None]], manifest: Manifest, *, seed: 
         if cur.get("version") != CURSOR_VERSION:
             raise ConfigError(f"data cursor version {cur.get('version')} is not {CURSOR_VERSION}")
         if (cur["consumer"], cur["num_consumers"]) != (i, n_old):
-            raise ConfigError(f"data cursor {i} of {n_old} claims to be consumer {cur['consumer']} of {cur['num_consumers']}")
+            raise ConfigError(
+                f"data cursor {i} of {n_old} claims to be consumer {cur['consumer']} of {cur['num_consumers']}"
+            )
         if cur["seed"] != seed or cur["fingerprint"] != fingerprint:
             raise ConfigError("data cursors of one checkpoint disagree on seed or corpus fingerprint")
 
     names = manifest.source_names
     per_source = {
-        name: redistribute_source([None if c is None else c["sources"][name] for c in old], n_new, name, seed, resume_step)
+        name: redistribute_source(
+            [None if c is None else c["sources"][name] for c in old], n_new, name, seed, resume_step
+        )
         for name in names
     }
 

@@ -96,7 +96,9 @@ class Manifest:
         for name, src in self.sources.items():
             lines.append(f"{name:<10} {len(src.shards):>6} {len(src.chunks):>7} {src.docs:>10,} {src.tokens:>14,}")
         if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} bad file(s): " + "; ".join(f"{p}: {why}" for p, why in self.skipped))
+            lines.append(
+                f"skipped {len(self.skipped)} bad file(s): " + "; ".join(f"{p}: {why}" for p, why in self.skipped)
+            )
         return "\n".join(lines)
 
 

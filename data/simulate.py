@@ -80,7 +80,9 @@ class OrderSimulator:
         for rank, states in zip(self.consumers, state["consumers"]):
             for consumer, st in zip(rank, states):
                 if st["seed"] != self.cfg.seed:
-                    raise ConfigError(f"cursor was saved with seed {st['seed']}, not {self.cfg.seed}; use --seed {st['seed']}")
+                    raise ConfigError(
+                        f"cursor was saved with seed {st['seed']}, not {self.cfg.seed}; use --seed {st['seed']}"
+                    )
                 consumer.load_state_dict(st)
         self.step = state["step"]
 

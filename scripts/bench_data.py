@@ -44,8 +44,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 import numpy as np
 import pyarrow.parquet as pq
 
@@ -56,6 +54,7 @@ from data.schedules import build_schedule
 from data.simulate import OrderSimulator
 from data.tokenizer import get_encoding
 
+ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
 DEMO_CONFIG = ROOT / "configs" / "demo.yaml"
 BIG_CONFIG = ROOT / "configs" / "pretrain_350m_20b.yaml"
@@ -226,12 +225,14 @@ def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_r
     cursor_big_ms = time_cursor(consumer)
     batch_ms = 1e3 * 8 * 2048 / bare_rate
     return [
-        f"  where the path's time goes (threads={threads}, {batches} batches, {total:.2f} s, {human(tokens / total)} tok/s):",
+        f"  where the path's time goes (threads={threads}, {batches} batches, {total:.2f} s, "
+        f"{human(tokens / total)} tok/s):",
         f"    encode_docs   {spent['encode']:6.2f} s {spent['encode'] / total:6.1%}  {spent['encode_calls']} calls, "
         f"{human(spent['encode_tokens'])} tokens (bare tiktoken at its rate: {ideal:.2f} s)",
         f"    parquet read  {spent['read']:6.2f} s {spent['read'] / total:6.1%}  {spent['read_calls']} row-group reads",
         f"    rest (Python) {rest:6.2f} s {rest / total:6.1%}  mixer, buffer, packer, per-batch cursor",
-        f"    per-batch cursor (next_batch calls state_dict every batch): {cursor_ms:.2f} ms at buffer {buffer_size:,}; "
+        f"    per-batch cursor (next_batch calls state_dict every batch): {cursor_ms:.2f} ms "
+        f"at buffer {buffer_size:,}; "
         f"{cursor_big_ms:.2f} ms at {DEFAULT_BUFFER:,} (bare tiktoken needs {batch_ms:.1f} ms per 8 x 2048 batch)",
     ]
 
@@ -259,7 +260,9 @@ def profile_path(corpus: Path, threads: int, buffer_size: int, batches: int, top
     body = text.getvalue().strip().splitlines()
     start = next(i for i, line in enumerate(body) if line.lstrip().startswith("ncalls"))
     return [f"  cProfile of the path (threads={threads}, {batches} batches), top {top} by own time:"] + [
-        "    " + line.replace(str(ROOT) + "/", "").replace(os.path.dirname(os.__file__) + "/", "") for line in body[start:]]
+        "    " + line.replace(str(ROOT) + "/", "").replace(os.path.dirname(os.__file__) + "/", "")
+        for line in body[start:]
+    ]
 
 
 def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], buffer_size: int,
@@ -267,10 +270,14 @@ def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], b
     per_batch = 8 * 2048
     lines = [f"(a) throughput: one consumer, batch 8 x 2048, k=8 open chunks, buffer {buffer_size:,} docs/source"]
     if buffer_size != DEFAULT_BUFFER:
-        lines.append(f"    (buffer: the corpus has {len(texts):,} documents, fewer than the default {DEFAULT_BUFFER:,})")
+        lines.append(
+            f"    (buffer: the corpus has {len(texts):,} documents, fewer than the default {DEFAULT_BUFFER:,})"
+        )
     lines.append(f"    timed: {batches} batches after the first vs all {len(texts):,} texts; "
                  f"{rounds} alternating round(s), medians")
-    lines.append(f"    {'threads':>7}  {'bare tok/s':>10}  {'path tok/s':>10}  {'ratio':>5}  {'rounds':<22} first batch")
+    lines.append(
+        f"    {'threads':>7}  {'bare tok/s':>10}  {'path tok/s':>10}  {'ratio':>5}  {'rounds':<22} first batch"
+    )
     results, buffered = {}, ""
     for threads in thread_counts:
         runner = PathRunner(corpus, threads, buffer_size)
@@ -282,7 +289,11 @@ def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], b
             path_rates.append(n / dt)
             ratios.append(path_rates[-1] / bare_rates[-1])
         ratio = statistics.median(ratios)
-        results[threads] = {"bare": statistics.median(bare_rates), "path": statistics.median(path_rates), "ratio": ratio}
+        results[threads] = {
+            "bare": statistics.median(bare_rates),
+            "path": statistics.median(path_rates),
+            "ratio": ratio,
+        }
         if not buffered:
             docs = [d for src in runner.sim.consumers[0][0].sources for d in src.buffer]
             buffered = f"{len(docs):,} docs, {sum(d.tokens.nbytes for d in docs) / 2**20:.1f} MB of tokens"
@@ -298,9 +309,11 @@ def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], b
         threads = max(thread_counts)
         bare = measure_rss(corpus, "bare", threads, buffer_size, batches)
         path = measure_rss(corpus, "path", threads, buffer_size, batches)
-        lines.append(f"    peak RSS (fresh process each, threads={threads}; 'base' = after loading tiktoken): "
-                     f"bare {bare['peak_mb']:.0f} MB (base {bare['base_mb']:.0f}), "
-                     f"path {path['peak_mb']:.0f} MB (base {path['base_mb']:.0f}, {path['tokens'] // per_batch} batches)")
+        lines.append(
+            f"    peak RSS (fresh process each, threads={threads}; 'base' = after loading tiktoken): "
+            f"bare {bare['peak_mb']:.0f} MB (base {bare['base_mb']:.0f}), "
+            f"path {path['peak_mb']:.0f} MB (base {path['base_mb']:.0f}, {path['tokens'] // per_batch} batches)"
+        )
     if do_breakdown and results[worst]["ratio"] < 0.8:
         for threads in thread_counts:
             lines += breakdown(corpus, threads, buffer_size, batches, results[threads]["bare"])
@@ -374,11 +387,15 @@ def bench_mixing(corpus: Path, lengths: dict[str, np.ndarray], buffer_size: int,
         "iid_rows": f"i.i.d. docs by tokens, row-parallel packing ({iid_batches} batches)",
     }
     weights_text = ", ".join(f"{s} {w[s]:g}" for s in SOURCES)
-    lines = [f"(b) per-batch mixing: {batch_size} x {seq_len} tokens per batch (the 350M config's per-rank micro-batch),",
-             f"    weights {weights_text}; buffer {buffer_size:,}; TV = 0.5 * sum_s |share_s - w_s|",
-             f"    {'':<58} {'mean TV':>8} {'p90':>6} {'max':>6}"]
+    lines = [
+        f"(b) per-batch mixing: {batch_size} x {seq_len} tokens per batch (the 350M config's per-rank micro-batch),",
+        f"    weights {weights_text}; buffer {buffer_size:,}; TV = 0.5 * sum_s |share_s - w_s|",
+        f"    {'':<58} {'mean TV':>8} {'p90':>6} {'max':>6}",
+    ]
     for key, values in rows.items():
-        lines.append(f"    {labels[key]:<58} {values.mean():>8.4f} {np.quantile(values, 0.9):>6.3f} {values.max():>6.3f}")
+        lines.append(
+            f"    {labels[key]:<58} {values.mean():>8.4f} {np.quantile(values, 0.9):>6.3f} {values.max():>6.3f}"
+        )
     means = {k: float(v.mean()) for k, v in rows.items()}
     ratio = means["deficit"] / means["iid"]
     lines.append(f"    mixing ratio deficit/iid: {ratio:.2f}  (target <= 0.5: {'ok' if ratio <= 0.5 else 'ABOVE'})")
@@ -432,7 +449,9 @@ def bench_phases(corpus: Path, scales: list[float]) -> tuple[list[str], dict]:
         what = "demo.yaml as is" if scale == 1 else f"demo.yaml, budget x{scale:g}"
         lines.append(f"    {what}: {schedule.total_steps:,} steps, {human(schedule.total_tokens)} tokens")
         for sel, (_, phases) in per_selector.items():
-            cells = "  ".join(f"{name} ({human(tokens)} tok) {err:.4f} [{docs:.1f} docs]" for name, tokens, err, docs in phases)
+            cells = "  ".join(
+                f"{name} ({human(tokens)} tok) {err:.4f} [{docs:.1f} docs]" for name, tokens, err, docs in phases
+            )
             worst = max(err for _, _, err, _ in phases)
             results[(scale, sel)] = worst
             lines.append(f"      phase share error {sel:<8} {cells}  -> {'ok' if worst <= 0.005 else 'ABOVE'}")
@@ -472,8 +491,10 @@ def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], rep
              f"    replaying the order to step {late:,} took {replay_s:.1f} s (what a cursor-less resume would "
              f"redo); chunk epochs reached: " + ", ".join(f"{n} {e:.1f}" for n, e in epochs.items())]
     for step in positions:
-        lines.append(f"    restore at step {step:>6,}: {restore[step] * 1e3:7.1f} ms   cursor {size[step]:,} bytes per consumer "
-                     f"({size[step] / buffered:.1f} bytes per buffered document)")
+        lines.append(
+            f"    restore at step {step:>6,}: {restore[step] * 1e3:7.1f} ms   cursor {size[step]:,} bytes per consumer "
+            f"({size[step] / buffered:.1f} bytes per buffered document)"
+        )
     lines.append(f"    restore ratio step {late:,} / step {early:,}: {ratio:.2f}  (target <= 1.5: "
                  f"{'ok' if ratio <= 1.5 else 'ABOVE'})")
     return lines, {"ratio": ratio, "restore_s": restore, "bytes": size}
@@ -489,8 +510,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a fast smoke run (small counts, one round, one thread count)")
     p.add_argument("--threads", default=None,
                    help="tokenizer thread counts for (a), comma-separated (default: 1 and the config default 4)")
-    p.add_argument("--buffer-size", type=int, default=None,
-                   help=f"shuffle buffer per source (default {DEFAULT_BUFFER:,}, or {DEMO_BUFFER} when the corpus has fewer docs)")
+    p.add_argument(
+        "--buffer-size",
+        type=int,
+        default=None,
+        help=f"shuffle buffer per source (default {DEFAULT_BUFFER:,}, or {DEMO_BUFFER} when the corpus has fewer docs)",
+    )
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds of (a) (default 5)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the data path (part a)")
     p.add_argument("--part", default="abcd", help="which parts to run, e.g. 'a' or 'bd' (default abcd)")

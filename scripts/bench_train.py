@@ -48,8 +48,14 @@ def demo_batches(n: int, batch: int, seq: int, corpus: Path | None) -> list[dict
     if corpus is None:
         corpus = Path(tempfile.mkdtemp()) / "demo_corpus"
         build_demo_corpus(corpus)
-    cfg = DataConfig(sources=corpus_sources(corpus, SOURCES), weights={"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08},
-                     batch_size=batch, seq_len=seq, buffer_size=256, manifest_cache=str(corpus.parent / ".cache"))
+    cfg = DataConfig(
+        sources=corpus_sources(corpus, SOURCES),
+        weights={"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08},
+        batch_size=batch,
+        seq_len=seq,
+        buffer_size=256,
+        manifest_cache=str(corpus.parent / ".cache"),
+    )
     sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
     return [to_torch(b) for _, _, b in sim.batches(n)]
 
@@ -134,10 +140,17 @@ def bench_cpu(args) -> None:
         light_t.append(q)
         ratios.append(q / p)
     tok = sum(b["input_ids"].numel() for b in batches)
-    print(f"(a) CPU, tiny model ({sum(p.numel() for p in GPT(cfg).parameters()) / 1e6:.1f}M), {args.steps} steps of 8 x 128, "
-          f"{args.rounds} alternating rounds")
-    print(f"    plain PyTorch loop   {statistics.median(plain_t):7.2f} s  {tok / statistics.median(plain_t):9.0f} tok/s")
-    print(f"    Lightning module     {statistics.median(light_t):7.2f} s  {tok / statistics.median(light_t):9.0f} tok/s")
+    print(
+        f"(a) CPU, tiny model ({sum(p.numel() for p in GPT(cfg).parameters()) / 1e6:.1f}M), "
+        f"{args.steps} steps of 8 x 128, "
+        f"{args.rounds} alternating rounds"
+    )
+    print(
+        f"    plain PyTorch loop   {statistics.median(plain_t):7.2f} s  {tok / statistics.median(plain_t):9.0f} tok/s"
+    )
+    print(
+        f"    Lightning module     {statistics.median(light_t):7.2f} s  {tok / statistics.median(light_t):9.0f} tok/s"
+    )
     print(f"    per-round ratios     {' '.join(f'{x:.3f}' for x in ratios)}")
     print(f"    overhead ratio (median): {statistics.median(ratios):.3f}  (target <= 1.05)")
 

@@ -38,17 +38,23 @@ from train.model import ModelConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("checkpoint", help="Lightning .ckpt or a bare GPT state dict (.pt)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--model-config", help="model YAML (required for a bare state dict; overrides the checkpoint's)")
     p.add_argument("--dtype", default="float32", choices=list(DTYPES), help="weight dtype (default float32)")
     p.add_argument("--no-tokenizer-json", action="store_true", help="skip tokenizer.json (tokenizer_info.json only)")
     p.add_argument("--check", action="store_true", help="load the export with transformers and compare logits")
-    p.add_argument("--trust-checkpoint", action="store_true", help="allow full unpickling (only for checkpoints you trust)")
+    p.add_argument(
+        "--trust-checkpoint", action="store_true", help="allow full unpickling (only for checkpoints you trust)"
+    )
     args = p.parse_args(argv)
     try:
-        out = export(args.checkpoint, args.out, args.model_config, args.dtype, not args.no_tokenizer_json, args.trust_checkpoint)
+        out = export(
+            args.checkpoint, args.out, args.model_config, args.dtype, not args.no_tokenizer_json, args.trust_checkpoint
+        )
     except (ConfigError, ModelConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -56,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         diff = compare_logits(args.checkpoint, out, args.model_config, args.dtype, trust=args.trust_checkpoint)
         tol = 1e-4
-        print(f"max |logits ours - transformers| = {diff:.3g} ({'ok' if diff <= tol else 'TOO LARGE'}, tolerance {tol:g})")
+        print(
+            f"max |logits ours - transformers| = {diff:.3g} ({'ok' if diff <= tol else 'TOO LARGE'}, tolerance {tol:g})"
+        )
         return 0 if diff <= tol else 1
     return 0
 

@@ -9,7 +9,8 @@ memory and written as parquet with the input's schema::
 
 Phases (data/corpus/shuffle.py has the details): *scatter*, one task per input file, streams row groups
 into per-bucket part files under ``--tmp`` (default ``OUT/_shuffle_tmp``; lz4 parts need about
-1.3-2x the input's parquet size in free space), memory bounded by ``--buffer-mb``; *gather*, one task per bucket, reads the
+1.3-2x the input's parquet size in free space), memory bounded by ``--buffer-mb``; *gather*, one task per bucket,
+reads the
 bucket's parts, permutes them and writes ``OUT/bucket-00042.parquet`` (peak memory per worker: about
 3x one decoded bucket, i.e. 3 x corpus / N, plus ~120 MB -- pick N so that fits; measured by
 scripts/bench_shuffle.py); *report*, which compares the input with the
@@ -66,7 +67,9 @@ from data.errors import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("inputs", nargs="+", metavar="IN_GLOB", help="parquet files or globs (quote them)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--buckets", type=int, default=200, help="number of output files (default 200)")
@@ -109,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1 (got {args.workers})")
         Path(spec.out).mkdir(parents=True, exist_ok=True)
-        print(f"{len(spec.inputs)} input file(s) -> {spec.buckets} buckets in {spec.out} (seed {spec.seed})", flush=True)
+        print(
+            f"{len(spec.inputs)} input file(s) -> {spec.buckets} buckets in {spec.out} (seed {spec.seed})", flush=True
+        )
         t0 = time.perf_counter()
 
         def progress(phase: str, result: dict) -> None:

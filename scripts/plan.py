@@ -9,7 +9,8 @@ sequence length against the step, phase boundaries marked.
 
     python scripts/plan.py --config configs/pretrain_350m_20b.yaml --out plan.png
     python scripts/plan.py --config configs/demo.yaml --corpus demo_corpus --out demo_plan.png
-    python scripts/plan.py --config configs/pretrain_350m_20b.yaml --tokens web=2e11,code=2e10,books=4e10,curated=1e10 --out plan.png
+    python scripts/plan.py --config configs/pretrain_350m_20b.yaml \\
+        --tokens web=2e11,code=2e10,books=4e10,curated=1e10 --out plan.png
 
 Exit status 2 with ``error: ...`` on stderr for an invalid config or unusable corpus.
 """

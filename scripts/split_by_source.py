@@ -42,18 +42,26 @@ from data.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("inputs", nargs="+", metavar="IN_GLOB", help="parquet files or globs (quote them)")
     p.add_argument("--out", required=True, help="output directory: OUT/<source>/part-NNNNN.parquet")
     p.add_argument("--column", default="source", help="column the patterns match (default source)")
-    p.add_argument("--map", action="append", default=[], metavar="NAME=PAT,PAT", help="mixture source and its patterns (repeat)")
+    p.add_argument(
+        "--map", action="append", default=[], metavar="NAME=PAT,PAT", help="mixture source and its patterns (repeat)"
+    )
     p.add_argument("--unmapped", help="folder for rows matching no mapping (default: counted and left out)")
-    p.add_argument("--strict", action="store_true", help="exit 1 when rows matched no mapping (and --unmapped is not given)")
+    p.add_argument(
+        "--strict", action="store_true", help="exit 1 when rows matched no mapping (and --unmapped is not given)"
+    )
     p.add_argument("--row-group-rows", type=int, default=1024, help="rows per output row group (default 1024)")
     p.add_argument("--rows-per-part", type=int, default=100_000, help="rows per output file (default 100000)")
     p.add_argument("--compression", default="zstd")
     p.add_argument("--overwrite", action="store_true", help="replace existing part files in OUT")
-    p.add_argument("--compare-filter", action="store_true", help="afterwards, measure the read cost of per-source filters instead")
+    p.add_argument(
+        "--compare-filter", action="store_true", help="afterwards, measure the read cost of per-source filters instead"
+    )
     p.add_argument("--repeats", type=int, default=3, help="timing repeats for --compare-filter (default 3)")
     args = p.parse_args(argv)
     try:

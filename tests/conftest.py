@@ -18,7 +18,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 # OMP_NUM_THREADS to override.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from data.config import DataConfig, SourceConfig
+from data.config import DataConfig, SourceConfig  # noqa: E402 (after the environment above)
 
 SOURCES = ["web", "code", "books", "curated"]
 

@@ -257,7 +257,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            raise OSError(f"could not write checkpoint {path}: {e} (disk full?); the previous checkpoint is intact") from e
+            raise OSError(
+                f"could not write checkpoint {path}: {e} (disk full?); the previous checkpoint is intact"
+            ) from e
 
 
 def wandb_logger(**kwargs):

@@ -224,14 +224,21 @@ class WellMixedData(DataConfig, L.LightningDataModule):
                         "exactly-once does not hold across this resume", "; ".join(changed), step)
             self._restored, self._trained = {"cursors": None, "next_step": next_step}, {}
             return
-        old = (state["world_size"], state["num_workers"], state.get("batch_size", self.batch_size), state.get("accumulate", 1))
+        old = (
+            state["world_size"],
+            state["num_workers"],
+            state.get("batch_size", self.batch_size),
+            state.get("accumulate", 1),
+        )
         new = (self.world_size, workers, self.batch_size, self.accumulate)
         if old != new:
             what = "ranks x workers x micro-batch x accumulation"
             if not self.elastic:
-                raise ConfigError(f"cannot resume the data order exactly: {what} changed ({' x '.join(map(str, old))} -> "
-                                  f"{' x '.join(map(str, new))}); restore them, or allow an elastic resume "
-                                  "(--run.elastic true: exactly-once kept, the order differs)")
+                raise ConfigError(
+                    f"cannot resume the data order exactly: {what} changed ({' x '.join(map(str, old))} -> "
+                    f"{' x '.join(map(str, new))}); restore them, or allow an elastic resume "
+                    "(--run.elastic true: exactly-once kept, the order differs)"
+                )
             log.warning("elastic resume at step %d: %s %s -> %s; the pending work of the old consumers is "
                         "redistributed (each document still read once per epoch, in another order)",
                         step, what, old, new)

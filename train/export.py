@@ -80,7 +80,9 @@ def load_checkpoint(path: str | Path, model_config: str | Path | None = None,
         known = {f.name for f in fields(ModelConfig)}
         cfg = ModelConfig(**{k: v for k, v in hparams.items() if k in known})
     else:
-        raise ConfigError(f"{path}: no model config inside (a bare state dict?): pass --model-config configs/model/<name>.yaml")
+        raise ConfigError(
+            f"{path}: no model config inside (a bare state dict?): pass --model-config configs/model/<name>.yaml"
+        )
     return cfg, state
 
 
@@ -98,8 +100,16 @@ def check_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
         ref = GPT(cfg).state_dict()
     missing = [k for k in ref if k not in state]
     unexpected = [k for k in state if k not in ref]
-    bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in ref.items() if k in state and state[k].shape != v.shape]
-    problems = [f"{what} {items[:5]}" for what, items in (("missing", missing), ("unexpected", unexpected), ("shape", bad)) if items]
+    bad = [
+        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in ref.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    problems = [
+        f"{what} {items[:5]}"
+        for what, items in (("missing", missing), ("unexpected", unexpected), ("shape", bad))
+        if items
+    ]
     if problems:
         raise ConfigError("checkpoint does not match the model config: " + "; ".join(problems))
 
@@ -121,7 +131,9 @@ def hf_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch
         "mlp.w2.weight": "mlp.down_proj.weight",
     }
     if cfg.qk_norm:
-        per_layer.update({"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"})
+        per_layer.update(
+            {"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"}
+        )
     for i in range(cfg.n_layers):
         names.update({f"blocks.{i}.{ours}": f"model.layers.{i}.{theirs}" for ours, theirs in per_layer.items()})
     return {theirs: state[ours].detach().to(dtype).contiguous() for ours, theirs in names.items()}
@@ -173,7 +185,10 @@ def write_tokenizer(out: Path, max_len: int) -> None:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers.pre_tokenizers import ByteLevel
 
-    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in bpe_file().read_bytes().splitlines() if line)}
+    ranks = {
+        base64.b64decode(tok): int(rank)
+        for tok, rank in (line.split() for line in bpe_file().read_bytes().splitlines() if line)
+    }
     byte_map = _bytes_to_unicode()
 
     def s(b: bytes) -> str:
@@ -257,7 +272,9 @@ def export(checkpoint: str | Path, out: str | Path, model_config: str | Path | N
         raise ConfigError(f"--dtype {dtype!r}: choose one of {list(DTYPES)}")
     cfg, state = load_checkpoint(checkpoint, model_config, trust)
     check_state(cfg, state)
-    if cfg.tie_embeddings and not torch.equal(state["tok_emb.weight"], state.get("lm_head.weight", state["tok_emb.weight"])):
+    if cfg.tie_embeddings and not torch.equal(
+        state["tok_emb.weight"], state.get("lm_head.weight", state["tok_emb.weight"])
+    ):
         raise ConfigError("model.tie_embeddings is on but lm_head.weight differs from tok_emb.weight in the checkpoint")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -274,8 +291,16 @@ def export(checkpoint: str | Path, out: str | Path, model_config: str | Path | N
 
 
 @torch.no_grad()
-def compare_logits(checkpoint: str | Path, out: str | Path, model_config: str | Path | None = None,
-                   dtype: str = "float32", batch: int = 2, length: int = 32, seed: int = 0, trust: bool = False) -> float:
+def compare_logits(
+    checkpoint: str | Path,
+    out: str | Path,
+    model_config: str | Path | None = None,
+    dtype: str = "float32",
+    batch: int = 2,
+    length: int = 32,
+    seed: int = 0,
+    trust: bool = False,
+) -> float:
     """Max |logits ours - logits transformers| on random ids, both in fp32 on CPU (with the weights
     rounded to ``dtype`` first, as exported)."""
     from transformers import AutoModelForCausalLM

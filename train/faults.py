@@ -147,9 +147,13 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) ->
         )
     for other in _newest_first(where):
         if other != path and checkpoint_problem(other) is None:
-            log.warning("checkpoint %s is unreadable (%s); falling back to %s (run.ckpt_fallback)", path, problem, other)
+            log.warning(
+                "checkpoint %s is unreadable (%s); falling back to %s (run.ckpt_fallback)", path, problem, other
+            )
             return str(other)
-    raise ConfigError(f"checkpoint {path} is unreadable ({problem}) and {where} holds no valid checkpoint to fall back to")
+    raise ConfigError(
+        f"checkpoint {path} is unreadable ({problem}) and {where} holds no valid checkpoint to fall back to"
+    )
 
 
 def remove_stale_temp_files(ckpt_dir: Path) -> list[Path]:

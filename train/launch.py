@@ -338,17 +338,21 @@ def dry_run(argv: list[str]) -> int:
         want = dm.steps.schedule.config.global_batch_size
         got = dm.batch_size * world * accumulate
         ok = "ok" if got == want else "MISMATCH: training would refuse to start"
-        lines.append(f"  batch       data.batch_size {dm.batch_size} x {world} ranks x {accumulate} accumulation = {got} "
-                     f"(data.schedule.global_batch_size {want}: {ok})")
+        lines.append(
+            f"  batch       data.batch_size {dm.batch_size} x {world} ranks x {accumulate} accumulation = {got} "
+            f"(data.schedule.global_batch_size {want}: {ok})"
+        )
         if got != want:
             problems.append("global batch")
         lines.append(f"  steps       {dm.steps.schedule.total_steps} optimizer steps")
     for name, info in dm.manifest.sources.items():
         n = len(info.chunks)
         if n < world * workers:
-            lines.append(f"  note        {name}: {n} chunks < {world * workers} consumers: consumers >= {n} start in a later "
-                         f"epoch of {name} (still each document once per epoch); raise data.min_chunks_per_source to "
-                         "spread the first epoch over every consumer")
+            lines.append(
+                f"  note        {name}: {n} chunks < {world * workers} consumers: consumers >= {n} start in a later "
+                f"epoch of {name} (still each document once per epoch); raise data.min_chunks_per_source to "
+                "spread the first epoch over every consumer"
+            )
     print("\n".join(lines))
     selection = [r for r in _rank_selection(a.ranks, world) if 0 <= r < world]
     if selection:

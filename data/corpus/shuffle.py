@@ -161,7 +161,9 @@ class RowStats:
 
     def add_table(self, table: pa.Table, spec: ShuffleSpec) -> None:
         self.rows += table.num_rows
-        self.checksum = (self.checksum + int(text_hashes(table.column(spec.text_column)).sum(dtype=np.uint64))) & _MASK64
+        self.checksum = (
+            self.checksum + int(text_hashes(table.column(spec.text_column)).sum(dtype=np.uint64))
+        ) & _MASK64
         has_tokens = spec.token_column is not None and spec.token_column in table.column_names
         if has_tokens:
             tok = table.column(spec.token_column).to_numpy(zero_copy_only=False)
@@ -453,7 +455,11 @@ def shuffle(spec: ShuffleSpec, workers: int = 1, keep_tmp: bool = False,
     if missing or input_stats(spec) is None:
         scattered = scatter(spec, workers=workers, progress=progress and functools.partial(progress, "scatter"))
     t1 = time.perf_counter()
-    gathered = gather(spec, workers=workers, buckets=missing, progress=progress and functools.partial(progress, "gather")) if missing else []
+    gathered = (
+        gather(spec, workers=workers, buckets=missing, progress=progress and functools.partial(progress, "gather"))
+        if missing
+        else []
+    )
     t2 = time.perf_counter()
     report = verify(spec)
     report["run"] = {

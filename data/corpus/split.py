@@ -239,7 +239,9 @@ def compare_filter(inputs: list[str], out: Path, mapping: dict[str, list[str]], 
     """Printed lines: the read cost of per-source filters on ``inputs`` vs the split folders."""
     if column not in ("source", "category"):
         return [f"(--compare-filter: the data config filters on source or category only, not {column!r})"]
-    filtered = {n: SourceConfig(paths=list(inputs), filter=FilterConfig(column=column, values=p)) for n, p in mapping.items()}
+    filtered = {
+        n: SourceConfig(paths=list(inputs), filter=FilterConfig(column=column, values=p)) for n, p in mapping.items()
+    }
     split = {n: SourceConfig(paths=[str(out / n / "*.parquet")]) for n in mapping}
     lines = [f"read cost: {len(mapping)} sources, per-source filter on the mixed files vs the split folders "
              f"(best of {repeats}, manifest cold)"]
@@ -253,13 +255,16 @@ def compare_filter(inputs: list[str], out: Path, mapping: dict[str, list[str]], 
         if f["docs"] != s["docs"]:
             lines.append(f"  WARNING: {f['docs']} documents through the filters vs {s['docs']} in the split folders")
         lines.append(
-            f"  [{label}] filter: manifest {f['manifest_s']:.3f}s + read {f['read_s']:.3f}s, {f['rows_decoded']:,} rows "
+            f"  [{label}] filter: manifest {f['manifest_s']:.3f}s + read {f['read_s']:.3f}s, "
+            f"{f['rows_decoded']:,} rows "
             f"{f['bytes_decoded'] / 2**20:.1f} MB decoded; split: manifest {s['manifest_s']:.3f}s + read "
             f"{s['read_s']:.3f}s, {s['rows_decoded']:,} rows {s['bytes_decoded'] / 2**20:.1f} MB decoded"
         )
         lines.append(
-            f"  [{label}] read cost ratio filter/split: time {(f['manifest_s'] + f['read_s']) / (s['manifest_s'] + s['read_s']):.2f}x, "
-            f"rows decoded {f['rows_decoded'] / s['rows_decoded']:.2f}x, bytes decoded {f['bytes_decoded'] / s['bytes_decoded']:.2f}x"
+            f"  [{label}] read cost ratio filter/split: time "
+            f"{(f['manifest_s'] + f['read_s']) / (s['manifest_s'] + s['read_s']):.2f}x, "
+            f"rows decoded {f['rows_decoded'] / s['rows_decoded']:.2f}x, "
+            f"bytes decoded {f['bytes_decoded'] / s['bytes_decoded']:.2f}x"
         )
         extra[label] = (f["manifest_s"] + f["read_s"]) - (s["manifest_s"] + s["read_s"])
     if tokenize:
@@ -269,6 +274,8 @@ def compare_filter(inputs: list[str], out: Path, mapping: dict[str, list[str]], 
         t0 = time.perf_counter()
         n = sum(len(ids) for ids in encode_docs(texts, num_threads=1))
         tok_s = time.perf_counter() - t0
-        lines.append(f"  tokenizing every document once (same on both routes, 1 thread): {tok_s:.3f}s for {n:,} tokens; "
-                     "the filter route's extra time is " + ", ".join(f"{x / tok_s:.1%} of it [{k}]" for k, x in extra.items()))
+        lines.append(
+            f"  tokenizing every document once (same on both routes, 1 thread): {tok_s:.3f}s for {n:,} tokens; "
+            "the filter route's extra time is " + ", ".join(f"{x / tok_s:.1%} of it [{k}]" for k, x in extra.items())
+        )
     return lines

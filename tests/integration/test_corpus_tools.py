@@ -37,7 +37,9 @@ MAPPING = {"web": ["web_*"], "code": ["code_*"], "books": ["books_*"], "curated"
 
 
 def make_spec(corpus: Path, out: Path, **kw) -> ShuffleSpec:
-    return ShuffleSpec(list_inputs([str(corpus / "*" / "*.parquet")]), str(out), **{"buckets": BUCKETS, "seed": 42, **kw})
+    return ShuffleSpec(
+        list_inputs([str(corpus / "*" / "*.parquet")]), str(out), **{"buckets": BUCKETS, "seed": 42, **kw}
+    )
 
 
 def read_buckets(out: Path, buckets: int = BUCKETS) -> list[pa.Table]:
@@ -183,7 +185,9 @@ def test_share_check_flags_a_clustered_bucket():
     """All of one source in bucket 0 is far outside Binomial(N_s, 1/B); a uniform split is not."""
     n = 800
     stats_in = RowStats(rows=2 * n, tokens=2 * n, sources={"a": [n, n], "b": [n, n]})
-    even = [RowStats(rows=n // 4, tokens=n // 4, sources={"a": [n // 8, n // 8], "b": [n // 8, n // 8]}) for _ in range(8)]
+    even = [
+        RowStats(rows=n // 4, tokens=n // 4, sources={"a": [n // 8, n // 8], "b": [n // 8, n // 8]}) for _ in range(8)
+    ]
     assert source_share_check(stats_in, even)["within_sampling_error"]
     skewed = [RowStats(rows=n, tokens=n, sources={"a": [n, n]})] + [
         RowStats(rows=n // 7, tokens=n // 7, sources={"b": [n // 7, n // 7]}) for _ in range(7)
@@ -251,7 +255,9 @@ def test_split_cli_compares_read_cost_with_filters(baseline, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     print(r.stdout)
-    ratio = re.search(r"\[chunk = row group\] read cost ratio filter/split: time ([\d.]+)x, rows decoded ([\d.]+)x", r.stdout)
+    ratio = re.search(
+        r"\[chunk = row group\] read cost ratio filter/split: time ([\d.]+)x, rows decoded ([\d.]+)x", r.stdout
+    )
     assert ratio, r.stdout
     # 4 filtered sources share every row group: each one is decoded up to 4 times instead of once.
     assert 2.5 < float(ratio.group(2)) <= 4.0
@@ -260,8 +266,13 @@ def test_split_cli_compares_read_cost_with_filters(baseline, tmp_path):
 
 @pytest.mark.slow
 def test_bench_shuffle_quick_prints_its_figures(demo_corpus):
-    r = subprocess.run([sys.executable, "scripts/bench_shuffle.py", "--quick", "--synthetic-mb", "8", "--corpus", str(demo_corpus)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "scripts/bench_shuffle.py", "--quick", "--synthetic-mb", "8", "--corpus", str(demo_corpus)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(re.findall(r"rows/s, +[\d.]+ MB/s parquet", r.stdout)) == 2, r.stdout
     assert re.search(r"gather peak RSS = \d+ MB \+ -?[\d.]+ x largest bucket", r.stdout), r.stdout

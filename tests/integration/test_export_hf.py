@@ -75,7 +75,11 @@ def test_config_json(tiny_export):
     cfg = json.loads((out / "config.json").read_text())
     c = model.config
     assert cfg["architectures"] == ["LlamaForCausalLM"]
-    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]) == (c.d_model, c.ffn_hidden, c.n_layers)
+    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]) == (
+        c.d_model,
+        c.ffn_hidden,
+        c.n_layers,
+    )
     assert (cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (c.n_heads, c.n_heads)
     assert cfg["vocab_size"] == 100352 and cfg["max_position_embeddings"] == c.max_seq_len
     assert cfg["rope_theta"] == c.rope_theta and cfg["rms_norm_eps"] == c.norm_eps
@@ -92,7 +96,9 @@ def test_config_json(tiny_export):
 
 def test_gqa_untied_logits_match(tmp_path):
     """n_kv_heads < n_heads (query head h reads kv head h // 2) and a separate LM head."""
-    cfg = replace(load_model_config(TINY), d_model=64, n_heads=4, n_kv_heads=2, tie_embeddings=False, rope_theta=500000.0)
+    cfg = replace(
+        load_model_config(TINY), d_model=64, n_heads=4, n_kv_heads=2, tie_embeddings=False, rope_theta=500000.0
+    )
     model = random_model(cfg, seed=2)
     out = export_hf.export(save_lightning(model, tmp_path / "gqa.ckpt"), tmp_path / "hf", tokenizer_json=False)
     assert json.loads((out / "config.json").read_text())["num_key_value_heads"] == 2
@@ -112,15 +118,36 @@ def test_cli_bare_state_dict_with_check(tmp_path):
     """A bare GPT state dict (as torch.compile would save it) + --model-config, bf16 weights, --check."""
     model = random_model(load_model_config(TINY), seed=4)
     torch.save({f"_orig_mod.{k}": v for k, v in model.state_dict().items()}, tmp_path / "bare.pt")
-    r = subprocess.run([sys.executable, "scripts/export_hf.py", str(tmp_path / "bare.pt"), "--out", str(tmp_path / "hf"),
-                        "--model-config", str(TINY), "--dtype", "bfloat16", "--no-tokenizer-json", "--check"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "scripts/export_hf.py",
+            str(tmp_path / "bare.pt"),
+            "--out",
+            str(tmp_path / "hf"),
+            "--model-config",
+            str(TINY),
+            "--dtype",
+            "bfloat16",
+            "--no-tokenizer-json",
+            "--check",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "(ok, tolerance 0.0001)" in r.stdout
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     # Without a config, a bare state dict is refused with a message naming the flag.
-    r = subprocess.run([sys.executable, "scripts/export_hf.py", str(tmp_path / "bare.pt"), "--out", str(tmp_path / "x")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "scripts/export_hf.py", str(tmp_path / "bare.pt"), "--out", str(tmp_path / "x")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "--model-config" in r.stderr
 
 
@@ -135,11 +162,17 @@ def test_tokenizer_json_encodes_like_tiktoken(tiny_export, demo_corpus):
     _, out = tiny_export
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     enc = get_encoding()
-    texts = [t for p in sorted(demo_corpus.glob("*/*.parquet")) for t in pq.read_table(p, columns=["text"]).column("text").to_pylist()[::4]]
+    texts = [
+        t
+        for p in sorted(demo_corpus.glob("*/*.parquet"))
+        for t in pq.read_table(p, columns=["text"]).column("text").to_pylist()[::4]
+    ]
     texts += ["Hello   world!!\n\n\n  x", "I'm you'LL THEY'RE 12345678 ünïcödé 日本語テキスト 🎉🎉", "\t\t  \r\n tabs",
               "  leading", "trailing   ", "", "1234567 89 0000001", "a  \n\n  b\r\n\r\n", "  \n"]
     for text in texts:
         assert tok.encode(text, add_special_tokens=False) == enc.encode_ordinary(text), text[:200]
-    assert tok.encode("a<|endoftext|>b", add_special_tokens=False) == enc.encode("a<|endoftext|>b", allowed_special="all")
+    assert tok.encode("a<|endoftext|>b", add_special_tokens=False) == enc.encode(
+        "a<|endoftext|>b", allowed_special="all"
+    )
     assert tok.eos_token_id == tok.bos_token_id == EOT_ID
     assert tok.decode(enc.encode_ordinary(texts[0])) == texts[0]

@@ -87,7 +87,9 @@ def test_resolve_checkpoint_names_the_bad_file_and_falls_back(tmp_path):
     ckpts.mkdir()
     io = AtomicCheckpointIO()
     for step in (3, 6):
-        io.save_checkpoint({"state_dict": {"w": torch.ones(2) * step}, "global_step": step}, ckpts / f"step{step:07d}.ckpt")
+        io.save_checkpoint(
+            {"state_dict": {"w": torch.ones(2) * step}, "global_step": step}, ckpts / f"step{step:07d}.ckpt"
+        )
         os.utime(ckpts / f"step{step:07d}.ckpt", (step, step))  # mtimes in step order
     shutil.copy(ckpts / "step0000006.ckpt", ckpts / "last.ckpt")
     assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "last.ckpt")

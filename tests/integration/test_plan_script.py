@@ -72,7 +72,9 @@ def test_tokens_flag_warns_about_epochs(cache_dir, tmp_path):
 
 def test_bad_config_exits_2(cache_dir, tmp_path):
     bad = tmp_path / "bad.yaml"
-    text = (ROOT / "configs/pretrain_350m_20b.yaml").read_text().replace("web: 0.62, code: 0.18", "web: 0.70, code: 0.18")
+    text = (
+        (ROOT / "configs/pretrain_350m_20b.yaml").read_text().replace("web: 0.62, code: 0.18", "web: 0.70, code: 0.18")
+    )
     bad.write_text(text)
     r = run_plan("--config", str(bad), "--out", str(tmp_path / "p.png"), cache_dir=cache_dir)
     assert r.returncode == 2

@@ -163,11 +163,17 @@ def test_sigkill_across_a_source_epoch_boundary(workdir, env, demo_corpus, cache
     m = build_manifest(cfg)
     chunks = m.sources["curated"].chunks
     n_docs = sum(c.stop - c.start for c in chunks)
-    expected = [m.doc_id(chunks[i].shard, r) for e in range(10)
-                for i in chunk_permutation(1234, "curated", e, len(chunks)) for r in range(chunks[i].start, chunks[i].stop)]
+    expected = [
+        m.doc_id(chunks[i].shard, r)
+        for e in range(10)
+        for i in chunk_permutation(1234, "curated", e, len(chunks))
+        for r in range(chunks[i].start, chunks[i].stop)
+    ]
 
     def curated_reads(lines):
-        return [(ln["step"], p[0]) for ln in lines for p in ln["pieces"] if p[0].startswith("curated_small") and p[1] == 0]
+        return [
+            (ln["step"], p[0]) for ln in lines for p in ln["pieces"] if p[0].startswith("curated_small") and p[1] == 0
+        ]
 
     reads = curated_reads(ref[0])
     assert len(reads) > 1.5 * n_docs, f"curated must wrap well into epoch 1 ({len(reads)} reads of {n_docs} docs)"
@@ -234,7 +240,9 @@ def _assert_pieces_continue(lines: list[dict]) -> None:
     at: dict[str, int] = {}
     for ln in lines:
         for doc, off, n in ln["pieces"]:
-            assert off == at.get(doc, 0), f"step {ln['step']} rank {ln['rank']}: {doc} at {off}, expected {at.get(doc, 0)}"
+            assert off == at.get(doc, 0), (
+                f"step {ln['step']} rank {ln['rank']}: {doc} at {off}, expected {at.get(doc, 0)}"
+            )
             at[doc] = off + n
 
 

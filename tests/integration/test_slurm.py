@@ -68,7 +68,9 @@ def ensure_slurm_installed() -> None:
                 ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]):
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
-            pytest.fail(f"{why}: `{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            pytest.fail(
+                f"{why}: `{' '.join(cmd)}` failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            )
     still = [b for b in BINARIES if _which(b) is None]
     if still:
         pytest.fail(f"after installing {' '.join(PACKAGES)}: still missing {still}")
@@ -232,7 +234,11 @@ class LocalSlurm:
 
     def logs(self, tail: int = 1500) -> str:
         out = []
-        for p in (self.root / "log" / "slurmctld.log", self.root / "log" / "slurmd.log", self.root / "munge" / "munged.log"):
+        for p in (
+            self.root / "log" / "slurmctld.log",
+            self.root / "log" / "slurmd.log",
+            self.root / "munge" / "munged.log",
+        ):
             if p.exists():
                 out.append(f"--- {p.name}\n{p.read_text()[-tail:]}")
         return "\n".join(out)
@@ -271,8 +277,16 @@ def jobs(slurm, tmp_path_factory, demo_corpus, cache_dir):
     t0 = time.monotonic()
     submitted = {}
     for name, extra in (("dry", {"DRY_RUN": "1"}), ("ref", {}), ("pre", {})):
-        env = slurm.env(REPO=str(ROOT), PY=sys.executable, RUN_NAME=name, WELLMIXED_CACHE=str(cache_dir), WANDB_MODE="offline",
-                        WANDB_SILENT="true", PYTHONHASHSEED="0", **extra)
+        env = slurm.env(
+            REPO=str(ROOT),
+            PY=sys.executable,
+            RUN_NAME=name,
+            WELLMIXED_CACHE=str(cache_dir),
+            WANDB_MODE="offline",
+            WANDB_SILENT="true",
+            PYTHONHASHSEED="0",
+            **extra,
+        )
         job_id = slurm.sbatch(f"--job-name=wm-{name}", f"--chdir={work}", f"--output={work}/logs/%x-%j.out",
                               *JOB_OPTS, str(SBATCH), CONFIG, *TRAIN_ARGS, env=env)
         submitted[name] = (job_id, work / "logs" / f"wm-{name}-{job_id}.out")

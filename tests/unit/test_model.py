@@ -69,7 +69,9 @@ def test_document_mask_isolates_later_document():
     doc = torch.tensor([[0] * 7 + [1] * 13])
 
     masked = tiny_model(doc_mask=True)
-    torch.testing.assert_close(masked(ids, doc_index=doc)[:, 7:], masked(changed, doc_index=doc)[:, 7:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        masked(ids, doc_index=doc)[:, 7:], masked(changed, doc_index=doc)[:, 7:], atol=ATOL, rtol=0
+    )
 
     unmasked = tiny_model(doc_mask=False)  # doc_index is ignored: the later document sees the earlier one
     assert not torch.allclose(unmasked(ids, doc_index=doc)[:, 7:], unmasked(changed, doc_index=doc)[:, 7:], atol=ATOL)
@@ -212,7 +214,9 @@ def test_350m_adamw_step_on_cpu():
     torch.manual_seed(0)
     model.init_weights()
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=True)  # fused: ~2.5x faster on CPU
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, weight_decay=0.1, fused=True
+    )  # fused: ~2.5x faster on CPU
     ids = random_ids(1, 33)
     before = model.blocks[0].attn.wq.weight.detach().clone()
 

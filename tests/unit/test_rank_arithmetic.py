@@ -95,13 +95,37 @@ def test_cli_disables_lightning_auto_requeue_under_slurm(monkeypatch, demo_corpu
     _set_env(monkeypatch, slurm_task_env(2, 2, 3, job_id=5))
     monkeypatch.setenv("WELLMIXED_CACHE", str(cache_dir))
     sources = {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in ("web", "code", "books", "curated")}
-    cli = WellMixedCLI(args=["--config", str(ROOT / "configs/demo.yaml"), "--model.model", str(ROOT / "configs/model/tiny.yaml"),
-                             "--data.sources", json.dumps(sources), "--run.wandb", "false", "--run.dir", str(tmp_path / "run"),
-                             "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.num_nodes", "2",
-                             "--data.batch_size", "1"], run=False)
+    cli = WellMixedCLI(
+        args=[
+            "--config",
+            str(ROOT / "configs/demo.yaml"),
+            "--model.model",
+            str(ROOT / "configs/model/tiny.yaml"),
+            "--data.sources",
+            json.dumps(sources),
+            "--run.wandb",
+            "false",
+            "--run.dir",
+            str(tmp_path / "run"),
+            "--trainer.accelerator",
+            "cpu",
+            "--trainer.devices",
+            "2",
+            "--trainer.num_nodes",
+            "2",
+            "--data.batch_size",
+            "1",
+        ],
+        run=False,
+    )
     env = cli.trainer.strategy.cluster_environment
     assert isinstance(env, SLURMEnvironment) and env.auto_requeue is False
-    assert (cli.trainer.global_rank, cli.trainer.local_rank, cli.trainer.node_rank, cli.trainer.world_size) == (3, 1, 1, 4)
+    assert (cli.trainer.global_rank, cli.trainer.local_rank, cli.trainer.node_rank, cli.trainer.world_size) == (
+        3,
+        1,
+        1,
+        4,
+    )
 
 
 @pytest.mark.parametrize("nodes,gpus,workers", [(4, 8, 2), (64, 8, 2), (64, 8, 1)])
@@ -203,7 +227,12 @@ def test_nodelist_expansion_and_simulated_layout():
     assert expand_nodelist("gpu[01-03,07],login2") == ["gpu01", "gpu02", "gpu03", "gpu07", "login2"]
     assert expand_nodelist(simulated_nodelist(64))[-1] == "node63"
     env = slurm_task_env(64, 8, 511)
-    assert (env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NODEID"], env["SLURM_NTASKS"]) == ("511", "7", "63", "512")
+    assert (env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NODEID"], env["SLURM_NTASKS"]) == (
+        "511",
+        "7",
+        "63",
+        "512",
+    )
     with pytest.raises(ValueError):
         slurm_task_env(4, 8, 32)
 
@@ -278,6 +307,10 @@ def test_dry_run_slices_are_what_the_consumers_read(make_cfg):
                     docs += chunk.stop - chunk.start
                     if docs >= cfg.buffer_size:
                         break
-                listed += [(e, c) for _, e, c in table.elements(s, cs.consumer, len(listed) + cfg.open_shards)[len(listed):]]
-                assert any(e == first.epoch and c.shard == first.shard and c.start <= first.row < c.stop for e, c in listed)
+                listed += [
+                    (e, c) for _, e, c in table.elements(s, cs.consumer, len(listed) + cfg.open_shards)[len(listed) :]
+                ]
+                assert any(
+                    e == first.epoch and c.shard == first.shard and c.start <= first.row < c.stop for e, c in listed
+                )
                 assert table.elements(s, cs.consumer, 1)[0][2] == src.chunk_at(cs.consumer)[1]
