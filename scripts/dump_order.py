@@ -15,12 +15,13 @@ Flags override the config: --corpus DIR (DIR/<source>/*.parquet), --seed, --weig
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from data import files
 from data.config import check_weights, corpus_sources, load_data_config
 from data.errors import ConfigError
 from data.manifest import build_manifest
@@ -107,19 +108,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     t0 = time.perf_counter()
-    out = sys.stdout if args.out == "-" else open(args.out + ".tmp", "w")
-    lines = 0
-    for line in sim.order_lines(stop):
-        out.write(dumps(line) + "\n")
-        lines += 1
-    if out is not sys.stdout:
-        out.close()
-        os.replace(args.out + ".tmp", args.out)
+    with contextlib.ExitStack() as stack:
+        out = sys.stdout if args.out == "-" else open(stack.enter_context(files.atomic_path(args.out)), "w")
+        lines = 0
+        for line in sim.order_lines(stop):
+            out.write(dumps(line) + "\n")
+            lines += 1
+        if out is not sys.stdout:
+            out.close()
     if args.save_cursor_at is not None:
         cursor = Path(args.out + ".cursor.json")
-        tmp = cursor.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sim.state_dict()))
-        os.replace(tmp, cursor)
+        files.write_json(cursor, sim.state_dict(), indent=None)
         print(f"cursor after step {sim.step - 1}: {cursor} ({cursor.stat().st_size / 1e3:.1f} KB)", file=sys.stderr)
     print(f"wrote {lines} lines (steps {sim.step - (lines // max(1, args.world_size))}..{sim.step - 1}) "
           f"in {time.perf_counter() - t0:.1f}s", file=sys.stderr)

@@ -42,6 +42,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data.files import atomic_path
 from data.tokenizer import count_tokens
 
 # Bump whenever the produced text changes, so that an existing corpus directory gets rebuilt.
@@ -312,20 +313,7 @@ def _date(key: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Writing shards
-
-
-@contextlib.contextmanager
-def _atomic_path(path: Path) -> Iterator[str]:
-    """A temp path in the same directory, moved onto `path` with os.replace once written, so that
-    readers never see half a file. (Not tempfile.mkstemp: its files are private, mode 0600.)"""
-    tmp = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+# Writing shards (atomically: data/files.py)
 
 
 def _shards(docs: list[Doc]) -> Iterator[tuple[str, list[Doc]]]:
@@ -391,7 +379,7 @@ def build_demo_corpus(out_dir: str | Path, force: bool = False) -> dict:
         row_group_size = math.ceil(len(rows) / ROW_GROUPS_PER_SHARD)
         path = out_dir / category / f"{stem}.parquet"
         path.parent.mkdir(exist_ok=True)
-        with _atomic_path(path) as tmp:
+        with atomic_path(path) as tmp:
             pq.write_table(table, tmp, row_group_size=row_group_size)
 
         shard = {
@@ -414,7 +402,7 @@ def build_demo_corpus(out_dir: str | Path, force: bool = False) -> dict:
                 stale.unlink()
 
     manifest = {**identity, "content_hash": digest.hexdigest(), "sources": sources}
-    with _atomic_path(manifest_path) as tmp:
+    with atomic_path(manifest_path) as tmp:
         Path(tmp).write_text(json.dumps(manifest, indent=1) + "\n")
     return {**manifest, "reused": False}
 

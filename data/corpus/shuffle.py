@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from data import files
 from data.errors import ConfigError
 
 SHUFFLE_VERSION = 1  # bump when the assignment or permutation changes: outputs of older runs are refused
@@ -221,9 +222,7 @@ def cast_to_schema(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
 
 
 def write_json_atomic(obj: dict, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
+    files.write_json(path, obj)
 
 
 def split_rows_by_label(table: pa.Table, labels: np.ndarray, n: int) -> list[Optional[pa.Table]]:

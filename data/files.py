@@ -1,0 +1,54 @@
+"""Atomic file writes: the one implementation every writer of outputs, caches and logs uses.
+
+A reader (another rank, a resumed run, a user's tool) never sees half a file: each write goes to a
+temp file in the same directory (same filesystem, so the rename is atomic), is flushed and fsynced,
+then renamed over the destination. On any error the temp file is removed and the destination is
+untouched. Temp names start with ``.`` and end in ``.tmp`` so that clean-up code can recognise them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def temp_path(path: str | os.PathLike) -> Path:
+    """The temp name beside ``path`` a writer of this process and thread uses."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident() % 10**6}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
+    """Yield a temp path to write; on success it replaces ``path`` (mode 0644, like a plain write)."""
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        yield tmp
+        if fsync:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, fsync: bool = True) -> None:
+    with atomic_path(path, fsync) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | os.PathLike, text: str, fsync: bool = True) -> None:
+    with atomic_path(path, fsync) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1, fsync: bool = True) -> None:
+    write_text(path, json.dumps(obj, indent=indent) + "\n", fsync)
