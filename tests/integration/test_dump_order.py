@@ -264,3 +264,18 @@ def test_bad_input_exits_2_with_one_line(work, head, case):
     for phrase in phrases:
         assert phrase in err, (phrase, err)
     assert not (work / "bad.jsonl").exists()
+
+
+# The order of configs/demo.yaml, 2 ranks x 2 workers, 60 steps: a refactor must leave these bytes
+# alone. A deliberate change of the order (a fix of the stream, the mixer or the packer) updates the
+# hash here, and its commit says why the order changed.
+DEMO_ORDER_SHA256 = "ba373db81b2225ce2a014456dcb19a0e4746b494f8a74fd5a84e3c35443bb57b"
+
+
+def test_the_demo_order_dump_is_byte_identical_to_the_recorded_one(tmp_path, demo_corpus):
+    import hashlib
+
+    out = tmp_path / "order.jsonl"
+    dump_order(tmp_path, "--config", ROOT / "configs" / "demo.yaml", "--corpus", demo_corpus, "--steps", 60,
+               "--world-size", 2, "--num-workers", 2, "--out", out)
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == DEMO_ORDER_SHA256
