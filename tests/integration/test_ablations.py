@@ -243,7 +243,7 @@ def test_report_flags_unequal_tokens(ablation_out, tmp_path):
 def test_report_flags_arms_configured_for_different_tokens(ablation_out, tmp_path):
     """A fixed arm run with hand-typed weights (the stable phase's) instead of the fixed equivalent."""
     out = copy_runs(ablation_out, tmp_path / "abl")
-    cfg_path = out / "fixed-seed1234" / "csv" / "config.yaml"
+    cfg_path = out / "fixed-seed1234" / "config.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["data"]["schedule"]["mixture"] = {"weights": {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}}
     cfg_path.write_text(yaml.safe_dump(cfg))
