@@ -218,6 +218,8 @@ def copy_runs(src: Path, dst: Path) -> Path:
         if d.is_dir() and report.RUN_DIR.match(d.name):
             for part in ("csv", "order_log"):
                 shutil.copytree(d / part, dst / d.name / part)
+            for config in d.glob("config*.yaml"):  # config.yaml (latest launch) and config-NNN.yaml
+                shutil.copy(config, dst / d.name / config.name)
     return dst
 
 
