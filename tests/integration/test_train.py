@@ -210,3 +210,30 @@ def test_wandb_offline_gets_the_canonical_names_and_the_whole_config(demo_corpus
                      b'"loggers":["csv","wandb"]', b'"max_seq_len":128', b"train/loss/web"):
         assert fragment in data, fragment
     assert b"by_source" not in data
+
+
+@pytest.mark.slow
+def test_evaluate_reproduces_the_final_held_out_loss(tiny_run, tmp_path, monkeypatch, capsys):
+    """scripts/evaluate.py RUN: the checkpoint's model on its run's held-out chunks gives the loss the run
+    logged at its last step; without lm-eval it says how to install it and exports nothing."""
+    from train import evaluate
+
+    rows = read_csv(tiny_run)
+    last = max(int(r["step"]) for r in rows if r.get("val/loss"))
+    logged = {k.split("/", 2)[2] if k.count("/") == 2 else "all": float(v) for r in rows
+              if r.get("val/loss") and int(r["step"]) == last for k, v in r.items() if k.startswith("val/loss") and v}
+    monkeypatch.setattr(evaluate, "lm_eval_available", lambda: False)
+    assert evaluate.main([str(tiny_run), "--out", str(tmp_path / "evals")]) == 0
+    results = json.loads((tmp_path / "evals" / "results.json").read_text())
+    assert results["heldout"] == pytest.approx(logged, abs=1e-4)
+    assert "pip install -e '.[eval]'" in results["lm_eval"]["skipped"] and not (tmp_path / "evals" / "hf").exists()
+    assert "| curated |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_export_writes_a_generation_config(tiny_run, tmp_path):
+    from train.export import export
+
+    out = export(tiny_run / "checkpoints" / "last.ckpt", tmp_path / "hf", tokenizer_json=False)
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["bos_token_id"] == gen["eos_token_id"] == 100257
