@@ -54,6 +54,7 @@ from train.model import ModelConfigError
 from train.module import PretrainModule
 
 log = logging.getLogger("wellmixed")
+ROOT = Path(__file__).resolve().parents[1]
 # `fit --help` describes every option from its attribute docstring (the ones written under each field)
 set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
@@ -104,6 +105,15 @@ def program_name() -> str:
     return "wellmixed" if Path(sys.argv[0]).name == "wellmixed" else "python -m train"
 
 
+def project_path(path: str) -> str:
+    """A relative path that does not exist here but does in the project (``configs/model/demo.yaml``
+    in the shipped configs) becomes the project's, so a run works from any working directory."""
+    p = Path(path)
+    if p.is_absolute() or p.exists() or not (ROOT / p).exists():
+        return path
+    return str(ROOT / p)
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
@@ -113,7 +123,7 @@ def version() -> str:
     except PackageNotFoundError:  # run from a checkout without `pip install -e .`
         import tomllib
 
-        return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+        return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 class WellMixedCLI(LightningCLI):
@@ -126,7 +136,8 @@ class WellMixedCLI(LightningCLI):
             # AdamW + schedule.lr(step) are the module's; LightningCLI's --optimizer/--lr_scheduler would
             # silently replace both, so they are not offered
             auto_configure_optimizers=False,
-            parser_kwargs={"prog": program_name()},
+            # PL_FIT__TRAINER__MAX_STEPS=10 etc., as LightningCLI documents (parser_kwargs default_env)
+            parser_kwargs={"prog": program_name(), "default_env": True},
             args=args,
             run=run,
         )
@@ -174,6 +185,8 @@ class WellMixedCLI(LightningCLI):
         if tr.enable_progress_bar is None and not sys.stderr.isatty():
             tr.enable_progress_bar = False
         cfg.model.log_every_n_steps = run.log_every_n_steps
+        if isinstance(cfg.model.model, str):
+            cfg.model.model = project_path(cfg.model.model)
         if tr.logger not in (None, True):  # LightningCLI would pass it on; _instantiate_trainer replaces it
             raise ConfigError(f"--trainer.logger is not used by this CLI (got {tr.logger!r}): choose loggers with "
                               f"--run.loggers, e.g. '[csv, tensorboard]' (csv is always written)")

@@ -34,18 +34,20 @@ def fit_help() -> str:
 
 
 def option_help(text: str) -> dict[str, str]:
-    """option -> its description in argparse's help output (the text before '(type: ...')."""
-    body = text[text.index("options:"):]
-    out = {}
-    for entry in re.split(r"\n  (?=--)", body):
-        m = re.match(r"(--[\w.]+)(?:[ ,]\S*)*", entry.split("\n")[0])
-        if not m:
-            continue
-        first, *rest = entry.split("\n")
-        tail = first[m.end():] if len(first) > m.end() else ""
-        desc = " ".join((tail + " " + " ".join(rest)).split())
-        out[m.group(1)] = re.sub(r"\(.*?(type|required).*", "", desc).strip()
-    return out
+    """option -> its description in the help output (without the '(type: ..., default: ...)' suffix)."""
+    out: dict[str, str] = {}
+    current = None
+    for line in text[text.index("options:"):].splitlines():
+        m = re.match(r"  (?:ARG:\s+)?(--[\w.]+)", line)
+        if m:
+            current = m.group(1)
+            parts = re.split(r"\s{2,}", line[m.end():].strip(), maxsplit=1)  # metavar, then the description
+            out[current] = parts[1] if len(parts) > 1 else ""
+        elif current and line.startswith(" " * 10) and not line.strip().startswith("ENV:"):
+            out[current] += " " + line.strip()
+        elif not line.strip().startswith("ENV:"):
+            current = None
+    return {k: re.sub(r"\((required, )?type:.*", "", v, flags=re.S).strip() for k, v in out.items()}
 
 
 def test_help_offers_no_optimizer_or_scheduler_override(fit_help):
@@ -74,6 +76,13 @@ def test_usage_names_the_program_and_offers_only_working_subcommands():
     assert "{fit,validate}" in proc.stdout
     bad = cli("test", "--config", DEMO)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_environment_variables_override_like_lightningcli(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PL_FIT__RUN__KEEP_LAST_K": "7"}
+    proc = subprocess.run([sys.executable, "-m", "train", "fit", "--config", DEMO, "--print_config"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "keep_last_k: 7" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_version():

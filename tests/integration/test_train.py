@@ -237,3 +237,22 @@ def test_export_writes_a_generation_config(tiny_run, tmp_path):
     out = export(tiny_run / "checkpoints" / "last.ckpt", tmp_path / "hf", tokenizer_json=False)
     gen = json.loads((out / "generation_config.json").read_text())
     assert gen["bos_token_id"] == gen["eos_token_id"] == 100257
+
+
+@pytest.mark.slow
+def test_entry_point_trains_from_another_directory(demo_corpus, tmp_path):
+    """The wellmixed command's function, started outside the checkout: the shipped config's model YAML
+    (configs/model/demo.yaml, relative) is found in the project."""
+    code = "import sys; sys.argv[0] = 'wellmixed'; from train.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    args = ["fit", "--config", str(ROOT / "configs/demo.yaml"), *sources_args(demo_corpus), "--run.wandb", "false",
+            "--trainer.precision", "32-true", "--trainer.max_steps", "1", "--data.val_tokens_per_source", "0",
+            "--data.schedule.seq_len.start", "64", "--data.schedule.seq_len.end", "64", "--run.dir", "run"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WELLMIXED_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    import yaml
+
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"]["model"] == str(ROOT / "configs/model/demo.yaml")
