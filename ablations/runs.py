@@ -3,7 +3,7 @@
 A run directory of ``python -m train fit`` holds::
 
     csv/metrics.csv        step, train/loss[/<source>], val/loss[/<source>], train/share/<source>, ...
-    csv/config.yaml        the full resolved config (LightningCLI saves it next to the CSV log)
+    config.yaml            the full resolved config of the latest launch (config-NNN.yaml: each launch's)
     order_log/rank<r>.jsonl  with data.order_log: one line per step and rank, ``source_tokens`` per source
     checkpoints/last.ckpt  the newest checkpoint; its data cursors hold each consumer's mixer counters
 """
@@ -22,7 +22,9 @@ from train.metrics_csv import read_metrics, series
 
 def read_config(run_dir: Path) -> dict:
     """The run's saved config (``fit`` section): what it actually trained with, overrides included."""
-    path = Path(run_dir) / "csv" / "config.yaml"
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file() and (Path(run_dir) / "csv" / "config.yaml").is_file():  # runs before config-NNN.yaml
+        path = Path(run_dir) / "csv" / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: the run did not start")
     return yaml.safe_load(path.read_text())

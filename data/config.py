@@ -87,6 +87,7 @@ class DataConfig:
     num_workers: int = 2
     """DataLoader workers per rank; each worker is one consumer of the global order."""
     text_column: str = "text"
+    """Column holding the document text that is tokenized."""
     id_column: Optional[str] = None
     """Column holding a document ID (Dolma3 has none: IDs are then ``<shard stem>:<row>``)."""
     on_bad_shard: Literal["error", "skip"] = "error"
@@ -99,6 +100,7 @@ class DataConfig:
     max_epochs: float = 4.0
     """Implied epochs per source above which start-up warns (or fails, with ``max_epochs_error``)."""
     max_epochs_error: bool = False
+    """Fail at start-up (instead of warning) when a source would be repeated more than ``max_epochs``."""
     expected_tokens: Optional[dict[str, int]] = None
     """Published tokens per source, for planning (scripts/plan.py) before the corpus is downloaded."""
     order_log: bool = False

@@ -1,11 +1,17 @@
-"""python -m train fit --config configs/demo.yaml [--ckpt_path last]"""
+"""``python -m train fit --config configs/demo.yaml [--ckpt_path last]``, and the ``wellmixed`` command
+(``[project.scripts]`` in pyproject.toml) that runs the same :func:`main`."""
 
 import sys
 
 from train.malloc import keep_freed_memory
 
-keep_freed_memory()
 
-from train.cli import main  # noqa: E402
+def main(argv: list[str] | None = None) -> int:
+    keep_freed_memory()  # before the first big allocation
+    from train.cli import main as cli_main
 
-sys.exit(main())
+    return cli_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -129,22 +129,45 @@ class ThroughputCallback(L.Callback):
 
 
 class ProgressLog(L.Callback):
-    """One plain log line every N steps (batch jobs and pipes have no progress bar)."""
+    """One plain log line every N steps (batch jobs and pipes have no progress bar), with the percentage
+    done and an ETA from the mean step time since this launch started training; a resume says where
+    it resumed."""
 
     def __init__(self, every_n_steps: int = 25):
         self.every = every_n_steps
+        self._t0: float | None = None
+        self._step0 = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._t0, self._step0 = time.perf_counter(), trainer.global_step
+        if trainer.global_step and trainer.is_global_zero:
+            dm = trainer.datamodule
+            log.info("resumed at step %d (data cursors of %d ranks x %d workers)", trainer.global_step,
+                     trainer.world_size, max(1, getattr(dm, "num_workers", 1)))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         if self.every <= 0 or step % self.every or not trainer.is_global_zero:
             return
         m = trainer.callback_metrics
-        parts = [f"step {step}/{trainer.max_steps}"]
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        parts = [f"step {step}/{total} ({step / total:.0%})" if total else f"step {step}"]
         for key, fmt in (("train/loss", "loss {:.3f}"), ("train/lr", "lr {:.2e}"), ("train/seq_len", "seq {:.0f}"),
                          ("perf/tokens_per_sec", "{:,.0f} tok/s"), ("perf/mfu", "MFU {:.1%}")):
             if key in m:
                 parts.append(fmt.format(float(m[key])))
+        if total and self._t0 is not None and step > self._step0:
+            per_step = (time.perf_counter() - self._t0) / (step - self._step0)
+            parts.append(f"ETA {_duration(per_step * max(0, total - step))}")
         log.info(" | ".join(parts))
+
+
+def _duration(seconds: float) -> str:
+    """``1h02m``, ``3m05s``, ``42s``."""
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 class ResumableCSVLogger(CSVLogger):
@@ -260,26 +283,3 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise OSError(
                 f"could not write checkpoint {path}: {e} (disk full?); the previous checkpoint is intact"
             ) from e
-
-
-def wandb_logger(**kwargs):
-    """WandbLogger whose per-source keys form their own panel sections.
-
-    wandb groups panels by the first segment of a key, so ``train/loss/web`` would sit among every
-    other ``train/*`` chart. Here ``train/loss/<source>`` becomes ``train_loss_by_source/<source>``
-    (and likewise for ``val`` and the token shares), one chart group each; the CSV log keeps the
-    canonical names.
-    """
-    from lightning.pytorch.loggers import WandbLogger
-
-    class _Logger(WandbLogger):
-        def log_metrics(self, metrics, step=None):
-            out = {}
-            for key, value in metrics.items():
-                parts = key.split("/")
-                if len(parts) == 3 and parts[1] in ("loss", "share", "target"):
-                    key = f"{parts[0]}_{parts[1]}_by_source/{parts[2]}"
-                out[key] = value
-            super().log_metrics(out, step)
-
-    return _Logger(**kwargs)

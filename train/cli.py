@@ -8,19 +8,25 @@ What this file adds to LightningCLI, and why:
 - derived Trainer defaults: ``max_steps`` from the schedule's token budget, bf16-mixed on GPU and
   fp32 on CPU, validation every ``run.val_every_n_steps`` steps of the (endless) stream, no
   distributed sampler (the data layer slices the global order itself), gradient clipping 1.0;
-- loggers: a CSV logger (readable without wandb) and wandb, offline unless an API key is set;
+- loggers chosen with ``run.loggers`` (train/loggers.py): CSV always, wandb (offline unless an API
+  key is set), TensorBoard, MLflow; each gets the whole resolved config plus derived values.
+  ``--trainer.logger`` is refused rather than ignored;
+- no ``--optimizer`` / ``--lr_scheduler``: AdamW and the warmup-stable-decay LR of ``data.schedule``
+  are the module's (LightningCLI's automatic optimizer flags would silently replace both);
+- only the subcommands that work on this module: ``fit`` and ``validate`` (which prints its results);
 - checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; the file
   ``--ckpt_path`` names is checked before it is loaded, and SIGTERM/SIGUSR1 checkpoint and stop
   cleanly at the next step (train/faults.py); under SLURM, Lightning's own auto-requeue is off
   (scripts/slurm/train.sbatch requeues after that checkpoint);
 - start-up checks before any compute: the manifest (bad files), the plan table and implied epochs,
   the schedule against the model's context, the global batch against ranks x micro-batch;
-- the saved ``config.yaml`` is overwritten on resume (LightningCLI refuses by default, which would
-  break requeued jobs).
+- the config is saved per launch as ``<run>/config-NNN.yaml`` (a resume adds one, never overwrites)
+  and ``<run>/config.yaml`` is the latest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -29,18 +35,18 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from data.errors import ConfigError
+from train import loggers as run_loggers
 from train.callbacks import (
     AtomicCheckpointIO,
     DataStateCallback,
     FinalCheckpoint,
     ProgressLog,
-    ResumableCSVLogger,
     ThroughputCallback,
-    wandb_logger,
 )
 from train.datamodule import WellMixedData
 from train.faults import StopOnSignal, install_early_handlers, remove_stale_temp_files, resolve_checkpoint
@@ -48,6 +54,9 @@ from train.model import ModelConfigError
 from train.module import PretrainModule
 
 log = logging.getLogger("wellmixed")
+ROOT = Path(__file__).resolve().parents[1]
+# `fit --help` describes every option from its attribute docstring (the ones written under each field)
+set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
 
 @dataclass
@@ -55,7 +64,7 @@ class RunConfig:
     """Where a run lives and how it reports (``run:`` section)."""
 
     dir: str = "runs/demo"
-    """Run directory: checkpoints/, metrics (csv/), wandb/, order_log/, config.yaml."""
+    """Run directory: checkpoints/, metrics (csv/), wandb/, order_log/, config.yaml (+ config-NNN.yaml per launch)."""
     ckpt_every_n_steps: int = 50
     """Checkpoint interval in optimizer steps (plus ``last.ckpt``, always the newest)."""
     keep_last_k: int = 3
@@ -64,12 +73,17 @@ class RunConfig:
     """Held-out loss per source every N steps (and at step 0 and at the end)."""
     log_every_n_steps: int = 1
     """Interval of the per-source loss reductions and logs."""
-    wandb: bool = True
-    """Log to Weights & Biases (offline unless WANDB_API_KEY is set; `wandb sync <run>/wandb` later)."""
+    loggers: list[str] = dataclasses.field(default_factory=lambda: ["csv", "wandb"])
+    """Loggers: csv (always written), wandb (offline unless WANDB_API_KEY is set; `wandb sync <run>/wandb`
+    later), tensorboard (<run>/tensorboard), mlflow (<run>/mlruns). One not installed is an error."""
+    wandb: Optional[bool] = None
+    """Shorthand: true adds wandb to run.loggers, false removes it (the saved config shows the result)."""
     wandb_project: str = "wellmixed"
+    """wandb project (and MLflow experiment name)."""
     wandb_group: Optional[str] = None
     """Group runs (e.g. the two arms of an ablation)."""
     wandb_name: Optional[str] = None
+    """Run name in wandb / MLflow; default: the run directory's name."""
     print_every_n_steps: int = 25
     """A plain progress line (loss, LR, tokens/s) every N steps when no progress bar is shown (0: never)."""
     peak_flops: Optional[float] = None
@@ -86,19 +100,71 @@ class RunConfig:
     resumed step (exactly-once is void across the change). Refused by default."""
 
 
+def program_name() -> str:
+    """What the usage line calls us: how the user started it, not ``__main__.py``."""
+    return "wellmixed" if Path(sys.argv[0]).name == "wellmixed" else "python -m train"
+
+
+def project_path(path: str) -> str:
+    """A relative path that does not exist here but does in the project (``configs/model/demo.yaml``
+    in the shipped configs) becomes the project's, so a run works from any working directory."""
+    p = Path(path)
+    if p.is_absolute() or p.exists() or not (ROOT / p).exists():
+        return path
+    return str(ROOT / p)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("wellmixed")
+    except PackageNotFoundError:  # run from a checkout without `pip install -e .`
+        import tomllib
+
+        return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
 class WellMixedCLI(LightningCLI):
     def __init__(self, args=None, run: bool = True):
         super().__init__(
             PretrainModule,
             WellMixedData,
-            save_config_kwargs={"overwrite": True},
+            save_config_callback=run_loggers.RunConfigSaver,
             seed_everything_default=1234,
+            # AdamW + schedule.lr(step) are the module's; LightningCLI's --optimizer/--lr_scheduler would
+            # silently replace both, so they are not offered
+            auto_configure_optimizers=False,
+            # PL_FIT__TRAINER__MAX_STEPS=10 etc., as LightningCLI documents (parser_kwargs default_env)
+            parser_kwargs={"prog": program_name(), "default_env": True},
             args=args,
             run=run,
         )
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """fit and validate only: test/predict have no step in this module and crashed with a traceback."""
+        return {k: v for k, v in LightningCLI.subcommands().items() if k in ("fit", "validate")}
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        self.parser.add_argument("--version", action="version", version=f"wellmixed {version()}")
+
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument("--run", type=RunConfig, default=RunConfig())
+        parser.add_argument("--run", type=RunConfig, default=RunConfig(), help="Run directory, logging, checkpoints.")
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's reading of ``--ckpt_path FILE``'s hparams into ``model:``, without ``_class_path``
+        (our checkpoints carry it so that ``lightning.LightningModule.load_from_checkpoint`` finds the class;
+        this parser is not in subclass mode and would refuse it)."""
+        ckpt_path = self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
+        if not (ckpt_path and Path(ckpt_path).is_file()):
+            return
+        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        hparams = {k: v for k, v in hparams.items() if k not in ("_instantiator", "_class_path")}
+        if hparams:
+            self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
 
     def _section(self):
         return self.config[self.subcommand] if self.subcommand else self.config
@@ -119,17 +185,20 @@ class WellMixedCLI(LightningCLI):
         if tr.enable_progress_bar is None and not sys.stderr.isatty():
             tr.enable_progress_bar = False
         cfg.model.log_every_n_steps = run.log_every_n_steps
+        if isinstance(cfg.model.model, str):
+            cfg.model.model = project_path(cfg.model.model)
+        if tr.logger not in (None, True):  # LightningCLI would pass it on; _instantiate_trainer replaces it
+            raise ConfigError(f"--trainer.logger is not used by this CLI (got {tr.logger!r}): choose loggers with "
+                              f"--run.loggers, e.g. '[csv, tensorboard]' (csv is always written)")
+        run.loggers = run_loggers.resolve(run.loggers, run.wandb)  # the saved config shows what ran
+        run.wandb = "wandb" in run.loggers
 
     def _instantiate_trainer(self, config, callbacks):
         run: RunConfig = self._section().run
         run_dir = Path(run.dir)
         config["default_root_dir"] = str(run_dir)
-        loggers = [ResumableCSVLogger(save_dir=str(run_dir), name="csv", version="")]
-        if run.wandb:
-            online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
-            loggers.append(wandb_logger(project=run.wandb_project, name=run.wandb_name or run_dir.name,
-                                        group=run.wandb_group, save_dir=str(run_dir), offline=not online))
-        config["logger"] = loggers
+        config["logger"] = run_loggers.build(run.loggers, run_dir, wandb_project=run.wandb_project,
+                                             wandb_name=run.wandb_name, wandb_group=run.wandb_group)
         config["plugins"] = [AtomicCheckpointIO()]
         if SLURMEnvironment.detect():
             # Lightning's auto-requeue checkpoints inside the SIGUSR1 handler, mid-step (the batch in

@@ -19,6 +19,7 @@ Resume, as DESIGN.md section 5 asks:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from dataclasses import dataclass
@@ -112,6 +113,17 @@ class HeldOutDataset(torch.utils.data.Dataset):
         return self.batches[i]
 
 
+def _plain(value: Any) -> Any:
+    """Dataclasses as dicts, tuples as lists: what jsonargparse parses back into the config types."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
 @dataclass(eq=False)
 class WellMixedData(DataConfig, L.LightningDataModule):
     """LightningDataModule over the two-level stream; its init arguments are the ``data:`` config."""
@@ -129,6 +141,10 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         # they say how to treat a checkpoint, not what the data is).
         self.elastic = True
         self.allow_changed_data = False
+        # The data config in the checkpoint (plain types: weights_only loading), so that
+        # WellMixedData.load_from_checkpoint rebuilds it; loggers get the whole config from the CLI.
+        self.save_hyperparameters({**{f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(DataConfig)},
+                                   "_instantiator": "lightning.pytorch.cli.instantiate_module"}, logger=False)
 
     # -- set-up ----------------------------------------------------------------------------------
     def prepare(self, accumulate_grad_batches: int = 1) -> None:

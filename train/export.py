@@ -10,7 +10,7 @@ names its YAML). ``torch.compile``'s ``_orig_mod.`` prefix is dropped. Output, i
 
 - ``config.json``: ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` when ``qk_norm`` is on: Llama plus a
   per-head RMSNorm on q and k before RoPE, exactly ours). vocab_size is the padded 100,352;
-  bos/eos are cl100k's ``<|endoftext|>`` (100257).
+  bos/eos are cl100k's ``<|endoftext|>`` (100257); ``generation_config.json`` says the same for generate().
 - ``model.safetensors``: renamed weights (tok_emb -> model.embed_tokens, blocks.i.attn.wq ->
   model.layers.i.self_attn.q_proj, w1/w3/w2 -> gate/up/down_proj, attn_norm/mlp_norm ->
   input/post_attention_layernorm, norm -> model.norm; lm_head only when untied). No permutation of
@@ -284,6 +284,9 @@ def export(checkpoint: str | Path, out: str | Path, model_config: str | Path | N
     os.umask(umask)
     weights.chmod(0o666 & ~umask)  # safetensors writes 0600; others on a shared cluster need to read it
     (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=1) + "\n")
+    # generate() reads bos/eos from here (transformers warns and guesses without it)
+    generation = {"bos_token_id": EOT_ID, "eos_token_id": EOT_ID, "max_length": cfg.max_seq_len}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=1) + "\n")
     if tokenizer_json:
         write_tokenizer(out, cfg.max_seq_len)
     write_tokenizer_info(out, cfg, tokenizer_json)

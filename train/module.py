@@ -45,7 +45,7 @@ class PretrainModule(L.LightningModule):
     ):
         """
         Args:
-            model: a ModelConfig, or the path of a model YAML in configs/model/.
+            model: a ModelConfig, or the path of a model YAML in configs/model/ (a checkpoint's dict works too).
             optim: AdamW settings.
             compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64).
             on_nonfinite: a non-finite loss stops the run with a clear message, or skips the step
@@ -53,13 +53,25 @@ class PretrainModule(L.LightningModule):
             log_every_n_steps: interval of the per-source reductions and logs (each is an all-reduce).
         """
         super().__init__()
+        if isinstance(model, dict):  # a checkpoint's hparams (below) given to the class directly
+            model = ModelConfig(**model)
+        if isinstance(optim, dict):
+            optim = OptimConfig(**{**optim, "betas": tuple(optim.get("betas", OptimConfig.betas))})
         self.model_config = model if isinstance(model, ModelConfig) else load_model_config(model)
-        # plain dicts only: checkpoints are loaded with torch.load(weights_only=True)
-        self.save_hyperparameters(ignore=["model", "optim"])
-        self.hparams["model"] = dict(vars(self.model_config))
-        self.hparams["optim"] = dict(vars(optim or OptimConfig()))
-        self.model = GPT(self.model_config)
         self.optim = optim or OptimConfig()
+        # What a checkpoint needs to rebuild this module, saved once and never rewritten: the model config
+        # resolved (a YAML path would tie the checkpoint to a file), plain types (checkpoints load with
+        # torch.load(weights_only=True)), and _class_path/_instantiator so that both
+        # PretrainModule.load_from_checkpoint and lightning.LightningModule.load_from_checkpoint build this
+        # class. Loggers get the whole run config from the CLI instead (logger=False).
+        self.save_hyperparameters({
+            "model": dict(vars(self.model_config)),
+            "optim": {**vars(self.optim), "betas": list(self.optim.betas)},
+            "compile": compile, "on_nonfinite": on_nonfinite, "log_every_n_steps": log_every_n_steps,
+            "_class_path": f"{type(self).__module__}.{type(self).__qualname__}",
+            "_instantiator": "lightning.pytorch.cli.instantiate_module",
+        }, logger=False)
+        self.model = GPT(self.model_config)
         self.on_nonfinite = on_nonfinite
         self.log_every = max(1, log_every_n_steps)
         self.source_names: list[str] = []
@@ -171,8 +183,9 @@ class PretrainModule(L.LightningModule):
             "train/skipped_steps": torch.tensor(float(self.skipped_steps)),
         }
         for i, name in enumerate(self.source_names):
-            if counts[i] > 0:
-                metrics[f"train/loss/{name}"] = sums[i] / counts[i]
+            # NaN (0/0) when the step has no tokens of the source: a key left out would not be a gap, because
+            # Lightning re-sends the last value of a step metric on every step that does not log it
+            metrics[f"train/loss/{name}"] = sums[i] / counts[i]
             metrics[f"train/share/{name}"] = shares[i]
             metrics[f"train/target/{name}"] = weights[i]
         self.log_dict({k: v.float() for k, v in metrics.items()}, on_step=True, on_epoch=False, sync_dist=False,

@@ -218,6 +218,8 @@ def copy_runs(src: Path, dst: Path) -> Path:
         if d.is_dir() and report.RUN_DIR.match(d.name):
             for part in ("csv", "order_log"):
                 shutil.copytree(d / part, dst / d.name / part)
+            for config in d.glob("config*.yaml"):  # config.yaml (latest launch) and config-NNN.yaml
+                shutil.copy(config, dst / d.name / config.name)
     return dst
 
 
@@ -243,7 +245,7 @@ def test_report_flags_unequal_tokens(ablation_out, tmp_path):
 def test_report_flags_arms_configured_for_different_tokens(ablation_out, tmp_path):
     """A fixed arm run with hand-typed weights (the stable phase's) instead of the fixed equivalent."""
     out = copy_runs(ablation_out, tmp_path / "abl")
-    cfg_path = out / "fixed-seed1234" / "csv" / "config.yaml"
+    cfg_path = out / "fixed-seed1234" / "config.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["data"]["schedule"]["mixture"] = {"weights": {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}}
     cfg_path.write_text(yaml.safe_dump(cfg))
