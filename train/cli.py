@@ -43,7 +43,14 @@ from train.callbacks import (
     wandb_logger,
 )
 from train.datamodule import WellMixedData
-from train.faults import StopOnSignal, install_early_handlers, remove_stale_temp_files, resolve_checkpoint
+from train.faults import (
+    StopOnSignal,
+    error_lines,
+    install_early_handlers,
+    remove_stale_temp_files,
+    resolve_checkpoint,
+)
+from train.rundir_lock import acquire_run_dir
 from train.model import ModelConfigError
 from train.module import PretrainModule
 
@@ -152,6 +159,8 @@ class WellMixedCLI(LightningCLI):
         dm: WellMixedData = self.datamodule
         run: RunConfig = self._section().run
         ckpt_dir = Path(run.dir) / "checkpoints"
+        if self.trainer.is_global_zero:  # first: nothing may touch the run dir another run holds
+            acquire_run_dir(run.dir)
         if self._section().get("ckpt_path") is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
             raise ConfigError(
                 f"run.dir {ckpt_dir.parent} already holds checkpoints: resume with --ckpt_path last, "
@@ -189,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         WellMixedCLI(args=argv)
     except (ConfigError, ModelConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(error_lines(e), file=sys.stderr)
         return 2
     except FloatingPointError as e:  # model.on_nonfinite: stop
         print(f"error: {e}", file=sys.stderr)

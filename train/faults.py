@@ -99,6 +99,12 @@ class StopOnSignal(L.Callback):
         self._previous = {}
 
 
+def error_lines(e: BaseException) -> str:
+    """``error: <key>: <problem>; <what to do>``, one line per problem a ConfigError carries (several
+    independent config problems are reported together, so one run of ``train fit`` shows them all)."""
+    return "\n".join(f"error: {line}" for line in str(e).splitlines() if line.strip()) or f"error: {e!r}"
+
+
 def checkpoint_problem(path: Path) -> str | None:
     """None if ``path`` opens as a checkpoint (index and pickled structure), else what is wrong."""
     try:
@@ -129,8 +135,7 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) ->
     if ckpt_path == "last":
         lasts = [p for p in _newest_first(ckpt_dir) if p.name.startswith("last")] if ckpt_dir.is_dir() else []
         if not lasts:
-            log.warning("--ckpt_path last: no checkpoint in %s yet; starting from step 0", ckpt_dir)
-            return None
+            return _newest_step_file(ckpt_dir)
         path = lasts[0]
     else:
         path = Path(ckpt_path)
@@ -153,6 +158,39 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) ->
             return str(other)
     raise ConfigError(
         f"checkpoint {path} is unreadable ({problem}) and {where} holds no valid checkpoint to fall back to"
+    )
+
+
+def _step_of(path: Path) -> int:
+    """The step in a ``stepNNNNNNN.ckpt`` name (FinalCheckpoint's), -1 for other names."""
+    digits = path.stem[4:].split("-")[0]
+    return int(digits) if path.stem.startswith("step") and digits.isdigit() else -1
+
+
+def _newest_step_file(ckpt_dir: Path) -> str | None:
+    """``--ckpt_path last`` without a ``last*.ckpt``: the newest step file that loads.
+
+    A kill between a step file's rename and its ``last.ckpt`` link (or a deleted ``last.ckpt``) leaves
+    step files only; starting from step 0 would retrain the run and rewrite its order log. Newest by
+    the step in the name (a copied or restored file's mtime says nothing), then by mtime. Only a run
+    dir without any checkpoint file starts from step 0; one whose files all fail to load is an error.
+    """
+    files = sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: (_step_of(p), p.stat().st_mtime),
+                   reverse=True) if ckpt_dir.is_dir() else []
+    if not files:
+        log.warning("--ckpt_path last: no checkpoint in %s yet; starting from step 0", ckpt_dir)
+        return None
+    skipped = []
+    for path in files:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            log.warning("--ckpt_path last: no last.ckpt in %s; resuming from the newest loadable step file %s%s",
+                        ckpt_dir, path, f" (unreadable, skipped: {', '.join(skipped)})" if skipped else "")
+            return str(path)
+        skipped.append(f"{path.name}: {problem}")
+    raise ConfigError(
+        f"--ckpt_path last: {ckpt_dir} holds checkpoint files but none loads ({'; '.join(skipped)}); "
+        "restore a checkpoint, or move them away to start from step 0 deliberately"
     )
 
 

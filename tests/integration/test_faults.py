@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -77,6 +78,55 @@ def test_every_step_checkpoint_can_stand_in_for_last(ref_single):
         state = torch.load(ckpts / f"step{step:07d}.ckpt", map_location="cpu", weights_only=True)["callbacks"]
         (cb,) = [v for k, v in state.items() if k.startswith("ModelCheckpoint")]
         assert Path(cb["last_model_path"]) == ckpts / "last.ckpt", (step, cb["last_model_path"])
+
+
+# -- one run per run dir ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_second_run_in_the_same_run_dir_is_refused_before_it_touches_anything(workdir, env):
+    """A job started twice: the second ``train fit`` exits 2 with one error line naming the holder's pid,
+    and the first run's order log and checkpoints are untouched by it (it ends with its full log)."""
+    run_dir = workdir / "twice"
+    long = TINY + ["--data.schedule.train_tokens", "200000"]  # still running when the second one starts up
+    first = Run(workdir, run_dir, long, env, "first")
+    try:
+        first.signal_when(lambda: first.lines_done() >= 1, sig=0)  # signal 0: just wait for the first step
+        second = run_to_end(workdir, run_dir, long + ["--ckpt_path", "last"], env, "second", expect_rc=2)
+        errors = [ln for ln in second.log().splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith(
+            f"error: run.dir: {run_dir} is in use by another run (pid {first.proc.pid} on {socket.gethostname()} "
+        ) and errors[0].endswith("Wait for that run to end (or stop it), or choose another --run.dir"), second.log()
+        assert first.proc.poll() is None, "the first run must still be training"
+        os.killpg(first.proc.pid, signal.SIGTERM)  # stop it cleanly (checkpoint at the step boundary)
+        assert first.wait() == 0, first.log()
+    finally:
+        first.kill()
+    steps = [ln["step"] for ln in order_log(run_dir)[0]]
+    assert steps == list(range(len(steps))) and steps, steps  # one run's lines only, none dropped
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*")) == ["last.ckpt"]
+    assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == len(steps)
+
+
+# -- no last.ckpt: the newest step file --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_last_without_last_ckpt_resumes_from_the_newest_step_file(workdir, env, ref_single):
+    """``last.ckpt`` missing (a kill between a step file's rename and its link, or deleted by hand):
+    ``--ckpt_path last`` resumes from the newest step file instead of step 0 and the order log ends up
+    identical to the uninterrupted run's (nothing overwritten, nothing repeated)."""
+    ref_dir, ref_lines = ref_single
+    run_dir = workdir / "no_last"
+    shutil.copytree(ref_dir, run_dir)
+    ckpts = run_dir / "checkpoints"
+    steps = checkpoint_steps(run_dir)
+    (ckpts / "last.ckpt").unlink()
+    for step in steps[-1:]:
+        (ckpts / f"step{step:07d}.ckpt").unlink()  # the final one: something is left to train
+    ok = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "resumed")
+    assert f"resuming from the newest loadable step file {ckpts / f'step{steps[-2]:07d}.ckpt'}" in ok.log(10**6)
+    assert_same_order(ref_lines, order_log(run_dir))
 
 
 # -- a truncated or corrupt checkpoint -----------------------------------------------------------------
