@@ -91,6 +91,9 @@ class RunConfig:
     allow_changed_data: bool = False
     """Resume although the corpus fingerprint or data.seed changed: the data order starts afresh at the
     resumed step (exactly-once is void across the change). Refused by default."""
+    allow_changed_schedule: bool = False
+    """Resume although data.schedule (budget, LR, sequence lengths, mixture) or data.weights changed: the
+    new schedule applies from the resumed step (train/faults.py). Refused by default."""
 
 
 class WellMixedCLI(LightningCLI):
@@ -172,6 +175,7 @@ class WellMixedCLI(LightningCLI):
         ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         dm.elastic, dm.allow_changed_data = run.elastic, run.allow_changed_data
+        dm.allow_changed_schedule = run.allow_changed_schedule
         dm.prepare(self.trainer.accumulate_grad_batches)
         model_ctx = self.model.model_config.max_seq_len
         if dm.steps.schedule is not None:

@@ -38,6 +38,7 @@ from data.packer import ConsumerStream
 from data.reader import ShardReader
 from data.simulate import order_line
 from data.steps import StepSchedule
+from train.faults import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
 TENSOR_KEYS = ("input_ids", "targets", "target_source", "doc_index")
@@ -129,6 +130,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         # they say how to treat a checkpoint, not what the data is).
         self.elastic = True
         self.allow_changed_data = False
+        self.allow_changed_schedule = False
 
     # -- set-up ----------------------------------------------------------------------------------
     def prepare(self, accumulate_grad_batches: int = 1) -> None:
@@ -200,6 +202,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             "accumulate": self.accumulate,
             "seed": self.seed,
             "fingerprint": self.manifest.fingerprint() if self.manifest else None,
+            "schedule": schedule_fingerprint(self.schedule, self.weights),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -208,6 +211,8 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         # Units: next_step counts micro-batches; the optimizer step is what the schedules follow.
         step = state["next_step"] // state.get("accumulate", 1)
         next_step = step * self.accumulate
+        check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.schedule, self.weights),
+                                 self.allow_changed_schedule, step)
         changed = []
         if state["fingerprint"] != self.manifest.fingerprint():
             changed.append(f"the corpus changed (fingerprint {state['fingerprint']} -> {self.manifest.fingerprint()})")

@@ -21,10 +21,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -97,6 +100,54 @@ class StopOnSignal(L.Callback):
             if previous is not None:  # None: the handler was not installed from Python
                 signal.signal(sig, previous)
         self._previous = {}
+
+
+def schedule_fingerprint(schedule: Any, weights: dict[str, float] | None) -> str:
+    """The schedule (or fixed mixture) a run trains with, as canonical JSON for its checkpoints.
+
+    A string, so ``torch.load(weights_only=True)`` reads it; compared by :func:`schedule_changes`.
+    """
+    value = dataclasses.asdict(schedule) if schedule is not None else {"weights": weights}
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def schedule_changes(old: str | None, new: str) -> list[str]:
+    """``data.schedule.<key>: OLD -> NEW`` for every value that differs (empty: same, or an old checkpoint
+    that did not store it)."""
+    if old is None or old == new:
+        return []
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{key}.{k}")
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{key}[{i}]")
+        elif a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+
+    a, b = json.loads(old), json.loads(new)
+    walk(a, b, "data" if "weights" in a and len(a) == 1 else "data.schedule")
+    return out
+
+
+def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int) -> None:
+    """A resume under another schedule silently moves the anneal and the LR decay (a larger
+    ``train_tokens`` puts a run that was annealing back into the stable phase): refused like a changed
+    seed, unless ``run.allow_changed_schedule``."""
+    changes = schedule_changes(old, new)
+    if not changes:
+        return
+    if not allow:
+        raise ConfigError(
+            f"--ckpt_path: the checkpoint (step {step}) was trained with another schedule: {'; '.join(changes)}; "
+            "restore those values, or pass --run.allow_changed_schedule true to continue under the new schedule "
+            "from this step (its LR and mixture at this step may jump)"
+        )
+    log.warning("resuming at step %d under a changed schedule (run.allow_changed_schedule): %s", step,
+                "; ".join(changes))
 
 
 def error_lines(e: BaseException) -> str:

@@ -129,6 +129,27 @@ def test_last_without_last_ckpt_resumes_from_the_newest_step_file(workdir, env, 
     assert_same_order(ref_lines, order_log(run_dir))
 
 
+# -- a changed schedule on resume ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_changed_schedule_on_resume_is_refused_like_a_changed_seed(workdir, env, ref_single):
+    """``data.schedule.train_tokens`` raised on resume would put a run that is annealing back into the
+    stable phase (LR up again): refused with the changed key named, exit 2, the run dir untouched."""
+    ref_dir, _ = ref_single
+    run_dir = workdir / "changed_schedule"
+    shutil.copytree(ref_dir, run_dir)
+    before = (run_dir / "order_log" / "rank0.jsonl").read_bytes()
+    args = TINY + ["--data.schedule.train_tokens", "3000", "--ckpt_path", "last"]
+    fail = run_to_end(workdir, run_dir, args, env, "refused", expect_rc=2)
+    step = global_step_of(run_dir / "checkpoints" / "last.ckpt")
+    assert [ln for ln in fail.log().splitlines() if ln.startswith("error:")] == [
+        f"error: --ckpt_path: the checkpoint (step {step}) was trained with another schedule: "
+        "data.schedule.train_tokens: 1800 -> 3000; restore those values, or pass --run.allow_changed_schedule true "
+        "to continue under the new schedule from this step (its LR and mixture at this step may jump)"], fail.log()
+    assert (run_dir / "order_log" / "rank0.jsonl").read_bytes() == before
+
+
 # -- a truncated or corrupt checkpoint -----------------------------------------------------------------
 
 
@@ -286,9 +307,18 @@ def test_disk_full_while_saving_leaves_last_checkpoint_intact(tmp_path, monkeypa
         f.write(b"PK\x03\x04" + b"\0" * 4096)  # some bytes reach the disk, then it is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(torch, "save", save_until_full)
-    with pytest.raises(OSError, match=rf"could not write checkpoint {last}: .*No space left on device.*disk full"):
-        io.save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "global_step": 6}, last)
+    def save_until_full_as_torch_does(obj, f, *a, **kw):  # what torch.save really raises (its zip writer)
+        f.write(b"PK\x03\x04" + b"\0" * 4096)
+        raise RuntimeError("[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed\nmore lines")
+
+    for fake, text in ((save_until_full, "No space left on device"),
+                       (save_until_full_as_torch_does, "PytorchStreamWriter failed writing file data/0")):
+        monkeypatch.setattr(torch, "save", fake)
+        with pytest.raises(OSError, match=rf"could not write checkpoint {last}: .*{text}.*disk full.*partial file "
+                                          "was removed$"):
+            io.save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "global_step": 6}, last)
+        assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
     monkeypatch.setattr(torch, "save", real_save)
     assert last.read_bytes() == before
     assert torch.load(last, weights_only=True)["global_step"] == 3

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from data.errors import ConfigError
 from train.callbacks import AtomicCheckpointIO
@@ -153,3 +154,24 @@ def test_train_fit_config_errors_are_named_lines_not_a_traceback(args, want, tmp
     assert [ln for ln in err.splitlines() if ln.startswith("error:")] == want, err
     assert "Traceback" not in err and "Union" not in err
     assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def test_schedule_changes_name_every_changed_key_and_the_override_lets_them_pass(caplog):
+    from data.schedules import ScheduleConfig
+    from train.faults import check_schedule_unchanged, schedule_changes, schedule_fingerprint
+
+    d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["data"]["schedule"]
+    old = schedule_fingerprint(ScheduleConfig.from_dict(d), None)
+    d["train_tokens"], d["mixture"]["phases"][1]["weights"]["web"] = 600_000, 0.3
+    new = schedule_fingerprint(ScheduleConfig.from_dict(d), None)
+    want = ["data.schedule.mixture.phases[1].weights.web: 0.35 -> 0.3", "data.schedule.train_tokens: 300000 -> 600000"]
+    assert schedule_changes(old, new) == want
+    assert schedule_changes(None, new) == [] and schedule_changes(new, new) == []  # an older checkpoint: no check
+    assert schedule_changes(schedule_fingerprint(None, {"web": 1.0}), schedule_fingerprint(None, {"web": 0.5})) == [
+        "data.weights.web: 1.0 -> 0.5"]
+    with pytest.raises(ConfigError, match=r"^--ckpt_path: the checkpoint \(step 7\) was trained with another "
+                                          r"schedule: data.schedule.mixture.*--run.allow_changed_schedule true"):
+        check_schedule_unchanged(old, new, allow=False, step=7)
+    with caplog.at_level("WARNING"):
+        check_schedule_unchanged(old, new, allow=True, step=7)
+    assert "changed schedule (run.allow_changed_schedule): " + "; ".join(want) in caplog.text
