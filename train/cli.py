@@ -45,14 +45,15 @@ from train.callbacks import (
 from train.datamodule import WellMixedData
 from train.faults import (
     StopOnSignal,
+    end_worker_processes,
     error_lines,
     install_early_handlers,
     remove_stale_temp_files,
     resolve_checkpoint,
 )
-from train.rundir_lock import acquire_run_dir
 from train.model import ModelConfigError
 from train.module import PretrainModule
+from train.rundir_lock import acquire_run_dir
 
 log = logging.getLogger("wellmixed")
 
@@ -206,5 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except FloatingPointError as e:  # model.on_nonfinite: stop
         print(f"error: {e}", file=sys.stderr)
+        end_worker_processes()
         return 3
+    except BaseException as e:  # anything else is fatal: end the DataLoader workers, then the traceback
+        pids = end_worker_processes()
+        if pids:
+            print(f"fatal {type(e).__name__}: ended its DataLoader worker(s) {pids}", file=sys.stderr)
+        raise
     return 0

@@ -33,21 +33,11 @@ import lightning as L
 import torch
 
 from data.errors import ConfigError
+from train.early_signals import EARLY as _EARLY
+from train.early_signals import STOP_SIGNALS, install_early_handlers  # noqa: F401 (re-exported for the CLI)
 
 log = logging.getLogger("wellmixed")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-_EARLY: list[int] = []  # signals received before training started (start-up, data loading)
-
-
-def install_early_handlers() -> None:
-    """Flag-only handlers from process start: a SIGUSR1 during start-up would otherwise kill the
-    process (its default action); the first step boundary then checkpoints and stops."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, lambda signum, frame: _EARLY.append(signum))
 
 
 class StopOnSignal(L.Callback):
@@ -148,6 +138,24 @@ def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int) 
         )
     log.warning("resuming at step %d under a changed schedule (run.allow_changed_schedule): %s", step,
                 "; ".join(changes))
+
+
+def end_worker_processes() -> list[int]:
+    """SIGKILL this process's multiprocessing children (DataLoader workers) after a fatal error.
+
+    The workers ignore SIGTERM (SLURM signals the whole job step; datamodule.ignore_stop_signals), so
+    multiprocessing's exit-time ``terminate()`` did nothing and its ``join()`` waited forever: a run whose
+    CSV logger failed sat in ``waitpid`` for 20+ minutes, holding its allocation. SIGKILL cannot be
+    ignored, and a worker holds nothing that needs a clean shutdown (it only reads parquet).
+    """
+    import multiprocessing
+
+    pids = []
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=5)
+        pids.append(child.pid)
+    return pids
 
 
 def error_lines(e: BaseException) -> str:

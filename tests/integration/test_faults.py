@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -288,6 +289,51 @@ def test_nonfinite_loss_skip_skips_the_step_and_logs_it(workdir, env):
     with open(run_dir / "csv" / "metrics.csv") as f:
         skipped = [float(row["train/skipped_steps"]) for row in csv.DictReader(f) if row.get("train/skipped_steps")]
     assert skipped[:5] == [0.0] * 5 and skipped[-1] == 1.0
+
+
+# -- a fatal error ends the process, DataLoader workers included --------------------------------------------
+
+CRASH_DRIVER = textwrap.dedent("""
+    import shutil
+    import sys
+    import train.cli
+    from train.module import PretrainModule
+
+    class RunDirGoneAtStep3(PretrainModule):  # the attack: the run dir removed under a running demo
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if self.global_step == 3:
+                shutil.rmtree(self.trainer.default_root_dir)
+
+    train.cli.PretrainModule = RunDirGoneAtStep3
+    sys.exit(train.cli.main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(run=False, reason="open (issue 17): run directly, the driver exits in ~40 s with its workers "
+                   "killed; under pytest it once hung past the 120 s limit -- where it waits is not found yet")
+def test_a_fatal_error_ends_the_process_and_its_workers_within_seconds(workdir, env):
+    """Before: the main process sat in ``waitpid`` on a DataLoader worker (workers ignore SIGTERM, so
+    multiprocessing's exit-time terminate() did nothing) for 20+ minutes. Now: a non-zero exit with the
+    error shown, nothing of the process group left."""
+    import subprocess
+
+    driver = workdir / "crash_driver.py"
+    driver.write_text(CRASH_DRIVER)
+    args = ["fit", *TINY, *SHORT, "--data.num_workers", "2", "--run.dir", str(workdir / "crash")]
+    p = subprocess.Popen([sys.executable, str(driver), *args], cwd=workdir, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError("the crashed run hung instead of exiting") from None
+    assert p.returncode == 1, (p.returncode, out[-3000:])
+    assert "FileNotFoundError: [Errno 2] No such file or directory" in out, out[-3000:]
+    assert "ended its DataLoader worker(s)" in out, out[-3000:]
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):  # no worker outlived the main process
+        os.killpg(p.pid, 0)
 
 
 # -- disk full while saving -------------------------------------------------------------------------------
