@@ -161,7 +161,8 @@ def end_worker_processes() -> list[int]:
 def error_lines(e: BaseException) -> str:
     """``error: <key>: <problem>; <what to do>``, one line per problem a ConfigError carries (several
     independent config problems are reported together, so one run of ``train fit`` shows them all)."""
-    return "\n".join(f"error: {line}" for line in str(e).splitlines() if line.strip()) or f"error: {e!r}"
+    lines = [ln if ln[:1].isspace() else f"error: {ln}" for ln in str(e).splitlines() if ln.strip()]
+    return "\n".join(lines) or f"error: {e!r}"  # indented lines continue the problem above them
 
 
 def checkpoint_problem(path: Path) -> str | None:

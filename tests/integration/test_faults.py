@@ -241,6 +241,19 @@ def test_sigusr1_to_rank0_stops_both_ddp_ranks(workdir, env, ref_ddp, kill_rng):
     _stop_and_resume(workdir, env, ref_lines, workdir / "sigusr1", TINY + DDP, signal.SIGUSR1, False, kill_rng)
 
 
+@pytest.mark.slow
+def test_sigterm_while_torch_imports_is_a_flag_not_a_kill(workdir, env):
+    """A SIGTERM 0.3 s after start (torch still importing) used to kill the process outright; now the
+    first step boundary checkpoints and the run exits 0."""
+    run_dir = workdir / "early_sigterm"
+    run = Run(workdir, run_dir, TINY + SHORT, env, "early")
+    time.sleep(0.3)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 0, run.log()
+    assert "received SIGTERM: checkpoint of step" in run.log(tail=10**6)
+    assert global_step_of(run_dir / "checkpoints" / "last.ckpt") >= 1
+
+
 # -- non-finite loss ------------------------------------------------------------------------------------
 
 # A driver that trains a PretrainModule whose loss is NaN at optimizer step 5 -- a subclass in the test,
