@@ -118,38 +118,73 @@ class DataConfig:
         return list(self.sources)
 
     def validate(self) -> None:
+        """Every independent problem of the data config at once, one ``key: problem; what to do`` line each.
+
+        The one place a run's data config is checked (the schedule included: ScheduleConfig does not
+        validate itself while jsonargparse parses it), so ``train fit``, dump_order and the tests
+        report the same lines.
+        """
+        out: list[str] = []
         if not self.sources:
-            raise ConfigError("data.sources: no sources configured; name at least one mixture source")
+            out.append("data.sources: no sources configured; name at least one mixture source")
         for key in ("batch_size", "seq_len", "open_shards", "buffer_size", "min_chunks_per_source"):
             if getattr(self, key) < 1:
-                raise ConfigError(f"data.{key} must be >= 1 (got {getattr(self, key)})")
+                out.append(f"data.{key}: {getattr(self, key)} must be >= 1")
         if self.num_workers < 0:
-            raise ConfigError(f"data.num_workers must be >= 0 (got {self.num_workers})")
+            out.append(f"data.num_workers: {self.num_workers} must be >= 0 (0 reads in the main process)")
         if (self.weights is None) == (self.schedule is None):
-            raise ConfigError("data: give exactly one of `weights` (a fixed mixture) or `schedule`")
+            out.append("data: give exactly one of `weights` (a fixed mixture) or `schedule`")
         if self.weights is not None:
-            check_weights(self.weights, self.source_names, "data.weights")
+            out += weight_problems(self.weights, self.source_names, "data.weights")
         for name, src in self.sources.items():
             if not src.paths:
-                raise ConfigError(f"data.sources.{name}.paths is empty: give at least one parquet glob")
+                out.append(f"data.sources.{name}.paths is empty: give at least one parquet glob")
             if src.filter is not None and not src.filter.values:
-                raise ConfigError(f"data.sources.{name}.filter.values is empty: give patterns to keep")
+                out.append(f"data.sources.{name}.filter.values is empty: give patterns to keep")
+        if self.schedule is not None:
+            out += _schedule_problems(self.schedule, self.source_names)
+        if out:
+            raise ConfigError("\n".join(out))
+
+
+def _schedule_problems(schedule: ScheduleConfig, sources: list[str]) -> list[str]:
+    """The schedule's own problems, prefixed ``data.``; if there are none, the ones of its build
+    (budget vs warmups) and of its sources against ``data.sources``."""
+    from data.schedules import validate_sources
+
+    out = [f"data.{p}" for p in schedule.problems()]
+    if out:
+        return out
+    try:
+        validate_sources(schedule.build(), sources)
+    except ConfigError as e:
+        out += [f"data.{p}" for p in str(e).splitlines()]
+    return out
 
 
 def check_weights(weights: dict[str, float], sources: list[str], key: str) -> None:
     """Weights are token shares: non-negative, summing to 1, one per configured source."""
+    problems = weight_problems(weights, sources, key)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def weight_problems(weights: dict[str, float], sources: list[str], key: str) -> list[str]:
+    """What is wrong with a fixed mixture, one line per independent problem."""
+    out = []
     missing = [s for s in sources if s not in weights]
     unknown = [s for s in weights if s not in sources]
     if unknown:
-        raise ConfigError(f"{key}: unknown source(s) {unknown}; the corpus has {sources}")
-    if missing:
-        raise ConfigError(f"{key}: no weight for source(s) {missing}; give every source a weight (0 is allowed)")
+        out.append(f"{key}: unknown source(s) {unknown}; the corpus has {sources}")
+    if missing and not unknown:  # with an unknown name, a misspelling is the likely cause of both
+        out.append(f"{key}: no weight for source(s) {missing}; give every source a weight (0 is allowed)")
     negative = {s: w for s, w in weights.items() if w < 0}
     if negative:
-        raise ConfigError(f"{key}: negative weight(s) {negative}")
+        out.append(f"{key}: negative weight(s) {negative}; weights are token shares (0 leaves a source out)")
     total = sum(weights.values())
-    if abs(total - 1.0) > 1e-6:
-        raise ConfigError(f"{key}: weights sum to {total:.6g}, must sum to 1")
+    if not negative and abs(total - 1.0) > 1e-6:
+        out.append(f"{key}: weights sum to {total:.6g}, must sum to 1; rescale them")
+    return out
 
 
 def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataConfig:

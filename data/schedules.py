@@ -110,46 +110,58 @@ class MixtureConfig:
 
     def validate(self, key: str, anneal_start: float) -> None:
         """Checks the form, the weights and the phase starts; raises ConfigError naming the key."""
+        _raise(self.problems(key, anneal_start))
+
+    def problems(self, key: str, anneal_start: float) -> list[str]:
+        """Every independent problem of the form, the weights and the phase starts, each naming its key."""
         forms = [name for name in ("phases", "weights", "fixed_equivalent_of") if getattr(self, name)]
         if len(forms) != 1:
-            raise ConfigError(f"{key}: give exactly one of phases, weights, fixed_equivalent_of (got {forms})")
+            return [f"{key}: give exactly one of phases, weights, fixed_equivalent_of (got {forms})"]
+        out = []
         if self.ramp_steps < 0:
-            raise ConfigError(f"{key}.ramp_steps: {self.ramp_steps} is negative")
+            out.append(f"{key}.ramp_steps: {self.ramp_steps} is negative; give 0 (a step change) or more")
         if self.ramp_steps and not self.phases:
-            raise ConfigError(f"{key}.ramp_steps: only a phases mixture has ramps")
+            out.append(f"{key}.ramp_steps: only a phases mixture has ramps; remove it")
         if self.weights is not None:
-            _validate_weights(self.weights, f"{key}.weights")
+            out += _weight_problems(self.weights, f"{key}.weights")
         if self.fixed_equivalent_of is not None:
             if not self.fixed_equivalent_of.phases:
-                raise ConfigError(f"{key}.fixed_equivalent_of: must be a phases mixture")
-            self.fixed_equivalent_of.validate(f"{key}.fixed_equivalent_of", anneal_start)
-        self._validate_phases(f"{key}.phases", anneal_start)
+                out.append(f"{key}.fixed_equivalent_of: must be a phases mixture")
+            else:
+                out += self.fixed_equivalent_of.problems(f"{key}.fixed_equivalent_of", anneal_start)
+        return out + self._phase_problems(f"{key}.phases", anneal_start)
 
-    def _validate_phases(self, key: str, anneal_start: float) -> None:
+    def _phase_problems(self, key: str, anneal_start: float) -> list[str]:
+        out: list[str] = []
         names = [p.name for p in self.phases]
         if len(set(names)) != len(names):
-            raise ConfigError(f"{key}: phase names must be unique, got {names}")
+            out.append(f"{key}: phase names must be unique, got {names}; rename the repeated ones")
         previous = -1.0
         for i, phase in enumerate(self.phases):
-            _validate_weights(phase.weights, f"{key}[{i}].weights")
+            out += _weight_problems(phase.weights, f"{key}[{i}].weights")
             if set(phase.weights) != set(self.phases[0].weights):
-                raise ConfigError(
+                out.append(
                     f"{key}[{i}].weights: names sources {sorted(phase.weights)}, but {key}[0] names "
-                    f"{sorted(self.phases[0].weights)}; every phase must name the same sources")
+                    f"{sorted(self.phases[0].weights)}; every phase must name the same sources (0 is allowed)")
             if i == 0 and phase.start != 0:
-                raise ConfigError(f"{key}[0].start: the first phase starts at step 0; omit start")
+                out.append(f"{key}[0].start: the first phase starts at step 0; omit start")
+                continue
             fraction = anneal_start if phase.start == ANNEAL else phase.start
             if phase.start == ANNEAL and anneal_start >= 1:
-                raise ConfigError(f"{key}[{i}].start: 'anneal' needs schedule.anneal_start < 1 (got {anneal_start})")
+                out.append(f"{key}[{i}].start: 'anneal' needs schedule.anneal_start < 1 (got {anneal_start})")
+                return out
             if not 0 <= fraction < 1:
-                raise ConfigError(f"{key}[{i}].start: {phase.start!r} must be a fraction in [0, 1) or 'anneal'")
+                out.append(f"{key}[{i}].start: {phase.start!r} must be a fraction in [0, 1) or 'anneal'")
+                return out
             if fraction <= previous:
-                raise ConfigError(f"{key}[{i}].start: {phase.start!r} must come after the previous phase's start")
+                out.append(f"{key}[{i}].start: {phase.start!r} must come after the previous phase's start")
+                return out
             previous = fraction
         if len(self.phases) > 1 and anneal_start < 1 and self.phases[-1].start != ANNEAL:
-            raise ConfigError(
+            out.append(
                 f"{key}[-1].start: {self.phases[-1].start!r} must be 'anneal' (= schedule.anneal_start) "
                 "so the LR decay and the anneal begin together")
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,8 +181,10 @@ class ScheduleConfig:
     anneal_start: float = 0.9
     """Fraction of total steps where both the LR decay and the anneal phase start; 1 = no decay."""
 
-    def __post_init__(self) -> None:
-        self.validate()
+    # No validation in __post_init__: jsonargparse instantiates this dataclass while it type-checks
+    # ``data.schedule`` (an Optional), and an exception there came out of ``train fit`` as an 80-line
+    # "Does not validate against any of the Union subtypes" traceback. DataConfig.validate (the one
+    # place a run's config is checked, all problems at once) and ``build`` call ``problems``.
 
     @classmethod
     def from_dict(cls, d: Any) -> ScheduleConfig:
@@ -195,28 +209,36 @@ class ScheduleConfig:
 
     def validate(self) -> None:
         """Checks every relation that does not need the total steps; ``build`` checks the rest."""
-        seq, lr = self.seq_len, self.lr
+        _raise(self.problems())
+
+    def problems(self) -> list[str]:
+        """Every independent problem that does not need the total steps, each ``key: problem; what to do``."""
+        seq, lr, out = self.seq_len, self.lr, []
         for name, value in (("train_tokens", self.train_tokens), ("global_batch_size", self.global_batch_size),
                             ("seq_len.multiple", seq.multiple), ("seq_len.start", seq.start)):
             if value <= 0:
-                raise ConfigError(f"schedule.{name}: {value} must be positive")
+                out.append(f"schedule.{name}: {value} must be positive")
         for name, value in (("seq_len.warmup_steps", seq.warmup_steps), ("lr.warmup_steps", lr.warmup_steps),
                             ("lr.min", lr.min)):
             if value < 0:
-                raise ConfigError(f"schedule.{name}: {value} is negative")
-        for name, value in (("start", seq.start), ("end", seq.end)):
-            if value % seq.multiple:
-                raise ConfigError(f"schedule.seq_len.{name}: {value} is not a multiple of "
-                                  f"schedule.seq_len.multiple ({seq.multiple})")
+                out.append(f"schedule.{name}: {value} is negative; give 0 or more")
+        if seq.multiple > 0:
+            for name, value in (("start", seq.start), ("end", seq.end)):
+                if value % seq.multiple:
+                    out.append(f"schedule.seq_len.{name}: {value} is not a multiple of "
+                               f"schedule.seq_len.multiple ({seq.multiple}); round it")
         if seq.start > seq.end:
-            raise ConfigError(f"schedule.seq_len.start: {seq.start} is above schedule.seq_len.end ({seq.end})")
+            out.append(f"schedule.seq_len.start: {seq.start} is above schedule.seq_len.end ({seq.end}); "
+                       "the warmup goes from start up to end")
         if not lr.peak > 0:
-            raise ConfigError(f"schedule.lr.peak: {lr.peak} must be positive")
+            out.append(f"schedule.lr.peak: {lr.peak} must be positive")
         if lr.min > lr.peak:
-            raise ConfigError(f"schedule.lr.min: {lr.min} is above schedule.lr.peak ({lr.peak})")
+            out.append(f"schedule.lr.min: {lr.min} is above schedule.lr.peak ({lr.peak}); the LR decays to min")
         if not 0 < self.anneal_start <= 1:
-            raise ConfigError(f"schedule.anneal_start: {self.anneal_start} must be in (0, 1]")
-        self.mixture.validate("schedule.mixture", self.anneal_start)
+            out.append(f"schedule.anneal_start: {self.anneal_start} must be in (0, 1]: the fraction of the run "
+                       "where the LR decay and the anneal start (e.g. 0.9; 1 = no decay)")
+            return out + self.mixture.problems("schedule.mixture", 0.9)  # the phases' own problems still count
+        return out + self.mixture.problems("schedule.mixture", self.anneal_start)
 
     def build(self) -> Schedule:
         """Returns the Schedule; raises ConfigError when the budget does not fit the warmups."""
@@ -242,7 +264,12 @@ class Schedule:
     @classmethod
     def from_config(cls, config: ScheduleConfig, mixture_key: str = "schedule.mixture") -> Schedule:
         """Computes the step counts and resolves the mixture; ``mixture_key`` names it in errors."""
+        config.validate()
         seq, lr, mixture = config.seq_len, config.lr, config.mixture
+        one_batch = config.global_batch_size * seq.start
+        if config.train_tokens < one_batch:
+            raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens is below one batch "
+                              f"(schedule.global_batch_size x seq_len.start = {one_batch}); raise the budget")
         segments = _seq_len_segments(seq)
         warm_tokens = sum(config.global_batch_size * length * (stop - first)
                           for (first, length), (stop, _) in zip(segments, segments[1:]))
@@ -257,8 +284,9 @@ class Schedule:
                               f"{total_steps} total steps of schedule.train_tokens")
         decay_start = round(config.anneal_start * total_steps)
         if config.anneal_start < 1 and decay_start > total_steps - 2:
-            raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under "
-                              f"2 of {total_steps} steps")
+            raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under 2 of the "
+                              f"{total_steps} steps of schedule.train_tokens ({config.train_tokens}); raise the "
+                              "budget or lower anneal_start")
         if lr.warmup_steps > decay_start:
             raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} reaches into the LR decay, "
                               f"which starts at step {decay_start} (schedule.anneal_start)")
@@ -470,12 +498,19 @@ def _weights(d: Any, key: str) -> dict[str, float]:
     return {str(source): _float(w, f"{key}.{source}") for source, w in d.items()}
 
 
-def _validate_weights(weights: dict[str, float], key: str) -> None:
+def _weight_problems(weights: dict[str, float], key: str) -> list[str]:
     if not weights:
-        raise ConfigError(f"{key}: names no source")
-    for source, w in weights.items():
-        if not w >= 0:
-            raise ConfigError(f"{key}.{source}: weight {w} is negative")
+        return [f"{key}: names no source; give every source a weight"]
+    out = [f"{key}.{source}: weight {w} is negative; weights are token shares (0 leaves a source out)"
+           for source, w in weights.items() if not w >= 0]
     total = sum(weights.values())
-    if abs(total - 1) > WEIGHT_SUM_TOLERANCE:
-        raise ConfigError(f"{key}: weights sum to {total:.6g}, must sum to 1 (±{WEIGHT_SUM_TOLERANCE:g})")
+    if not out and abs(total - 1) > WEIGHT_SUM_TOLERANCE:
+        out.append(f"{key}: weights sum to {total:.6g}, must sum to 1 (±{WEIGHT_SUM_TOLERANCE:g}); "
+                   "rescale them")
+    return out
+
+
+def _raise(problems: list[str]) -> None:
+    """One ConfigError for all of them, one problem per line (the CLI prints each as an ``error:`` line)."""
+    if problems:
+        raise ConfigError("\n".join(problems))

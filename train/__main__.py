@@ -3,7 +3,11 @@
 
 import sys
 
-from train.malloc import keep_freed_memory
+from train.early_signals import install_early_handlers
+
+install_early_handlers()  # before torch's seconds of imports: a SIGTERM then is a flag, not a kill
+
+from train.malloc import keep_freed_memory  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

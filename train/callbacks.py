@@ -278,8 +278,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
             tmp.unlink(missing_ok=True)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise OSError(
-                f"could not write checkpoint {path}: {e} (disk full?); the previous checkpoint is intact"
+                f"could not write checkpoint {path}: {first} (disk full?); the previous checkpoint is intact, "
+                f"the partial file was removed"
             ) from e

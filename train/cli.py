@@ -49,9 +49,17 @@ from train.callbacks import (
     ThroughputCallback,
 )
 from train.datamodule import WellMixedData
-from train.faults import StopOnSignal, install_early_handlers, remove_stale_temp_files, resolve_checkpoint
+from train.faults import (
+    StopOnSignal,
+    end_worker_processes,
+    error_lines,
+    install_early_handlers,
+    remove_stale_temp_files,
+    resolve_checkpoint,
+)
 from train.model import ModelConfigError
 from train.module import PretrainModule
+from train.rundir_lock import acquire_run_dir
 
 log = logging.getLogger("wellmixed")
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +106,9 @@ class RunConfig:
     allow_changed_data: bool = False
     """Resume although the corpus fingerprint or data.seed changed: the data order starts afresh at the
     resumed step (exactly-once is void across the change). Refused by default."""
+    allow_changed_schedule: bool = False
+    """Resume although data.schedule (budget, LR, sequence lengths, mixture) or data.weights changed: the
+    new schedule applies from the resumed step (train/faults.py). Refused by default."""
 
 
 def program_name() -> str:
@@ -221,6 +232,8 @@ class WellMixedCLI(LightningCLI):
         dm: WellMixedData = self.datamodule
         run: RunConfig = self._section().run
         ckpt_dir = Path(run.dir) / "checkpoints"
+        if self.trainer.is_global_zero:  # first: nothing may touch the run dir another run holds
+            acquire_run_dir(run.dir)
         if self._section().get("ckpt_path") is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
             raise ConfigError(
                 f"run.dir {ckpt_dir.parent} already holds checkpoints: resume with --ckpt_path last, "
@@ -232,6 +245,7 @@ class WellMixedCLI(LightningCLI):
         ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         dm.elastic, dm.allow_changed_data = run.elastic, run.allow_changed_data
+        dm.allow_changed_schedule = run.allow_changed_schedule
         dm.prepare(self.trainer.accumulate_grad_batches)
         model_ctx = self.model.model_config.max_seq_len
         if dm.steps.schedule is not None:
@@ -258,9 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         WellMixedCLI(args=argv)
     except (ConfigError, ModelConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(error_lines(e), file=sys.stderr)
         return 2
     except FloatingPointError as e:  # model.on_nonfinite: stop
         print(f"error: {e}", file=sys.stderr)
+        end_worker_processes()
         return 3
+    except BaseException as e:  # anything else is fatal: end the DataLoader workers, then the traceback
+        pids = end_worker_processes()
+        if pids:
+            print(f"fatal {type(e).__name__}: ended its DataLoader worker(s) {pids}", file=sys.stderr)
+        raise
     return 0

@@ -39,6 +39,7 @@ from data.packer import ConsumerStream
 from data.reader import ShardReader
 from data.simulate import order_line
 from data.steps import StepSchedule
+from train.faults import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
 TENSOR_KEYS = ("input_ids", "targets", "target_source", "doc_index")
@@ -141,6 +142,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         # they say how to treat a checkpoint, not what the data is).
         self.elastic = True
         self.allow_changed_data = False
+        self.allow_changed_schedule = False
         # The data config in the checkpoint (plain types: weights_only loading), so that
         # WellMixedData.load_from_checkpoint rebuilds it; loggers get the whole config from the CLI.
         self.save_hyperparameters({**{f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(DataConfig)},
@@ -216,6 +218,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             "accumulate": self.accumulate,
             "seed": self.seed,
             "fingerprint": self.manifest.fingerprint() if self.manifest else None,
+            "schedule": schedule_fingerprint(self.schedule, self.weights),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -224,6 +227,8 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         # Units: next_step counts micro-batches; the optimizer step is what the schedules follow.
         step = state["next_step"] // state.get("accumulate", 1)
         next_step = step * self.accumulate
+        check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.schedule, self.weights),
+                                 self.allow_changed_schedule, step)
         changed = []
         if state["fingerprint"] != self.manifest.fingerprint():
             changed.append(f"the corpus changed (fingerprint {state['fingerprint']} -> {self.manifest.fingerprint()})")

@@ -21,30 +21,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 
 from data.errors import ConfigError
+from train.early_signals import EARLY as _EARLY
+from train.early_signals import STOP_SIGNALS, install_early_handlers  # noqa: F401 (re-exported for the CLI)
 
 log = logging.getLogger("wellmixed")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-_EARLY: list[int] = []  # signals received before training started (start-up, data loading)
-
-
-def install_early_handlers() -> None:
-    """Flag-only handlers from process start: a SIGUSR1 during start-up would otherwise kill the
-    process (its default action); the first step boundary then checkpoints and stops."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, lambda signum, frame: _EARLY.append(signum))
 
 
 class StopOnSignal(L.Callback):
@@ -99,6 +92,79 @@ class StopOnSignal(L.Callback):
         self._previous = {}
 
 
+def schedule_fingerprint(schedule: Any, weights: dict[str, float] | None) -> str:
+    """The schedule (or fixed mixture) a run trains with, as canonical JSON for its checkpoints.
+
+    A string, so ``torch.load(weights_only=True)`` reads it; compared by :func:`schedule_changes`.
+    """
+    value = dataclasses.asdict(schedule) if schedule is not None else {"weights": weights}
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def schedule_changes(old: str | None, new: str) -> list[str]:
+    """``data.schedule.<key>: OLD -> NEW`` for every value that differs (empty: same, or an old checkpoint
+    that did not store it)."""
+    if old is None or old == new:
+        return []
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{key}.{k}")
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{key}[{i}]")
+        elif a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+
+    a, b = json.loads(old), json.loads(new)
+    walk(a, b, "data" if "weights" in a and len(a) == 1 else "data.schedule")
+    return out
+
+
+def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int) -> None:
+    """A resume under another schedule silently moves the anneal and the LR decay (a larger
+    ``train_tokens`` puts a run that was annealing back into the stable phase): refused like a changed
+    seed, unless ``run.allow_changed_schedule``."""
+    changes = schedule_changes(old, new)
+    if not changes:
+        return
+    if not allow:
+        raise ConfigError(
+            f"--ckpt_path: the checkpoint (step {step}) was trained with another schedule: {'; '.join(changes)}; "
+            "restore those values, or pass --run.allow_changed_schedule true to continue under the new schedule "
+            "from this step (its LR and mixture at this step may jump)"
+        )
+    log.warning("resuming at step %d under a changed schedule (run.allow_changed_schedule): %s", step,
+                "; ".join(changes))
+
+
+def end_worker_processes() -> list[int]:
+    """SIGKILL this process's multiprocessing children (DataLoader workers) after a fatal error.
+
+    The workers ignore SIGTERM (SLURM signals the whole job step; datamodule.ignore_stop_signals), so
+    multiprocessing's exit-time ``terminate()`` did nothing and its ``join()`` waited forever: a run whose
+    CSV logger failed sat in ``waitpid`` for 20+ minutes, holding its allocation. SIGKILL cannot be
+    ignored, and a worker holds nothing that needs a clean shutdown (it only reads parquet).
+    """
+    import multiprocessing
+
+    pids = []
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=5)
+        pids.append(child.pid)
+    return pids
+
+
+def error_lines(e: BaseException) -> str:
+    """``error: <key>: <problem>; <what to do>``, one line per problem a ConfigError carries (several
+    independent config problems are reported together, so one run of ``train fit`` shows them all)."""
+    lines = [ln if ln[:1].isspace() else f"error: {ln}" for ln in str(e).splitlines() if ln.strip()]
+    return "\n".join(lines) or f"error: {e!r}"  # indented lines continue the problem above them
+
+
 def checkpoint_problem(path: Path) -> str | None:
     """None if ``path`` opens as a checkpoint (index and pickled structure), else what is wrong."""
     try:
@@ -129,8 +195,7 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) ->
     if ckpt_path == "last":
         lasts = [p for p in _newest_first(ckpt_dir) if p.name.startswith("last")] if ckpt_dir.is_dir() else []
         if not lasts:
-            log.warning("--ckpt_path last: no checkpoint in %s yet; starting from step 0", ckpt_dir)
-            return None
+            return _newest_step_file(ckpt_dir)
         path = lasts[0]
     else:
         path = Path(ckpt_path)
@@ -153,6 +218,39 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) ->
             return str(other)
     raise ConfigError(
         f"checkpoint {path} is unreadable ({problem}) and {where} holds no valid checkpoint to fall back to"
+    )
+
+
+def _step_of(path: Path) -> int:
+    """The step in a ``stepNNNNNNN.ckpt`` name (FinalCheckpoint's), -1 for other names."""
+    digits = path.stem[4:].split("-")[0]
+    return int(digits) if path.stem.startswith("step") and digits.isdigit() else -1
+
+
+def _newest_step_file(ckpt_dir: Path) -> str | None:
+    """``--ckpt_path last`` without a ``last*.ckpt``: the newest step file that loads.
+
+    A kill between a step file's rename and its ``last.ckpt`` link (or a deleted ``last.ckpt``) leaves
+    step files only; starting from step 0 would retrain the run and rewrite its order log. Newest by
+    the step in the name (a copied or restored file's mtime says nothing), then by mtime. Only a run
+    dir without any checkpoint file starts from step 0; one whose files all fail to load is an error.
+    """
+    files = sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: (_step_of(p), p.stat().st_mtime),
+                   reverse=True) if ckpt_dir.is_dir() else []
+    if not files:
+        log.warning("--ckpt_path last: no checkpoint in %s yet; starting from step 0", ckpt_dir)
+        return None
+    skipped = []
+    for path in files:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            log.warning("--ckpt_path last: no last.ckpt in %s; resuming from the newest loadable step file %s%s",
+                        ckpt_dir, path, f" (unreadable, skipped: {', '.join(skipped)})" if skipped else "")
+            return str(path)
+        skipped.append(f"{path.name}: {problem}")
+    raise ConfigError(
+        f"--ckpt_path last: {ckpt_dir} holds checkpoint files but none loads ({'; '.join(skipped)}); "
+        "restore a checkpoint, or move them away to start from step 0 deliberately"
     )
 
 

@@ -10,8 +10,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +79,76 @@ def test_every_step_checkpoint_can_stand_in_for_last(ref_single):
         state = torch.load(ckpts / f"step{step:07d}.ckpt", map_location="cpu", weights_only=True)["callbacks"]
         (cb,) = [v for k, v in state.items() if k.startswith("ModelCheckpoint")]
         assert Path(cb["last_model_path"]) == ckpts / "last.ckpt", (step, cb["last_model_path"])
+
+
+# -- one run per run dir ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_second_run_in_the_same_run_dir_is_refused_before_it_touches_anything(workdir, env):
+    """A job started twice: the second ``train fit`` exits 2 with one error line naming the holder's pid,
+    and the first run's order log and checkpoints are untouched by it (it ends with its full log)."""
+    run_dir = workdir / "twice"
+    long = TINY + ["--data.schedule.train_tokens", "200000"]  # still running when the second one starts up
+    first = Run(workdir, run_dir, long, env, "first")
+    try:
+        first.signal_when(lambda: first.lines_done() >= 1, sig=0)  # signal 0: just wait for the first step
+        second = run_to_end(workdir, run_dir, long + ["--ckpt_path", "last"], env, "second", expect_rc=2)
+        errors = [ln for ln in second.log().splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith(
+            f"error: run.dir: {run_dir} is in use by another run (pid {first.proc.pid} on {socket.gethostname()} "
+        ) and errors[0].endswith("Wait for that run to end (or stop it), or choose another --run.dir"), second.log()
+        assert first.proc.poll() is None, "the first run must still be training"
+        os.killpg(first.proc.pid, signal.SIGTERM)  # stop it cleanly (checkpoint at the step boundary)
+        assert first.wait() == 0, first.log()
+    finally:
+        first.kill()
+    steps = [ln["step"] for ln in order_log(run_dir)[0]]
+    assert steps == list(range(len(steps))) and steps, steps  # one run's lines only, none dropped
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*")) == ["last.ckpt"]
+    assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == len(steps)
+
+
+# -- no last.ckpt: the newest step file --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_last_without_last_ckpt_resumes_from_the_newest_step_file(workdir, env, ref_single):
+    """``last.ckpt`` missing (a kill between a step file's rename and its link, or deleted by hand):
+    ``--ckpt_path last`` resumes from the newest step file instead of step 0 and the order log ends up
+    identical to the uninterrupted run's (nothing overwritten, nothing repeated)."""
+    ref_dir, ref_lines = ref_single
+    run_dir = workdir / "no_last"
+    shutil.copytree(ref_dir, run_dir)
+    ckpts = run_dir / "checkpoints"
+    steps = checkpoint_steps(run_dir)
+    (ckpts / "last.ckpt").unlink()
+    for step in steps[-1:]:
+        (ckpts / f"step{step:07d}.ckpt").unlink()  # the final one: something is left to train
+    ok = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "resumed")
+    assert f"resuming from the newest loadable step file {ckpts / f'step{steps[-2]:07d}.ckpt'}" in ok.log(10**6)
+    assert_same_order(ref_lines, order_log(run_dir))
+
+
+# -- a changed schedule on resume ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_changed_schedule_on_resume_is_refused_like_a_changed_seed(workdir, env, ref_single):
+    """``data.schedule.train_tokens`` raised on resume would put a run that is annealing back into the
+    stable phase (LR up again): refused with the changed key named, exit 2, the run dir untouched."""
+    ref_dir, _ = ref_single
+    run_dir = workdir / "changed_schedule"
+    shutil.copytree(ref_dir, run_dir)
+    before = (run_dir / "order_log" / "rank0.jsonl").read_bytes()
+    args = TINY + ["--data.schedule.train_tokens", "3000", "--ckpt_path", "last"]
+    fail = run_to_end(workdir, run_dir, args, env, "refused", expect_rc=2)
+    step = global_step_of(run_dir / "checkpoints" / "last.ckpt")
+    assert [ln for ln in fail.log().splitlines() if ln.startswith("error:")] == [
+        f"error: --ckpt_path: the checkpoint (step {step}) was trained with another schedule: "
+        "data.schedule.train_tokens: 1800 -> 3000; restore those values, or pass --run.allow_changed_schedule true "
+        "to continue under the new schedule from this step (its LR and mixture at this step may jump)"], fail.log()
+    assert (run_dir / "order_log" / "rank0.jsonl").read_bytes() == before
 
 
 # -- a truncated or corrupt checkpoint -----------------------------------------------------------------
@@ -169,6 +241,19 @@ def test_sigusr1_to_rank0_stops_both_ddp_ranks(workdir, env, ref_ddp, kill_rng):
     _stop_and_resume(workdir, env, ref_lines, workdir / "sigusr1", TINY + DDP, signal.SIGUSR1, False, kill_rng)
 
 
+@pytest.mark.slow
+def test_sigterm_while_torch_imports_is_a_flag_not_a_kill(workdir, env):
+    """A SIGTERM 0.3 s after start (torch still importing) used to kill the process outright; now the
+    first step boundary checkpoints and the run exits 0."""
+    run_dir = workdir / "early_sigterm"
+    run = Run(workdir, run_dir, TINY + SHORT, env, "early")
+    time.sleep(0.3)
+    os.kill(run.proc.pid, signal.SIGTERM)
+    assert run.wait() == 0, run.log()
+    assert "received SIGTERM: checkpoint of step" in run.log(tail=10**6)
+    assert global_step_of(run_dir / "checkpoints" / "last.ckpt") >= 1
+
+
 # -- non-finite loss ------------------------------------------------------------------------------------
 
 # A driver that trains a PretrainModule whose loss is NaN at optimizer step 5 -- a subclass in the test,
@@ -219,6 +304,51 @@ def test_nonfinite_loss_skip_skips_the_step_and_logs_it(workdir, env):
     assert skipped[:5] == [0.0] * 5 and skipped[-1] == 1.0
 
 
+# -- a fatal error ends the process, DataLoader workers included --------------------------------------------
+
+CRASH_DRIVER = textwrap.dedent("""
+    import shutil
+    import sys
+    import train.cli
+    from train.module import PretrainModule
+
+    class RunDirGoneAtStep3(PretrainModule):  # the attack: the run dir removed under a running demo
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if self.global_step == 3:
+                shutil.rmtree(self.trainer.default_root_dir)
+
+    train.cli.PretrainModule = RunDirGoneAtStep3
+    sys.exit(train.cli.main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(run=False, reason="open (issue 17): run directly, the driver exits in ~40 s with its workers "
+                   "killed; under pytest it once hung past the 120 s limit -- where it waits is not found yet")
+def test_a_fatal_error_ends_the_process_and_its_workers_within_seconds(workdir, env):
+    """Before: the main process sat in ``waitpid`` on a DataLoader worker (workers ignore SIGTERM, so
+    multiprocessing's exit-time terminate() did nothing) for 20+ minutes. Now: a non-zero exit with the
+    error shown, nothing of the process group left."""
+    import subprocess
+
+    driver = workdir / "crash_driver.py"
+    driver.write_text(CRASH_DRIVER)
+    args = ["fit", *TINY, *SHORT, "--data.num_workers", "2", "--run.dir", str(workdir / "crash")]
+    p = subprocess.Popen([sys.executable, str(driver), *args], cwd=workdir, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError("the crashed run hung instead of exiting") from None
+    assert p.returncode == 1, (p.returncode, out[-3000:])
+    assert "FileNotFoundError: [Errno 2] No such file or directory" in out, out[-3000:]
+    assert "ended its DataLoader worker(s)" in out, out[-3000:]
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):  # no worker outlived the main process
+        os.killpg(p.pid, 0)
+
+
 # -- disk full while saving -------------------------------------------------------------------------------
 
 
@@ -236,9 +366,18 @@ def test_disk_full_while_saving_leaves_last_checkpoint_intact(tmp_path, monkeypa
         f.write(b"PK\x03\x04" + b"\0" * 4096)  # some bytes reach the disk, then it is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(torch, "save", save_until_full)
-    with pytest.raises(OSError, match=rf"could not write checkpoint {last}: .*No space left on device.*disk full"):
-        io.save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "global_step": 6}, last)
+    def save_until_full_as_torch_does(obj, f, *a, **kw):  # what torch.save really raises (its zip writer)
+        f.write(b"PK\x03\x04" + b"\0" * 4096)
+        raise RuntimeError("[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed\nmore lines")
+
+    for fake, text in ((save_until_full, "No space left on device"),
+                       (save_until_full_as_torch_does, "PytorchStreamWriter failed writing file data/0")):
+        monkeypatch.setattr(torch, "save", fake)
+        with pytest.raises(OSError, match=rf"could not write checkpoint {last}: .*{text}.*disk full.*partial file "
+                                          "was removed$"):
+            io.save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "global_step": 6}, last)
+        assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
     monkeypatch.setattr(torch, "save", real_save)
     assert last.read_bytes() == before
     assert torch.load(last, weights_only=True)["global_step"] == 3

@@ -1,0 +1,184 @@
+"""Fault checks that need no training run: the run-dir lock, checkpoint resolution, config messages."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from data.errors import ConfigError
+from train.callbacks import AtomicCheckpointIO
+from train.faults import resolve_checkpoint
+from train.rundir_lock import LOCK_NAME, acquire_run_dir, release_run_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+HOLDER = """
+import sys, time
+from train.rundir_lock import acquire_run_dir
+acquire_run_dir(sys.argv[1])
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+# -- one run per run dir -------------------------------------------------------------------------------
+
+
+def test_second_run_in_a_held_run_dir_is_refused_and_a_dead_holder_keeps_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError) as info:
+            acquire_run_dir(run_dir)
+        msg = str(info.value)
+        assert msg.startswith(f"run.dir: {run_dir} is in use by another run (pid {holder.pid} on ")
+        assert msg.endswith("Wait for that run to end (or stop it), or choose another --run.dir")
+    finally:
+        holder.send_signal(signal.SIGKILL)  # the OOM killer's way: no clean-up code runs
+        holder.wait()
+    try:
+        assert acquire_run_dir(run_dir) == run_dir / LOCK_NAME  # the kernel released the dead holder's lock
+        assert f"pid {os.getpid()} " in (run_dir / LOCK_NAME).read_text()
+    finally:
+        release_run_dir(run_dir)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_run_dir_is_a_named_error(tmp_path):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        with pytest.raises(ConfigError, match=rf"^run.dir: cannot write {parent / 'run'} \(Permission denied\); "
+                                              "make it writable"):
+            acquire_run_dir(parent / "run")
+    finally:
+        parent.chmod(0o755)
+
+
+def test_run_dir_that_cannot_be_created_is_a_named_error(tmp_path):
+    """Also as root (where permissions do not stop a write): a regular file where a folder should be."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=rf"^run.dir: cannot write {tmp_path / 'file' / 'run'} \(Not a directory\)"):
+        acquire_run_dir(tmp_path / "file" / "run")
+
+
+# -- which checkpoint a resume starts from ---------------------------------------------------------------
+
+
+def _save(path: Path, step: int, mtime: float) -> None:
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(2) * step}, "global_step": step}, path)
+    os.utime(path, (mtime, mtime))
+
+
+def test_last_without_last_ckpt_resumes_from_the_newest_loadable_step_file(tmp_path, caplog):
+    """A kill between a step file's rename and its last.ckpt link (or a deleted last.ckpt): resume from
+    the newest step file that loads, by step number (not mtime), never from step 0."""
+    ckpts = tmp_path / "checkpoints"
+    ckpts.mkdir()
+    now = time.time()
+    _save(ckpts / "step0000003.ckpt", 3, now)
+    _save(ckpts / "step0000006.ckpt", 6, now - 100)  # an older mtime (a copy, a restore): the step decides
+    _save(ckpts / "step0000009.ckpt", 9, now)
+    (ckpts / "step0000009.ckpt").write_bytes(b"half")  # the newest one is damaged
+    with caplog.at_level("WARNING"):
+        assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "step0000006.ckpt")
+    assert "no last.ckpt" in caplog.text and "step0000006.ckpt" in caplog.text and "step0000009.ckpt" in caplog.text
+
+    for p in ckpts.glob("step*.ckpt"):
+        p.write_bytes(b"junk")
+    with pytest.raises(ConfigError, match=r"--ckpt_path last: .* holds checkpoint files but none loads"):
+        resolve_checkpoint("last", ckpts, fallback=False)
+
+
+# -- config errors of `train fit`: one line each, all at once, exit 2 ----------------------------------------
+
+PHASES = ("[{name: stable, weights: {web: 0.6, code: 0.18, books: 0.12, curated: 0.08}}, {name: anneal, start: anneal, "
+          "weights: {web: -0.35, code: 0.20, books: 0.10, curated: 0.35, math: 0.7}}]")
+CONFIG_ERRORS = [
+    (["--data.schedule.anneal_start", "1.5", "--data.schedule.seq_len.start", "512",
+      "--data.schedule.mixture.phases", PHASES], [
+        "error: data.schedule.seq_len.start: 512 is above schedule.seq_len.end (256); the warmup goes from start "
+        "up to end",
+        "error: data.schedule.anneal_start: 1.5 must be in (0, 1]: the fraction of the run where the LR decay and "
+        "the anneal start (e.g. 0.9; 1 = no decay)",
+        "error: data.schedule.mixture.phases[0].weights: weights sum to 0.98, must sum to 1 (±1e-06); rescale them",
+        "error: data.schedule.mixture.phases[1].weights.web: weight -0.35 is negative; weights are token shares "
+        "(0 leaves a source out)",
+        "error: data.schedule.mixture.phases[1].weights: names sources ['books', 'code', 'curated', 'math', 'web'], "
+        "but schedule.mixture.phases[0] names ['books', 'code', 'curated', 'web']; every phase must name the same "
+        "sources (0 is allowed)",
+    ]),
+    (["--data.schedule.anneal_start", "0"], [
+        "error: data.schedule.anneal_start: 0.0 must be in (0, 1]: the fraction of the run where the LR decay and "
+        "the anneal start (e.g. 0.9; 1 = no decay)"]),
+    (["--data.schedule.anneal_start", "1"], [
+        "error: data.schedule.mixture.phases[1].start: 'anneal' needs schedule.anneal_start < 1 (got 1.0)"]),
+    (["--data.schedule.train_tokens", "100"], [
+        "error: data.schedule.train_tokens: 100 tokens is below one batch (schedule.global_batch_size x "
+        "seq_len.start = 512); raise the budget"]),
+    (["--data.schedule.train_tokens", "3000", "--data.schedule.seq_len.warmup_steps", "0",
+      "--data.schedule.lr.warmup_steps", "0"], [
+        "error: data.schedule.anneal_start: 0.9 leaves the LR decay under 2 of the 3 steps of "
+        "schedule.train_tokens (3000); raise the budget or lower anneal_start"]),
+    (["--data.schedule.mixture.phases",
+      "[{name: stable, weights: {web: 0.62, code: 0.18, books: 0.12, math: 0.08}}, "
+      "{name: anneal, start: anneal, weights: {web: 0.35, code: 0.20, books: 0.10, math: 0.35}}]"], [
+        "error: data.schedule.mixture.phases[*].weights: source 'math' is not in the corpus (it has "
+        "['books', 'code', 'curated', 'web'])"]),
+]
+
+
+@pytest.mark.parametrize(("args", "want"), CONFIG_ERRORS, ids=[str(i) for i in range(len(CONFIG_ERRORS))])
+def test_train_fit_config_errors_are_named_lines_not_a_traceback(args, want, tmp_path, capsys, monkeypatch):
+    """Before: an 82-line jsonargparse traceback ending in "Does not validate against any of the Union
+    subtypes" (ScheduleConfig validated itself while jsonargparse type-checked it), one error a run."""
+    from train.cli import main
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])  # LightningCLI warns when both args and sys.argv are given
+    rc = main(["fit", "--config", str(ROOT / "configs" / "demo.yaml"), "--run.wandb", "false",
+               "--run.dir", str(tmp_path / "run"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert [ln for ln in err.splitlines() if ln.startswith("error:")] == want, err
+    assert "Traceback" not in err and "Union" not in err
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def test_schedule_changes_name_every_changed_key_and_the_override_lets_them_pass(caplog):
+    from data.schedules import ScheduleConfig
+    from train.faults import check_schedule_unchanged, schedule_changes, schedule_fingerprint
+
+    d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["data"]["schedule"]
+    old = schedule_fingerprint(ScheduleConfig.from_dict(d), None)
+    d["train_tokens"], d["mixture"]["phases"][1]["weights"]["web"] = 600_000, 0.3
+    new = schedule_fingerprint(ScheduleConfig.from_dict(d), None)
+    want = ["data.schedule.mixture.phases[1].weights.web: 0.35 -> 0.3", "data.schedule.train_tokens: 300000 -> 600000"]
+    assert schedule_changes(old, new) == want
+    assert schedule_changes(None, new) == [] and schedule_changes(new, new) == []  # an older checkpoint: no check
+    assert schedule_changes(schedule_fingerprint(None, {"web": 1.0}), schedule_fingerprint(None, {"web": 0.5})) == [
+        "data.weights.web: 1.0 -> 0.5"]
+    with pytest.raises(ConfigError, match=r"^--ckpt_path: the checkpoint \(step 7\) was trained with another "
+                                          r"schedule: data.schedule.mixture.*--run.allow_changed_schedule true"):
+        check_schedule_unchanged(old, new, allow=False, step=7)
+    with caplog.at_level("WARNING"):
+        check_schedule_unchanged(old, new, allow=True, step=7)
+    assert "changed schedule (run.allow_changed_schedule): " + "; ".join(want) in caplog.text
+
+
+def test_error_lines_prefix_each_problem_and_keep_continuations():
+    from train.faults import error_lines
+
+    got = error_lines(ConfigError("a: x; fix\nb: y; fix\n  detail of b"))
+    assert got == "error: a: x; fix\nerror: b: y; fix\n  detail of b"

@@ -1,0 +1,76 @@
+"""One run per run directory: an ``fcntl`` lock on ``<run dir>/.run.lock``, held for the process's life.
+
+Two jobs in one run dir (a job submitted twice, a requeue racing a job that is still shutting down)
+interleave metrics and order logs, duplicate checkpoints as ``-v1`` files, and one's start-up deletes
+the other's checkpoint temporary. The lock is an ``flock`` on an open file: the kernel releases it
+when the holder dies, however it dies (SIGKILL, OOM killer, node reboot of a local disk), so a dead
+run never keeps the directory. The file's content (pid, host, start time) only serves the error
+message; it is not the lock.
+
+Limits: ``flock`` is per host on some network filesystems (old NFS without lock support, some FUSE
+mounts); there two hosts can both "hold" it. Lustre/GPFS with locking enabled and local disks work.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+from data.errors import ConfigError
+
+LOCK_NAME = ".run.lock"
+
+_held: dict[str, int] = {}  # resolved run dir -> open descriptor (kept open: closing it releases the lock)
+
+
+def acquire_run_dir(run_dir: str | Path) -> Path:
+    """Lock ``run_dir`` for this process (idempotent); ConfigError when another live process holds it.
+
+    Also the first write into the run dir, so a directory that cannot be written is reported here,
+    before any compute, instead of as a traceback from a logger or the first checkpoint.
+    """
+    run_dir = Path(run_dir)
+    key = str(run_dir.resolve())
+    if key in _held:
+        return run_dir / LOCK_NAME
+    path = run_dir / LOCK_NAME
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(
+            f"run.dir: cannot write {run_dir} ({e.strerror or e}); make it writable (check permissions, "
+            "quota, a read-only mount) or choose another --run.dir"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise ConfigError(
+            f"run.dir: {run_dir} is in use by another run ({holder}); two runs in one directory mix their "
+            "logs and checkpoints. Wait for that run to end (or stop it), or choose another --run.dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+             .encode())
+    _held[key] = fd
+    return path
+
+
+def release_run_dir(run_dir: str | Path) -> None:
+    """Give the lock up before the process ends (tests; a process that ends releases it anyway)."""
+    fd = _held.pop(str(Path(run_dir).resolve()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    return text or "holder unknown"
