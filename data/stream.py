@@ -5,6 +5,14 @@ time, draws documents from the open chunks at random into a shuffle buffer of B 
 a random buffered document at each request. Local randomness (which open chunk, which buffer slot) is
 seeded from (seed, source, consumer) on the ``RNG_LEVEL2`` stream.
 
+Exactly-once per source-epoch, whatever the sizes: a consumer never opens a chunk of a later
+source-epoch while it still holds (open chunks or buffer) documents of an earlier one. A source whose
+epoch gives this consumer fewer than k chunks or B documents therefore holds only what one epoch
+gives (the effective k and B: ``data.plan.effective_streams``), the buffer drains at the epoch's end
+instead of wrapping into the next epoch, and no buffer holds two copies of a document. A stream also
+passes over a buffered document that is already in the batch being packed (an earlier epoch's read
+still in a row), so a micro-batch holds a document twice only when every source offers nothing else.
+
 The whole state is addresses and small integers (``snapshot``); ``load_state_dict`` re-reads the
 open chunks' remaining rows and the buffered documents by address, so restoring costs O(buffer),
 never a replay from the start.

@@ -24,6 +24,7 @@ from pathlib import Path
 from data.config import check_weights, corpus_sources, load_data_config
 from data.errors import ConfigError
 from data.manifest import build_manifest
+from data.plan import stream_table
 from data.simulate import OrderSimulator, dumps
 
 
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         manifest = build_manifest(cfg)
         workers = cfg.num_workers if args.num_workers is None else args.num_workers
         sim = OrderSimulator(manifest, cfg, args.world_size, workers)
+        print("effective streams (per consumer):\n" + stream_table(manifest, cfg, args.world_size * sim.workers),
+              file=sys.stderr)
         steps = args.steps
         if steps is None:
             steps = sim.steps.total_steps
