@@ -85,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
         manifest = build_manifest(cfg)
         workers = cfg.num_workers if args.num_workers is None else args.num_workers
         sim = OrderSimulator(manifest, cfg, args.world_size, workers)
-        print("effective streams (per consumer):\n" + stream_table(manifest, cfg, args.world_size * sim.workers),
-              file=sys.stderr)
         steps = args.steps
         if steps is None:
             steps = sim.steps.total_steps
@@ -109,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    print("effective streams (per consumer):\n" + stream_table(manifest, cfg, args.world_size * sim.workers),
+          file=sys.stderr)
     t0 = time.perf_counter()
     out = sys.stdout if args.out == "-" else open(args.out + ".tmp", "w")
     lines = 0
