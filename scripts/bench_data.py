@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
 DEMO_CONFIG = ROOT / "configs" / "demo.yaml"
 BIG_CONFIG = ROOT / "configs" / "pretrain_350m_20b.yaml"
+DEMO_WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}
 DEFAULT_BUFFER = 10_000  # DataConfig.buffer_size
 DEMO_BUFFER = 256  # configs/demo.yaml: the demo corpus has fewer documents than the default
 
@@ -408,12 +409,13 @@ def bench_mixing(corpus: Path, lengths: dict[str, np.ndarray], buffer_size: int,
 # (c) long-run token shares per phase
 
 
-def phase_errors(corpus: Path, selector: str, scale: float) -> tuple[object, list[tuple[str, float, float, float]]]:
+def phase_errors(corpus: Path, selector: str, scale: float,
+                 commit: str = "sequence") -> tuple[object, list[tuple[str, float, float, float]]]:
     """Runs the demo schedule (budget x scale) to its end.
 
     Per phase: (name, tokens, max |share error|, max |token error| in mean documents of the source).
     """
-    cfg = load_data_config(DEMO_CONFIG, {"selector": selector})
+    cfg = load_data_config(DEMO_CONFIG, {"selector": selector, "commit": commit})
     cfg.sources = corpus_sources(corpus, list(cfg.sources))
     # a typed, frozen ScheduleConfig: a copy with the budget scaled
     cfg.schedule = dataclasses.replace(cfg.schedule, train_tokens=int(cfg.schedule.train_tokens * scale))
@@ -503,6 +505,94 @@ def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], rep
 # ---------------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------------
+# (e) book-length documents: bounded commitment against the older whole-document rule
+
+
+def long_doc_corpus(demo: Path, out: Path) -> Path:
+    """The demo corpus with 4 extra books of 185k-234k tokens (demo book text, repeated): the shape on
+    which whole-document commitment let one book pin a batch row for ~300 steps."""
+    import pyarrow as pa
+
+    from data.tokenizer import count_tokens
+
+    for source in SOURCES:
+        (out / source).mkdir(parents=True, exist_ok=True)
+        for path in sorted((demo / source).glob("*.parquet")):
+            (out / source / path.name).write_bytes(path.read_bytes())
+    books = [t for path in sorted((demo / "books").glob("*.parquet"))
+             for t in pq.read_table(path, columns=["text"]).column(0).to_pylist()]
+    whole = "\n\n".join(books)
+    per_token = len(whole) / max(1, sum(count_tokens([whole])))
+    texts = [(whole * 3)[: int(n * per_token)] for n in (185_000, 200_000, 215_000, 234_000)]
+    table = pa.table({"source": ["books"] * 4, "date": ["2024-01-01"] * 4, "text": texts,
+                      "token_count": pa.array(count_tokens(texts), pa.int64()), "category": ["books"] * 4})
+    pq.write_table(table, out / "books" / "long_books.parquet", row_group_size=1)
+    return out
+
+
+def commit_run(corpus: Path, commit: str, seed: int, steps: int, batch_size: int, seq_len: int) -> np.ndarray:
+    """Tokens per source of each batch of one consumer, [steps, sources]."""
+    cfg = stream_config(corpus, commit=commit, seed=seed, batch_size=batch_size, seq_len=seq_len,
+                        buffer_size=256, open_shards=4, weights=DEMO_WEIGHTS)
+    sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
+    return np.array([b["source_tokens"] for _, _, b in sim.batches(steps)], dtype=np.float64)
+
+
+def linear_deficit(lengths: dict[str, np.ndarray], weights: np.ndarray, steps: int, per_batch: int,
+                   seed: int) -> np.ndarray:
+    """The deficit rule over a perfect shuffle (uniform documents of the chosen source), packed
+    linearly (one stream cut into batches): the reference the issue measured (0.034)."""
+    rng = np.random.default_rng(seed)
+    counts, done = np.zeros((steps, len(SOURCES))), np.zeros(len(SOURCES))
+    pos, total = 0, steps * per_batch
+    while pos < total:
+        s = int(np.argmax((weights * pos - done) / weights))
+        n = int(lengths[SOURCES[s]][rng.integers(len(lengths[SOURCES[s]]))])
+        n = min(n, total - pos)
+        first, last = pos // per_batch, (pos + n - 1) // per_batch
+        for b in range(first, last + 1):  # spread the document over the batches it covers
+            lo, hi = max(pos, b * per_batch), min(pos + n, (b + 1) * per_batch)
+            counts[b, s] += hi - lo
+        done[s] += n
+        pos += n
+    return counts
+
+
+def bench_long_docs(demo: Path, tmp: Path, steps: int, seeds: list[int], phases: bool) -> tuple[list[str], dict]:
+    corpus = long_doc_corpus(demo, tmp / "long_docs")
+    _, lengths = read_corpus(corpus)
+    w = np.array([DEMO_WEIGHTS[s] for s in SOURCES])
+    batch_size, seq_len = 4, 2048
+    runs = {
+        "document": [commit_run(corpus, "document", seed, steps, batch_size, seq_len) for seed in seeds],
+        "sequence": [commit_run(corpus, "sequence", seed, steps, batch_size, seq_len) for seed in seeds],
+        "linear": [linear_deficit(lengths, w, steps, batch_size * seq_len, seed) for seed in seeds],
+    }
+    labels = {"document": "stream, commit: document (older rule)", "sequence": "stream, commit: sequence (bounded)",
+              "linear": "deficit over a perfect shuffle, linear packing"}
+    lines = [f"(e) book-length documents: demo corpus + 4 books of 185k-234k tokens; one consumer, {batch_size} x "
+             f"{seq_len} tokens, {steps} steps, seeds {seeds}; weights {DEMO_WEIGHTS}",
+             f"    {'':<50} {'long-run err':>14} {'per-batch TV':>13}"]
+    out = {}
+    for key, per_seed in runs.items():
+        err = [float(np.abs(c.sum(0) / c.sum() - w).max()) for c in per_seed]
+        flat = [float(tv(c / c.sum(1, keepdims=True), w).mean()) for c in per_seed]
+        out[key] = (float(np.mean(err)), float(np.mean(flat)))
+        lines.append(f"    {labels[key]:<50} {np.mean(err):>7.4f} +-{np.std(err):.3f} {np.mean(flat):>13.3f}")
+    lines.append(f"    ratios sequence/document: long-run err {out['sequence'][0] / out['document'][0]:.2f}, "
+                 f"per-batch TV {out['sequence'][1] / out['document'][1]:.2f}; sequence/linear long-run err "
+                 f"{out['sequence'][0] / out['linear'][0]:.2f}")
+    if phases:
+        for commit in ("document", "sequence"):
+            schedule, per_phase = phase_errors(corpus, "deficit", 1, commit)
+            cells = "  ".join(f"{name} {err:.4f}" for name, _, err, _ in per_phase)
+            lines.append(f"    demo.yaml schedule ({schedule.total_steps} steps), commit {commit:<8}: "
+                         f"phase share error {cells}")
+            out[("phases", commit)] = {name: err for name, _, err, _ in per_phase}
+    return lines, out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", type=Path, default=None,
@@ -518,7 +608,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds of (a) (default 5)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the data path (part a)")
-    p.add_argument("--part", default="abcd", help="which parts to run, e.g. 'a' or 'bd' (default abcd)")
+    p.add_argument("--part", default="abcd",
+                   help="which parts to run, e.g. 'a' or 'bd' (default abcd; e: book-length documents, old vs new "
+                        "commitment side by side)")
     p.add_argument("--rss-probe", choices=["bare", "path"], help=argparse.SUPPRESS)
     p.add_argument("--probe-threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--probe-batches", type=int, default=10, help=argparse.SUPPRESS)
@@ -572,6 +664,11 @@ def run(args, corpus: Path) -> int:
     if "d" in args.part:
         lines, _ = bench_resume(corpus, buffer_size, (10, 300) if args.quick else (10, 10_000),
                                 repeats=3 if args.quick else 5)
+        print("\n".join(lines), flush=True)
+    if "e" in args.part:
+        with tempfile.TemporaryDirectory(prefix="wellmixed-long-") as tmp:
+            lines, _ = bench_long_docs(corpus, Path(tmp), steps=40 if args.quick else 400,
+                                       seeds=[1] if args.quick else [1, 2, 3], phases=not args.quick)
         print("\n".join(lines), flush=True)
     print(f"done in {time.perf_counter() - t_start:.0f} s")
     return 0
