@@ -28,7 +28,7 @@ from data.config import DataConfig
 from data.cursor import buffer_addrs
 from data.manifest import Chunk
 from data.order import RNG_LEVEL2, ChunkOrder, element, source_key
-from data.reader import ShardReader
+from data.reader import LazyChunk, ShardReader
 from data.types import Doc
 
 
@@ -42,17 +42,16 @@ class SourceStream:
         self.consumer, self.num_consumers = consumer, num_consumers
         self.rng = np.random.Generator(np.random.PCG64([cfg.seed, source_key(name), consumer, RNG_LEVEL2]))
         self.taken = 0  # chunks of this consumer's slice opened so far
-        self.open: list[list] = []  # [global element g, docs consumed, docs: list[Doc]]
+        self.open: list[list] = []  # [global element g, docs consumed, LazyChunk]
         self.buffer: list[Doc] = []
         self.addrs = np.zeros((0, 3), dtype=np.int32)  # (shard, row, epoch) per buffer slot, for the cursor
         self.epoch_counts: Counter[int] = Counter()  # buffered documents per source-epoch (the barrier)
         self.chunk_at = ChunkOrder(cfg.seed, name, chunks)
         """Element g of the infinite chunk sequence -> (epoch, chunk) (level 1)."""
 
-    def _load(self, g: int, skip: int = 0) -> list[Doc]:
-        epoch, chunk = self.chunk_at(g)
-        rows, tokens = self.reader.read_chunk(self.index, chunk, skip)
-        return [Doc(self.index, chunk.shard, r, epoch, t) for r, t in zip(rows, tokens)]
+    def _load(self, g: int, skip: int = 0) -> LazyChunk:
+        """Element g's chunk minus its first ``skip`` documents, read lazily (data/reader.py)."""
+        return self.reader.open_chunk(self.index, self.chunk_at(g)[1], skip)
 
     def _epoch(self, g: int) -> int:
         return g // len(self.chunks)
@@ -78,9 +77,9 @@ class SourceStream:
             if oldest is not None and oldest < self._epoch(g):
                 return
             self.taken += 1
-            docs = self._load(g)
-            if docs:  # a chunk can be empty after a row filter
-                self.open.append([g, 0, docs])
+            lazy = self._load(g)
+            if lazy.left:  # a chunk can be empty after a row filter
+                self.open.append([g, 0, lazy])
 
     # -- level 2 -------------------------------------------------------------------------------
     def _pull(self) -> Doc | None:
@@ -89,18 +88,18 @@ class SourceStream:
         self._fill_open()
         if not self.open:
             return None
-        remaining = [len(docs) - used for _, used, docs in self.open]
+        remaining = [lazy.left for _, _, lazy in self.open]
         r = int(self.rng.integers(sum(remaining)))
         for j, left in enumerate(remaining):
             if r < left:
                 break
             r -= left
         entry = self.open[j]
-        doc = entry[2][entry[1]]
+        row, tokens = entry[2].take()
         entry[1] += 1
-        if entry[1] == len(entry[2]):
+        if not entry[2].left:
             self.open.pop(j)
-        return doc
+        return Doc(self.index, entry[2].shard, row, self._epoch(entry[0]), tokens)
 
     def _top_up(self) -> None:
         """Fill the buffer to B (or as far as the epoch barrier allows)."""
@@ -175,9 +174,9 @@ class SourceStream:
         self.taken = state["taken"]
         self.open = []
         for g, used in state["open"]:
-            docs = self._load(g, skip=used)
-            if docs:  # an elastic resume hands over unopened chunks, which a row filter may leave empty
-                self.open.append([g, used, [None] * used + docs])  # keep `used` as an index
+            lazy = self._load(g, skip=used)  # nothing before `used` is tokenized
+            if lazy.left:  # an elastic resume hands over unopened chunks, which a row filter may leave empty
+                self.open.append([g, used, lazy])
         self.addrs = buffer_addrs(state["buffer"])
         tokens = self.reader.read_docs(self.index, [(int(s), int(r)) for s, r, _ in self.addrs])
         self.buffer = [Doc(self.index, int(s), int(r), int(e), t) for (s, r, e), t in zip(self.addrs, tokens)]

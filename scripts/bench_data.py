@@ -194,7 +194,7 @@ def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_r
     import data.reader as reader
 
     spent = {"encode": 0.0, "read": 0.0, "encode_tokens": 0, "encode_calls": 0, "read_calls": 0}
-    encode_docs, read = reader.encode_docs, reader.ShardReader._read
+    encode_docs, read = reader.encode_docs, reader.ShardReader._read_slice
 
     def timed_encode(texts, num_threads=8):
         t0 = time.perf_counter()
@@ -204,19 +204,19 @@ def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_r
         spent["encode_calls"] += 1
         return out
 
-    def timed_read(self, source, shard, rg):
+    def timed_read(self, scan):
         t0 = time.perf_counter()
-        out = read(self, source, shard, rg)
+        out = read(self, scan)
         spent["read"] += time.perf_counter() - t0
         spent["read_calls"] += 1
         return out
 
     runner = PathRunner(corpus, threads, buffer_size)
-    reader.encode_docs, reader.ShardReader._read = timed_encode, timed_read
+    reader.encode_docs, reader.ShardReader._read_slice = timed_encode, timed_read
     try:
         tokens, total = runner.run(batches)
     finally:
-        reader.encode_docs, reader.ShardReader._read = encode_docs, read
+        reader.encode_docs, reader.ShardReader._read_slice = encode_docs, read
     rest = total - spent["encode"] - spent["read"]
     ideal = spent["encode_tokens"] / bare_rate
     consumer = runner.sim.consumers[0][0]
@@ -230,7 +230,7 @@ def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_r
         f"{human(tokens / total)} tok/s):",
         f"    encode_docs   {spent['encode']:6.2f} s {spent['encode'] / total:6.1%}  {spent['encode_calls']} calls, "
         f"{human(spent['encode_tokens'])} tokens (bare tiktoken at its rate: {ideal:.2f} s)",
-        f"    parquet read  {spent['read']:6.2f} s {spent['read'] / total:6.1%}  {spent['read_calls']} row-group reads",
+        f"    parquet read  {spent['read']:6.2f} s {spent['read'] / total:6.1%}  {spent['read_calls']} slice reads ({reader.SLICE_ROWS} rows)",
         f"    rest (Python) {rest:6.2f} s {rest / total:6.1%}  mixer, buffer, packer, per-batch cursor",
         f"    per-batch cursor (next_batch calls state_dict every batch): {cursor_ms:.2f} ms "
         f"at buffer {buffer_size:,}; "
