@@ -69,14 +69,16 @@ class ShardReader:
         raise IndexError(f"{self.manifest.shards[shard].path}: row {row} out of range")
 
     def _where(self, shard: int, rg: int, row: int | None = None) -> str:
-        return f"{self.manifest.shards[shard].path}:{rg}" + ("" if row is None else f":{row}")
+        """``file:row group:row`` (or ``file: row group N`` for a whole row group)."""
+        path = self.manifest.shards[shard].path
+        return f"{path}: row group {rg}" if row is None else f"{path}:{rg}:{row}"
 
     def _read(self, source: int, shard: int, rg: int, columns: list[str]) -> pa.Table:
         """Whole columns of one row group (used for the small filter column only)."""
         try:
             return self._file(shard).read_row_group(rg, columns=columns)
         except Exception as e:
-            raise RuntimeError(f"{self._where(shard, rg)}: row group unreadable (file changed or corrupt since "
+            raise RuntimeError(f"{self._where(shard, rg)} unreadable (file changed or corrupt since "
                                f"the manifest was built?): {e}") from e
 
     def _scan(self, shard: int, rg: int) -> Iterator[pa.Array]:

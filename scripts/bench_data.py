@@ -230,7 +230,8 @@ def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_r
         f"{human(tokens / total)} tok/s):",
         f"    encode_docs   {spent['encode']:6.2f} s {spent['encode'] / total:6.1%}  {spent['encode_calls']} calls, "
         f"{human(spent['encode_tokens'])} tokens (bare tiktoken at its rate: {ideal:.2f} s)",
-        f"    parquet read  {spent['read']:6.2f} s {spent['read'] / total:6.1%}  {spent['read_calls']} slice reads ({reader.SLICE_ROWS} rows)",
+        f"    parquet read  {spent['read']:6.2f} s {spent['read'] / total:6.1%}  {spent['read_calls']} slice reads "
+        f"({reader.SLICE_ROWS} rows)",
         f"    rest (Python) {rest:6.2f} s {rest / total:6.1%}  mixer, buffer, packer, per-batch cursor",
         f"    per-batch cursor (next_batch calls state_dict every batch): {cursor_ms:.2f} ms "
         f"at buffer {buffer_size:,}; "
