@@ -594,6 +594,89 @@ def bench_long_docs(demo: Path, tmp: Path, steps: int, seeds: list[int], phases:
     return lines, out
 
 
+# ---------------------------------------------------------------------------------------------------
+# (f) a Dolma3-shaped corpus: start-up, throughput, memory, cursor, restore (this tree vs --before)
+
+SCALE_PROBE = r"""
+import json, os, resource, shutil, sys, time
+import numpy as np
+from data.config import DataConfig, FilterConfig, SourceConfig
+from data.manifest import build_manifest
+from data.packer import ConsumerStream
+a = json.loads(sys.argv[1])
+srcs = {n: SourceConfig(paths=[a["pattern"]], filter=FilterConfig(column="source", values=v))
+        for n, v in a["mixture"].items()}
+def cfg_with(cache):
+    return DataConfig(sources=srcs, weights=a["weights"], buffer_size=a["buffer"], open_shards=a["open"],
+                      batch_size=a["rows"], seq_len=a["seq_len"], min_chunks_per_source=1, num_workers=1,
+                      val_tokens_per_source=0, manifest_cache=cache)
+shutil.rmtree(a["cache"], ignore_errors=True)
+t = time.perf_counter(); m = build_manifest(cfg_with(a["cache"])); cold = time.perf_counter() - t
+t = time.perf_counter(); m = build_manifest(cfg_with(a["cache"])); warm = time.perf_counter() - t
+cfg = cfg_with(a["cache"])
+w = np.array([a["weights"][n] for n in srcs])
+make = lambda: ConsumerStream(m, cfg, 0, 1, 0, 1, lambda s: w, lambda s: a["seq_len"])
+t = time.perf_counter(); c = make(); c.next_batch(); first = time.perf_counter() - t
+t = time.perf_counter()
+for _ in range(a["batches"]):
+    c.next_batch()
+rate = a["batches"] * a["rows"] * a["seq_len"] / (time.perf_counter() - t)
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+state = c.state_dict()
+cursor = len(json.dumps(state))
+del c
+t = time.perf_counter(); r = make(); r.load_state_dict(state); r.next_batch(); restore = time.perf_counter() - t
+print(json.dumps({"manifest_cold": cold, "manifest_warm": warm, "first_batch": first, "tok_s": rate,
+                  "peak_rss_mb": rss, "cursor_bytes": cursor, "restore": restore}))
+"""
+
+
+def scale_probe(tree: Path, corpus: Path, cache: Path, buffer_size: int, batches: int) -> dict:
+    """The probe above in a fresh process with ``tree`` first on the path (so peak RSS is its own)."""
+    from make_scale_corpus import MIXTURE
+
+    args = {"pattern": str(corpus / "*.parquet"), "mixture": MIXTURE, "weights": DEMO_WEIGHTS, "cache": str(cache),
+            "buffer": buffer_size, "open": 8, "rows": 4, "seq_len": 2048, "batches": batches}
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([sys.executable, "-c", SCALE_PROBE, json.dumps(args)], cwd=tree, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scale probe in {tree} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path, rows: int, buffer_size: int,
+                batches: int) -> tuple[list[str], dict]:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_scale_corpus import make_scale_corpus
+
+    if corpus is None:
+        corpus = tmp / "scale_corpus"
+        make_scale_corpus(corpus, files=2, rows=rows, row_group=rows, demo=demo)
+    trees = {"after (this tree)": ROOT} | ({"before": before.resolve()} if before else {})
+    results = {name: scale_probe(tree, corpus, tmp / f"cache-{i}", buffer_size, batches)
+               for i, (name, tree) in enumerate(trees.items())}
+    files = sorted(corpus.glob("*.parquet"))
+    meta = pq.ParquetFile(files[0]).metadata
+    lines = [f"(f) Dolma3-shaped corpus: {len(files)} files x {meta.num_rows:,} rows, "
+             f"{meta.num_rows // meta.num_row_groups:,} rows per row group, every file mixing 6 sub-sources; "
+             f"one consumer, chunks = whole row groups (as at 3,000 files), buffer {buffer_size:,}, 8 open chunks, "
+             f"4 x 2048 tokens per batch, {batches} batches",
+             f"    {'':<20} {'manifest cold/warm':>19} {'first batch':>12} {'tok/s':>9} {'peak RSS':>9} "
+             f"{'cursor':>9} {'restore':>8}"]
+    for name, r in results.items():
+        lines.append(f"    {name:<20} {r['manifest_cold']:>8.2f} s/{r['manifest_warm']:>6.2f} s "
+                     f"{r['first_batch']:>10.1f} s "
+                     f"{human(r['tok_s']):>9} {r['peak_rss_mb']:>6.0f} MB {r['cursor_bytes'] / 1e3:>6.1f} KB "
+                     f"{r['restore']:>6.1f} s")
+    if before:
+        a, b = results["after (this tree)"], results["before"]
+        lines.append(f"    after/before: first batch {a['first_batch'] / b['first_batch']:.2f}, tok/s "
+                     f"{a['tok_s'] / b['tok_s']:.2f}, peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}, restore "
+                     f"{a['restore'] / b['restore']:.2f}")
+    return lines, results
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", type=Path, default=None,
@@ -611,7 +694,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the data path (part a)")
     p.add_argument("--part", default="abcd",
                    help="which parts to run, e.g. 'a' or 'bd' (default abcd; e: book-length documents, old vs new "
-                        "commitment side by side)")
+                        "commitment side by side; f: a Dolma3-shaped corpus, this tree vs --before)")
+    p.add_argument("--scale-corpus", type=Path, default=None,
+                   help="part f: a corpus from scripts/make_scale_corpus.py (default: 2 files written to a temp dir)")
+    p.add_argument("--scale-rows", type=int, default=6000, help="part f: rows per file (one row group) when writing")
+    p.add_argument("--scale-buffer", type=int, default=600,
+                   help="part f: buffer size (default 600: a tenth of a row group, as 10,000 is of ~100k)")
+    p.add_argument("--before", type=Path, default=None,
+                   help="part f: a checkout of the code to compare with (e.g. git worktree of the base commit)")
     p.add_argument("--rss-probe", choices=["bare", "path"], help=argparse.SUPPRESS)
     p.add_argument("--probe-threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--probe-batches", type=int, default=10, help=argparse.SUPPRESS)
@@ -670,6 +760,13 @@ def run(args, corpus: Path) -> int:
         with tempfile.TemporaryDirectory(prefix="wellmixed-long-") as tmp:
             lines, _ = bench_long_docs(corpus, Path(tmp), steps=40 if args.quick else 400,
                                        seeds=[1] if args.quick else [1, 2, 3], phases=not args.quick)
+        print("\n".join(lines), flush=True)
+    if "f" in args.part:
+        with tempfile.TemporaryDirectory(prefix="wellmixed-scale-") as tmp:
+            lines, _ = bench_scale(Path(tmp), args.scale_corpus, args.before, corpus,
+                                   rows=1000 if args.quick else args.scale_rows,
+                                   buffer_size=100 if args.quick else args.scale_buffer,
+                                   batches=3 if args.quick else 30)
         print("\n".join(lines), flush=True)
     print(f"done in {time.perf_counter() - t_start:.0f} s")
     return 0
