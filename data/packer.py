@@ -178,14 +178,24 @@ class ConsumerStream:
         for s in self.sources:
             s.load_state_dict(state["sources"][s.name])
         self.mixer.load_state_dict(state["mixer"])
-        self.rows = [None if r is None else self._leftover(r) for r in state["rows"]]
-        self.pending = [self._leftover(r) for r in state.get("pending", [])]
-        self.continuations = [self._leftover(r) for r in state.get("continuations", [])]
+        rows, pending, conts = state["rows"], state.get("pending", []), state.get("continuations", [])
+        read = iter(self._leftovers([r for r in rows if r is not None] + pending + conts))
+        self.rows = [None if r is None else next(read) for r in rows]
+        self.pending = [next(read) for _ in pending]
+        self.continuations = [next(read) for _ in conts]
 
-    def _leftover(self, r: list) -> Leftover:
-        src, shard, row, epoch, offset = r
-        (toks,) = self.reader.read_docs(src, [(shard, row)])
-        return Leftover(Doc(src, shard, row, epoch, toks), offset)
+    def _leftovers(self, addrs: list[list]) -> list[Leftover]:
+        """Leftovers re-read by address, one read_docs per source (a row group is scanned once)."""
+        by_source: dict[int, list[int]] = {}
+        for i, (src, *_rest) in enumerate(addrs):
+            by_source.setdefault(int(src), []).append(i)
+        out: list[Leftover | None] = [None] * len(addrs)
+        for src, idx in by_source.items():
+            tokens = self.reader.read_docs(src, [(int(addrs[i][1]), int(addrs[i][2])) for i in idx])
+            for i, toks in zip(idx, tokens):
+                _, shard, row, epoch, offset = (int(x) for x in addrs[i])
+                out[i] = Leftover(Doc(src, shard, row, epoch, toks), offset)
+        return out
 
 
 def _addr(r: Leftover) -> list[int]:
