@@ -3,11 +3,12 @@
 A chunk is a row range inside one parquet row group, and a row group can hold ~100k documents
 (Dolma3-style files, ~800M tokens): tokenizing a whole chunk on open cost minutes and gigabytes per
 consumer. So a chunk is read *lazily*: :class:`LazyChunk` knows which of its rows are documents (the
-filter column, small, and the text column's null count from the footer), and decodes and tokenizes
-``SLICE_ROWS`` rows at a time as the stream consumes them, in row order. Memory per open chunk is one
-slice of text and tokens, whatever the row-group size; resuming inside a chunk decodes the rows before
-its position without tokenizing them. Restoring a buffer (:meth:`ShardReader.read_docs`) scans each
-row group it touches in the same bounded slices and tokenizes only the wanted rows.
+filter column, small, and the text column's null count from the footer), and decodes ``SLICE_ROWS``
+rows at a time as the stream consumes them, in row order. Memory per open chunk is one slice of text
+(plus the parquet decoder's page buffers), whatever the row-group size; resuming inside a chunk
+decodes the rows before its position. Nothing is tokenized here: the stream tokenizes a document when
+it leaves the shuffle buffer (data/stream.py), so filling a buffer or restoring one
+(:meth:`ShardReader.read_texts`, each row group scanned once in the same slices) costs decoding only.
 
 A null ``text`` is named ``file:row group:row``; with ``data.on_bad_shard: skip`` it is left out
 (logged and counted in ``ShardReader.bad_rows``), the same rows on every read, so the document
@@ -153,25 +154,33 @@ class ShardReader:
         """All of a chunk's documents at once (the held-out set; tests): rows and tokens."""
         lazy = self.open_chunk(source, chunk, skip)
         docs = [lazy.take() for _ in range(lazy.left)]
-        return [r for r, _ in docs], [t for _, t in docs]
+        return [r for r, _ in docs], encode_docs([t for _, t in docs], self.threads)
 
     def read_docs(self, source: int, addrs: list[tuple[int, int]]) -> list[np.ndarray]:
-        """Tokens of documents given as (shard, row), in the given order; each row group they touch is
-        scanned once in bounded slices, and only the wanted rows are tokenized."""
+        """Tokens of documents given as (shard, row), in the given order (see :meth:`read_texts`)."""
+        return encode_docs(self.read_texts(source, addrs), self.threads)
+
+    def read_texts(self, source: int, addrs: list[tuple[int, int]]) -> list[str]:
+        """Texts of documents given as (shard, row), in the given order; each row group they touch is
+        scanned once in bounded slices."""
         by_group: dict[tuple[int, int, int], set[int]] = defaultdict(set)
         for shard, row in addrs:
             rg, first = self._row_group(shard, row)
             by_group[(shard, rg, first)].add(row)
-        tokens: dict[tuple[int, int], np.ndarray] = {}
+        texts: dict[tuple[int, int], str] = {}
         for (shard, rg, first), rows in by_group.items():
             wanted = np.array(sorted(rows))
-            for row, toks in zip(wanted, self._tokenize_rows(shard, rg, wanted, self._scan(shard, rg), [first])):
-                tokens[(shard, int(row))] = toks
-        return [tokens[(shard, row)] for shard, row in addrs]
+            for row, text in zip(wanted, self._texts_of_rows(shard, rg, wanted, self._scan(shard, rg), [first])):
+                texts[(shard, int(row))] = text
+        return [texts[(shard, row)] for shard, row in addrs]
 
-    def _tokenize_rows(self, shard: int, rg: int, rows: np.ndarray, scan: Iterator[pa.Array],
-                       state: list) -> list[np.ndarray]:
-        """Tokens of ``rows`` (ascending, at or after the scan's position) read from ``scan``.
+    def encode(self, text: str) -> np.ndarray:
+        """One document's tokens, EOT last (the stream tokenizes a document when it leaves the buffer)."""
+        return encode_docs([text], self.threads)[0]
+
+    def _texts_of_rows(self, shard: int, rg: int, rows: np.ndarray, scan: Iterator[pa.Array],
+                       state: list) -> list[str]:
+        """Texts of ``rows`` (ascending, at or after the scan's position) read from ``scan``.
 
         ``state`` is ``[first row of the current slice, current slice or None]``, carried between calls
         so a lazy chunk keeps its place in the row group.
@@ -187,7 +196,7 @@ class ShardReader:
                                        "manifest was built?)")
                 state[1:] = [nxt]
             texts.append(self._text(state[1], int(row) - state[0], shard, rg, int(row)))
-        return encode_docs(texts, self.threads)
+        return texts
 
     def _text(self, col: pa.Array, i: int, shard: int, rg: int, row: int) -> str:
         try:
@@ -200,13 +209,13 @@ class ShardReader:
 
 
 class LazyChunk:
-    """A chunk's documents in row order, decoded and tokenized SLICE_ROWS rows at a time."""
+    """A chunk's documents in row order, decoded SLICE_ROWS rows at a time (texts; tokenized later)."""
 
     def __init__(self, reader: ShardReader, chunk: Chunk, rows: np.ndarray):
         self.reader, self.shard = reader, chunk.shard
         self.rg, first = reader._row_group(chunk.shard, chunk.start)
         self.rows, self.pos = rows, 0
-        self.ready: deque[tuple[int, np.ndarray]] = deque()
+        self.ready: deque[tuple[int, str]] = deque()
         self._scan: Iterator[pa.Array] | None = None
         self._state: list = [first]
 
@@ -215,8 +224,8 @@ class LazyChunk:
         """Documents not taken yet."""
         return len(self.rows) - self.pos
 
-    def take(self) -> tuple[int, np.ndarray]:
-        """(row, tokens) of the next document."""
+    def take(self) -> tuple[int, str]:
+        """(row, text) of the next document."""
         if not self.ready:
             self._read_ahead()
         self.pos += 1
@@ -227,5 +236,5 @@ class LazyChunk:
             self._scan = self.reader._scan(self.shard, self.rg)
         start = self.pos + len(self.ready)
         rows = self.rows[start:start + SLICE_ROWS]
-        toks = self.reader._tokenize_rows(self.shard, self.rg, rows, self._scan, self._state)
-        self.ready.extend(zip(rows.tolist(), toks))
+        texts = self.reader._texts_of_rows(self.shard, self.rg, rows, self._scan, self._state)
+        self.ready.extend(zip(rows.tolist(), texts))

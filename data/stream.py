@@ -95,11 +95,18 @@ class SourceStream:
                 break
             r -= left
         entry = self.open[j]
-        row, tokens = entry[2].take()
+        row, text = entry[2].take()
         entry[1] += 1
         if not entry[2].left:
             self.open.pop(j)
-        return Doc(self.index, entry[2].shard, row, self._epoch(entry[0]), tokens)
+        return Doc(self.index, entry[2].shard, row, self._epoch(entry[0]), None, text)
+
+    def _tokenized(self, doc: Doc) -> Doc:
+        """A buffered document holds its text; it is tokenized when it leaves the buffer, so filling or
+        restoring a buffer of B documents costs decoding only, and a buffer holds text, not tokens."""
+        if doc.tokens is None:
+            doc.tokens, doc.text = self.reader.encode(doc.text), None
+        return doc
 
     def _top_up(self) -> None:
         """Fill the buffer to B (or as far as the epoch barrier allows)."""
@@ -149,11 +156,11 @@ class SourceStream:
             # chunk back: the buffer shrinks (it fills up again once the next epoch may open).
             self.buffer.pop(i)
             self.addrs = np.delete(self.addrs, i, axis=0)
-            return doc
+            return self._tokenized(doc)
         self.buffer[i] = new
         self.epoch_counts[new.epoch] += 1
         self.addrs[i] = (new.shard, new.row, new.epoch)
-        return doc
+        return self._tokenized(doc)
 
     def _forget(self, epoch: int) -> None:
         self.epoch_counts[epoch] -= 1
@@ -178,7 +185,7 @@ class SourceStream:
             if lazy.left:  # an elastic resume hands over unopened chunks, which a row filter may leave empty
                 self.open.append([g, used, lazy])
         self.addrs = buffer_addrs(state["buffer"])
-        tokens = self.reader.read_docs(self.index, [(int(s), int(r)) for s, r, _ in self.addrs])
-        self.buffer = [Doc(self.index, int(s), int(r), int(e), t) for (s, r, e), t in zip(self.addrs, tokens)]
+        texts = self.reader.read_texts(self.index, [(int(s), int(r)) for s, r, _ in self.addrs])
+        self.buffer = [Doc(self.index, int(s), int(r), int(e), None, t) for (s, r, e), t in zip(self.addrs, texts)]
         self.epoch_counts = Counter(d.epoch for d in self.buffer)
         self.rng.bit_generator.state = state["rng"]
