@@ -84,6 +84,10 @@ class DataConfig:
     small source (say 2 clustered shards) still spreads over many consumers and buffers."""
     selector: Literal["deficit", "random"] = "deficit"
     """How the mixer picks the next document's source: furthest below its token target, or i.i.d."""
+    commit: Literal["sequence", "document"] = "sequence"
+    """What one choice of the mixer commits: at most one sequence of a document, the rest handed back
+    to its source in order (bounded, the default), or the whole document (the older rule, which lets a
+    book pin a batch row for hundreds of steps; kept for benchmarks)."""
     num_workers: int = 2
     """DataLoader workers per rank; each worker is one consumer of the global order."""
     text_column: str = "text"

@@ -13,7 +13,23 @@ import zlib
 
 import numpy as np
 
-CURSOR_VERSION = 1
+from data.errors import ConfigError
+
+CURSOR_VERSION = 2
+"""2: the epoch barrier in the stream (data/stream.py) and bounded commitment (rows hand their
+documents back between steps: ``continuations``). A version-1 cursor describes an order this code no
+longer produces, so it is refused rather than continued inexactly."""
+
+
+def check_version(cursor: dict) -> None:
+    """Refuse a cursor this code cannot continue exactly, saying what to do."""
+    version = cursor.get("version")
+    if version != CURSOR_VERSION:
+        raise ConfigError(
+            f"data cursor version {version} is not {CURSOR_VERSION}: it was written by another version of the "
+            "data path (1: before the epoch barrier and bounded commitment), whose order this one cannot "
+            "continue exactly; resume with the code that wrote it, or start the data order afresh"
+        )
 
 
 def pack_ints(a: np.ndarray) -> str:

@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-from data.cursor import CURSOR_VERSION, buffer_addrs, pack_ints
+from data.cursor import CURSOR_VERSION, buffer_addrs, check_version, pack_ints
 from data.errors import ConfigError
 from data.manifest import Manifest
 from data.order import RNG_LEVEL2, source_key
@@ -94,8 +94,7 @@ def redistribute(cursors: list[list[dict | None]], manifest: Manifest, *, seed: 
     for i, cur in enumerate(old):
         if cur is None:
             continue
-        if cur.get("version") != CURSOR_VERSION:
-            raise ConfigError(f"data cursor version {cur.get('version')} is not {CURSOR_VERSION}")
+        check_version(cur)
         if (cur["consumer"], cur["num_consumers"]) != (i, n_old):
             raise ConfigError(
                 f"data cursor {i} of {n_old} claims to be consumer {cur['consumer']} of {cur['num_consumers']}"
@@ -112,7 +111,9 @@ def redistribute(cursors: list[list[dict | None]], manifest: Manifest, *, seed: 
     }
 
     # Row leftovers: a consumer's own rows first, then what an earlier elastic resume left pending.
-    leftovers = [row for c in old if c is not None for row in c["rows"] + c.get("pending", []) if row is not None]
+    # Documents handed back between steps (bounded commitment) are leftovers like any other.
+    leftovers = [row for c in old if c is not None
+                 for row in c["rows"] + c.get("pending", []) + c.get("continuations", []) if row is not None]
     n_src = len(names)
     zeros = [0] * n_src
     emitted = np.sum([c["mixer"]["emitted"] if c else zeros for c in old], axis=0).astype(np.int64)

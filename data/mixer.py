@@ -9,6 +9,13 @@
 - ``random``: the seed article's ``rng.choices``: draw a source per document with probability
   proportional to w_s / (mean tokens per document of s), so token shares match only in expectation.
 
+What a choice commits is bounded (``data.commit: sequence``, the default): the packer places at most
+one sequence of a document per choice and hands the rest back to its source, which offers it (pieces
+in order) the next time the source is chosen, so a 200k-token book no longer pins a batch row for
+hundreds of steps and the long-run shares follow the target whatever the document lengths.
+``data.commit: document`` keeps the older rule (a row continues its document to the end) for
+benchmarks.
+
 Targets grow when tokens are *emitted* into a sequence, not when a document is chosen: with
 row-parallel packing a long document is emitted over many steps. But the choice must see the tokens
 already in flight, or every row that needs a document while a source is behind picks that source,
@@ -33,8 +40,14 @@ class Mixer:
         self.target = np.zeros(n_sources, dtype=np.float64)
         self.rng = np.random.Generator(np.random.PCG64([*seed, RNG_MIXER]))
 
-    def choose(self, weights: np.ndarray) -> int:
-        """Index of the source the next document comes from, given this step's weights."""
+    def choose(self, weights: np.ndarray, skip: set[int] | None = None) -> int | None:
+        """Index of the source the next document comes from, given this step's weights; sources in
+        ``skip`` (nothing left to give this row) are passed over, and None comes back when all are."""
+        if skip:
+            weights = weights.copy()
+            weights[list(skip)] = 0.0
+            if not (weights > 0).any():
+                return None
         if self.selector == "random":
             p = weights * self.inv_len
             return int(self.rng.choice(len(p), p=p / p.sum()))
@@ -51,7 +64,8 @@ class Mixer:
         return int(np.argmax(lag))
 
     def commit(self, source: int, n_tokens: int) -> None:
-        """A document of n_tokens (EOT included) from ``source`` was chosen; it will be emitted in full."""
+        """n_tokens of ``source`` were chosen and will be emitted: a whole document (EOT included) with
+        ``data.commit: document``, the piece placed in a row with ``data.commit: sequence``."""
         self.committed[source] += n_tokens
 
     def emit(self, source: int, n_tokens: int, weights: np.ndarray) -> None:

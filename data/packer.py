@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from data.config import DataConfig
-from data.cursor import CURSOR_VERSION, pack_cursor
+from data.cursor import CURSOR_VERSION, check_version, pack_cursor
 from data.errors import ConfigError
 from data.manifest import Manifest
 from data.mixer import Mixer
@@ -49,12 +49,42 @@ class ConsumerStream:
         self.mixer = Mixer(len(self.sources), cfg.selector, avg_doc_tokens, seed=(cfg.seed, self.consumer))
         self.rows: list[Leftover | None] = [None] * cfg.batch_size
         self.pending: list[Leftover] = []  # leftovers an elastic resume could not fit into the rows
+        self.bounded = cfg.commit == "sequence"
+        self.continuations: list[Leftover] = []  # (bounded commitment) documents under way, oldest first
+        self.in_batch: set[tuple[int, int, int]] = set()  # (source, shard, row) of the batch being packed
         self.next_step = worker
 
-    def _next_doc(self, weights: np.ndarray) -> Doc:
-        doc = self.sources[self.mixer.choose(weights)].next_doc()
-        self.mixer.commit(doc.source, len(doc.tokens))
-        return doc
+    def _next_piece(self, weights: np.ndarray) -> Leftover:
+        """What a row continues with: an elastic leftover, or the mixer's choice of source, then that
+        source's oldest document under way (bounded commitment) or its next document."""
+        if self.pending:
+            return self.pending.pop(0)
+        skip: set[int] = set()
+        while True:
+            s = self.mixer.choose(weights, skip)
+            if s is None:  # every source offers only documents already in this batch: allow one twice
+                s = self.mixer.choose(weights)
+                doc = self.sources[s].next_doc()
+                break
+            if self.bounded:
+                for j, cont in enumerate(self.continuations):
+                    if cont.doc.source == s:
+                        return self.continuations.pop(j)
+            doc = self.sources[s].next_doc(self.in_batch)
+            if doc is not None:
+                break
+            skip.add(s)
+        if not self.bounded:
+            self.mixer.commit(doc.source, len(doc.tokens))
+        self.in_batch.add((doc.source, doc.shard, doc.row))
+        return Leftover(doc, 0)
+
+    def _release_rows(self) -> None:
+        """Bounded commitment: the documents the rows are in the middle of go back to their sources'
+        queue (row order), so no row holds a document across a step without a new choice."""
+        self.continuations += [r for r in self.rows if r is not None] + self.pending
+        self.rows = [None] * len(self.rows)
+        self.pending = []
 
     def next_batch(self) -> TrainBatch:
         """The micro-batch of step ``self.next_step``: B rows of seq_len inputs and targets."""
@@ -67,12 +97,15 @@ class ConsumerStream:
         doc_index = np.empty((B, L + 1), dtype=np.int32)
         pieces: list[list] = []
         source_tokens = np.zeros(len(self.sources), dtype=np.int64)
+        if self.bounded:
+            self._release_rows()
+        self.in_batch = {(r.doc.source, r.doc.shard, r.doc.row) for r in self.rows + self.continuations if r}
         for b in range(B):
             n, d = 0, 0
             cur = self.rows[b]
             while True:
                 if cur is None:
-                    cur = self.pending.pop(0) if self.pending else Leftover(self._next_doc(weights), 0)
+                    cur = self._next_piece(weights)
                 doc, off = cur.doc, cur.offset
                 take = min(len(doc.tokens) - off, L + 1 - n)
                 tokens[b, n:n + take] = doc.tokens[off:off + take]
@@ -84,6 +117,8 @@ class ConsumerStream:
                 if emitted > 0:
                     pieces.append([self.manifest.doc_id(doc.shard, doc.row), off, emitted])
                     source_tokens[doc.source] += emitted
+                    if self.bounded:
+                        self.mixer.commit(doc.source, emitted)
                     self.mixer.emit(doc.source, emitted, weights)
                 n += take
                 if n == L + 1:
@@ -92,6 +127,8 @@ class ConsumerStream:
                     break
                 cur, d = None, d + 1
             self.rows[b] = cur
+        if self.bounded:
+            self._release_rows()
         self.next_step += self.workers
         return {
             "step": step,
@@ -112,7 +149,7 @@ class ConsumerStream:
         return pack_cursor(self.snapshot())
 
     def snapshot(self) -> dict:
-        rows = [None if r is None else [r.doc.source, r.doc.shard, r.doc.row, r.doc.epoch, r.offset] for r in self.rows]
+        rows = [None if r is None else _addr(r) for r in self.rows]
         out = {
             "version": CURSOR_VERSION,
             "fingerprint": self.fingerprint,
@@ -125,12 +162,13 @@ class ConsumerStream:
             "rows": rows,
         }
         if self.pending:
-            out["pending"] = [[r.doc.source, r.doc.shard, r.doc.row, r.doc.epoch, r.offset] for r in self.pending]
+            out["pending"] = [_addr(r) for r in self.pending]
+        if self.continuations:
+            out["continuations"] = [_addr(r) for r in self.continuations]
         return out
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("version") != CURSOR_VERSION:
-            raise ConfigError(f"data cursor version {state.get('version')} is not {CURSOR_VERSION}")
+        check_version(state)
         if (state["consumer"], state["num_consumers"]) != (self.consumer, self.num_consumers):
             raise ConfigError(
                 f"data cursor belongs to consumer {state['consumer']} of {state['num_consumers']}, "
@@ -140,10 +178,26 @@ class ConsumerStream:
         for s in self.sources:
             s.load_state_dict(state["sources"][s.name])
         self.mixer.load_state_dict(state["mixer"])
-        self.rows = [None if r is None else self._leftover(r) for r in state["rows"]]
-        self.pending = [self._leftover(r) for r in state.get("pending", [])]
+        rows, pending, conts = state["rows"], state.get("pending", []), state.get("continuations", [])
+        read = iter(self._leftovers([r for r in rows if r is not None] + pending + conts))
+        self.rows = [None if r is None else next(read) for r in rows]
+        self.pending = [next(read) for _ in pending]
+        self.continuations = [next(read) for _ in conts]
 
-    def _leftover(self, r: list) -> Leftover:
-        src, shard, row, epoch, offset = r
-        (toks,) = self.reader.read_docs(src, [(shard, row)])
-        return Leftover(Doc(src, shard, row, epoch, toks), offset)
+    def _leftovers(self, addrs: list[list]) -> list[Leftover]:
+        """Leftovers re-read by address, one read_docs per source (a row group is scanned once)."""
+        by_source: dict[int, list[int]] = {}
+        for i, (src, *_rest) in enumerate(addrs):
+            by_source.setdefault(int(src), []).append(i)
+        out: list[Leftover | None] = [None] * len(addrs)
+        for src, idx in by_source.items():
+            tokens = self.reader.read_docs(src, [(int(addrs[i][1]), int(addrs[i][2])) for i in idx])
+            for i, toks in zip(idx, tokens):
+                _, shard, row, epoch, offset = (int(x) for x in addrs[i])
+                out[i] = Leftover(Doc(src, shard, row, epoch, toks), offset)
+        return out
+
+
+def _addr(r: Leftover) -> list[int]:
+    """A leftover as the cursor stores it: [source, shard, row, epoch, offset]."""
+    return [r.doc.source, r.doc.shard, r.doc.row, r.doc.epoch, r.offset]

@@ -14,6 +14,7 @@ Everything here is computed from the schedule's pure functions; nothing reads da
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import warnings
@@ -160,3 +161,44 @@ def _human(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{suffix}"
     return f"{n:.0f}"
+
+
+def effective_streams(manifest, cfg, num_consumers: int) -> dict[str, dict[str, float]]:
+    """What each source's stream will really hold per consumer, given the epoch barrier (data/stream.py).
+
+    A consumer never holds two source-epochs at once, so its open chunks are capped by its chunks per
+    epoch and its buffer by its documents per epoch (means over consumers: slices differ by a chunk).
+    With more consumers than chunks a consumer gets one chunk every C / N epochs, and about C / N
+    source-epochs are read at once across the job.
+    """
+    out = {}
+    for name, info in manifest.sources.items():
+        n_chunks, docs = len(info.chunks), info.docs
+        chunks_per = n_chunks / num_consumers  # below 1: one chunk in some epochs, none in the others
+        docs_per = max(1.0, chunks_per) * docs / max(1, n_chunks)
+        out[name] = {
+            "docs": docs, "chunks": n_chunks, "chunks_per_consumer_epoch": chunks_per,
+            "open": min(cfg.open_shards, max(1, math.ceil(chunks_per))), "docs_per_consumer_epoch": docs_per,
+            "buffer": min(cfg.buffer_size, max(1, round(docs_per))),
+            "epochs_in_flight": max(1.0, num_consumers / max(1, n_chunks)),
+        }
+    return out
+
+
+def stream_table(manifest, cfg, num_consumers: int) -> str:
+    """:func:`effective_streams` as a text table: the run's effective open chunks and buffer per source."""
+    eff = effective_streams(manifest, cfg, num_consumers)
+    header = ["source", "docs", "chunks", "chunks/consumer-epoch", f"open (k={cfg.open_shards})",
+              "docs/consumer-epoch", f"buffer (B={cfg.buffer_size})", "epochs in flight"]
+    rows = [header] + [
+        [name, f"{e['docs']:,}", f"{e['chunks']:,}", f"{e['chunks_per_consumer_epoch']:.2f}", str(e["open"]),
+         f"{e['docs_per_consumer_epoch']:,.1f}", f"{e['buffer']:,}" + ("*" if e["buffer"] < cfg.buffer_size else ""),
+         f"{e['epochs_in_flight']:.1f}"]
+        for name, e in eff.items()
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.append(f"{num_consumers} consumers (ranks x workers); * capped by what one source-epoch gives a consumer "
+                 "(docs/consumer-epoch counts the epochs that give it a chunk)")
+    return "\n".join(lines) + "\n"

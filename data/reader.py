@@ -1,21 +1,43 @@
-"""Reading documents by address: chunk row ranges and single rows, tokenized on the way out.
+"""Reading documents by address: chunks streamed in bounded slices, single rows by address.
 
-Parquet reads whole row groups, so a chunk (a row range inside one row group) costs one row-group
-read of the text column (plus the filter column when the source has a row filter), and restoring a
-buffer groups its addresses by row group so each is read once.
+A chunk is a row range inside one parquet row group, and a row group can hold ~100k documents
+(Dolma3-style files, ~800M tokens): tokenizing a whole chunk on open cost minutes and gigabytes per
+consumer. So a chunk is read *lazily*: :class:`LazyChunk` knows which of its rows are documents (the
+filter column, small, and the text column's null count from the footer), and decodes ``SLICE_ROWS``
+rows at a time as the stream consumes them, in row order. Memory per open chunk is one slice of text
+(plus the parquet decoder's page buffers), whatever the row-group size; resuming inside a chunk
+decodes the rows before its position. Nothing is tokenized here: the stream tokenizes a document when
+it leaves the shuffle buffer (data/stream.py), so filling a buffer or restoring one
+(:meth:`ShardReader.read_texts`, each row group scanned once in the same slices) costs decoding only.
+
+A null ``text`` is named ``file:row group:row``; with ``data.on_bad_shard: skip`` it is left out
+(logged and counted in ``ShardReader.bad_rows``), the same rows on every read, so the document
+counts a cursor relies on do not change between a run and its resume. Text that cannot be decoded is
+always an error naming the row.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict
+import logging
+from collections import OrderedDict, defaultdict, deque
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.config import DataConfig
+from data.errors import ConfigError
 from data.manifest import Chunk, Manifest, matches
 from data.tokenizer import encode_docs
+
+log = logging.getLogger(__name__)
+
+SLICE_ROWS = 256
+"""Rows decoded and tokenized at a time: an open chunk's read-ahead (and a restore's)."""
+READ_BUFFER = 1 << 20
+"""Bytes of a column chunk read at a time, so a slice does not pull in the whole row group."""
 
 
 class ShardReader:
@@ -23,15 +45,17 @@ class ShardReader:
         self.manifest = manifest
         self.text_column = cfg.text_column
         self.threads = cfg.tokenizer_threads
+        self.skip_bad = cfg.on_bad_shard == "skip"
         self.filters = [info.filter for info in manifest.sources.values()]
         self._files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._max_open = max_open_files
+        self.bad_rows: dict[tuple[int, int], list[int]] = {}  # (shard, row group) -> rows skipped (null text)
 
     def _file(self, shard: int) -> pq.ParquetFile:
         pf = self._files.pop(shard, None)
         if pf is None:
             try:
-                pf = pq.ParquetFile(self.manifest.shards[shard].path)
+                pf = pq.ParquetFile(self.manifest.shards[shard].path, buffer_size=READ_BUFFER)
             except Exception as e:
                 raise RuntimeError(f"{self.manifest.shards[shard].path}: cannot open parquet file: {e}") from e
             if len(self._files) >= self._max_open:
@@ -45,42 +69,172 @@ class ShardReader:
                 return i, first
         raise IndexError(f"{self.manifest.shards[shard].path}: row {row} out of range")
 
-    def _read(self, source: int, shard: int, rg: int) -> pa.Table:
-        filt = self.filters[source]
-        cols = [self.text_column] + ([filt.column] if filt else [])
-        try:
-            return self._file(shard).read_row_group(rg, columns=cols)
-        except Exception as e:
-            raise RuntimeError(
-                f"{self.manifest.shards[shard].path}: row group {rg} unreadable (file changed or corrupt "
-                f"since the manifest was built?): {e}"
-            ) from e
+    def _where(self, shard: int, rg: int, row: int | None = None) -> str:
+        """``file:row group:row`` (or ``file: row group N`` for a whole row group)."""
+        path = self.manifest.shards[shard].path
+        return f"{path}: row group {rg}" if row is None else f"{path}:{rg}:{row}"
 
-    def read_chunk(self, source: int, chunk: Chunk, skip: int = 0) -> tuple[list[int], list[np.ndarray]]:
-        """Rows of the chunk that belong to the source (filter applied), minus the first ``skip``."""
+    def _read(self, source: int, shard: int, rg: int, columns: list[str]) -> pa.Table:
+        """Whole columns of one row group (used for the small filter column only)."""
+        try:
+            return self._file(shard).read_row_group(rg, columns=columns)
+        except Exception as e:
+            raise RuntimeError(f"{self._where(shard, rg)} unreadable (file changed or corrupt since "
+                               f"the manifest was built?): {e}") from e
+
+    def _scan(self, shard: int, rg: int) -> Iterator[pa.Array]:
+        """The text column of one row group, SLICE_ROWS rows at a time."""
+        try:
+            batches = self._file(shard).iter_batches(batch_size=SLICE_ROWS, row_groups=[rg],
+                                                     columns=[self.text_column], use_threads=False)
+            for batch in batches:
+                yield batch.column(0)
+        except Exception as e:
+            raise RuntimeError(f"{self._where(shard, rg)}: text column unreadable (file changed or corrupt since "
+                               f"the manifest was built?): {e}") from e
+
+    def _read_slice(self, scan: Iterator[pa.Array]) -> pa.Array | None:
+        """The next slice of a scan (None at its end); one place to time parquet reads."""
+        return next(scan, None)
+
+    # -- which rows are documents ----------------------------------------------------------------
+    def valid_rows(self, source: int, chunk: Chunk) -> np.ndarray:
+        """Rows of the chunk that are documents of the source: the row filter applied, null texts
+        refused (or, with ``on_bad_shard: skip``, left out and counted)."""
         rg, first = self._row_group(chunk.shard, chunk.start)
-        table = self._read(source, chunk.shard, rg).slice(chunk.start - first, chunk.stop - chunk.start)
         rows = np.arange(chunk.start, chunk.stop)
+        keep = np.ones(len(rows), dtype=bool)
         filt = self.filters[source]
         if filt:
-            mask = matches(table.column(filt.column), filt.values).to_numpy(zero_copy_only=False)
-            rows = rows[mask]
-            table = table.filter(pa.array(mask))
-        texts = table.column(self.text_column).to_pylist()[skip:]
-        return rows[skip:].tolist(), encode_docs(texts, self.threads)
+            col = self._read(source, chunk.shard, rg, [filt.column]).column(0)
+            col = col.slice(chunk.start - first, chunk.stop - chunk.start)
+            keep &= matches(col, filt.values).to_numpy(zero_copy_only=False)
+        if self._may_hold_nulls(chunk.shard, rg):
+            nulls = self._null_rows(chunk.shard, rg, first)
+            bad = [r for r in rows[keep] if r in nulls]
+            if bad:
+                self._bad_text(chunk.shard, rg, bad)
+                keep &= ~np.isin(rows, bad)
+        return rows[keep]
+
+    def _may_hold_nulls(self, shard: int, rg: int) -> bool:
+        """From the footer: a text column chunk whose statistics count no nulls needs no scan."""
+        meta = self._file(shard).metadata.row_group(rg)
+        for i in range(meta.num_columns):
+            col = meta.column(i)
+            if col.path_in_schema == self.text_column:
+                stats = col.statistics
+                return stats is None or not stats.has_null_count or stats.null_count > 0
+        return True
+
+    def _null_rows(self, shard: int, rg: int, first: int) -> set[int]:
+        """Rows of a row group whose text is null (one decoding pass, nothing tokenized)."""
+        out, pos = set(), first
+        scan = self._scan(shard, rg)
+        while (col := self._read_slice(scan)) is not None:
+            out |= {pos + int(i) for i in np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))}
+            pos += len(col)
+        return out
+
+    def _bad_text(self, shard: int, rg: int, rows: list[int]) -> None:
+        where = ", ".join(self._where(shard, rg, int(r)) for r in rows[:5]) + (" ..." if len(rows) > 5 else "")
+        if not self.skip_bad:
+            raise ConfigError(f"{len(rows)} document(s) with a null `{self.text_column}`: {where}; fix the file, or "
+                              "set data.on_bad_shard: skip to leave such rows out (logged and counted)")
+        if (shard, rg) not in self.bad_rows:
+            log.warning("skipping %d row(s) with a null text: %s", len(rows), where)
+        self.bad_rows[(shard, rg)] = sorted({*self.bad_rows.get((shard, rg), []), *map(int, rows)})
+
+    # -- reading --------------------------------------------------------------------------------
+    def open_chunk(self, source: int, chunk: Chunk, skip: int = 0) -> "LazyChunk":
+        """The chunk's documents minus the first ``skip``, read lazily (nothing is tokenized yet)."""
+        return LazyChunk(self, chunk, self.valid_rows(source, chunk)[skip:])
+
+    def read_chunk(self, source: int, chunk: Chunk, skip: int = 0) -> tuple[list[int], list[np.ndarray]]:
+        """All of a chunk's documents at once (the held-out set; tests): rows and tokens."""
+        lazy = self.open_chunk(source, chunk, skip)
+        docs = [lazy.take() for _ in range(lazy.left)]
+        return [r for r, _ in docs], encode_docs([t for _, t in docs], self.threads)
 
     def read_docs(self, source: int, addrs: list[tuple[int, int]]) -> list[np.ndarray]:
-        """Tokens of documents given as (shard, row), in the given order; one read per row group."""
-        by_group: dict[tuple[int, int], list[int]] = defaultdict(list)
-        located = []
+        """Tokens of documents given as (shard, row), in the given order (see :meth:`read_texts`)."""
+        return encode_docs(self.read_texts(source, addrs), self.threads)
+
+    def read_texts(self, source: int, addrs: list[tuple[int, int]]) -> list[str]:
+        """Texts of documents given as (shard, row), in the given order; each row group they touch is
+        scanned once in bounded slices."""
+        by_group: dict[tuple[int, int, int], set[int]] = defaultdict(set)
         for shard, row in addrs:
             rg, first = self._row_group(shard, row)
-            by_group[(shard, rg)].append(row - first)
-            located.append((shard, rg, row - first))
-        texts: dict[tuple[int, int, int], str] = {}
-        for (shard, rg), offsets in by_group.items():
-            col = self._read(source, shard, rg).column(self.text_column)
-            uniq = sorted(set(offsets))
-            for off, text in zip(uniq, col.take(pa.array(uniq)).to_pylist()):
-                texts[(shard, rg, off)] = text
-        return encode_docs([texts[key] for key in located], self.threads)
+            by_group[(shard, rg, first)].add(row)
+        texts: dict[tuple[int, int], str] = {}
+        for (shard, rg, first), rows in by_group.items():
+            wanted = np.array(sorted(rows))
+            for row, text in zip(wanted, self._texts_of_rows(shard, rg, wanted, self._scan(shard, rg), [first])):
+                texts[(shard, int(row))] = text
+        return [texts[(shard, row)] for shard, row in addrs]
+
+    def encode(self, text: str) -> np.ndarray:
+        """One document's tokens, EOT last (the stream tokenizes a document when it leaves the buffer)."""
+        return encode_docs([text], self.threads)[0]
+
+    def _texts_of_rows(self, shard: int, rg: int, rows: np.ndarray, scan: Iterator[pa.Array],
+                       state: list) -> list[str]:
+        """Texts of ``rows`` (ascending, at or after the scan's position) read from ``scan``.
+
+        ``state`` is ``[first row of the current slice, current slice or None]``, carried between calls
+        so a lazy chunk keeps its place in the row group.
+        """
+        texts: list[str] = []
+        for row in rows:
+            while len(state) < 2 or state[1] is None or row >= state[0] + len(state[1]):
+                if len(state) == 2 and state[1] is not None:
+                    state[0] += len(state[1])
+                nxt = self._read_slice(scan)
+                if nxt is None:
+                    raise RuntimeError(f"{self._where(shard, rg, int(row))}: row missing (file changed since the "
+                                       "manifest was built?)")
+                state[1:] = [nxt]
+            texts.append(self._text(state[1], int(row) - state[0], shard, rg, int(row)))
+        return texts
+
+    def _text(self, col: pa.Array, i: int, shard: int, rg: int, row: int) -> str:
+        try:
+            text = col[i].as_py()
+        except Exception as e:  # e.g. invalid UTF-8 behind an intact footer
+            raise ConfigError(f"{self._where(shard, rg, row)}: `{self.text_column}` cannot be decoded: {e}") from e
+        if text is None:  # the footer's null count said none (or the file changed): always an error here
+            raise ConfigError(f"{self._where(shard, rg, row)}: `{self.text_column}` is null")
+        return text
+
+
+class LazyChunk:
+    """A chunk's documents in row order, decoded SLICE_ROWS rows at a time (texts; tokenized later)."""
+
+    def __init__(self, reader: ShardReader, chunk: Chunk, rows: np.ndarray):
+        self.reader, self.shard = reader, chunk.shard
+        self.rg, first = reader._row_group(chunk.shard, chunk.start)
+        self.rows, self.pos = rows, 0
+        self.ready: deque[tuple[int, str]] = deque()
+        self._scan: Iterator[pa.Array] | None = None
+        self._state: list = [first]
+
+    @property
+    def left(self) -> int:
+        """Documents not taken yet."""
+        return len(self.rows) - self.pos
+
+    def take(self) -> tuple[int, str]:
+        """(row, text) of the next document."""
+        if not self.ready:
+            self._read_ahead()
+        self.pos += 1
+        return self.ready.popleft()
+
+    def _read_ahead(self) -> None:
+        if self._scan is None:
+            self._scan = self.reader._scan(self.shard, self.rg)
+        start = self.pos + len(self.ready)
+        rows = self.rows[start:start + SLICE_ROWS]
+        texts = self.reader._texts_of_rows(self.shard, self.rg, rows, self._scan, self._state)
+        self.ready.extend(zip(rows.tolist(), texts))

@@ -21,7 +21,8 @@ class Doc:
     shard: int
     row: int
     epoch: int  # the source-epoch this read belongs to
-    tokens: np.ndarray  # uint32 token ids, EOT last
+    tokens: np.ndarray | None  # uint32 token ids, EOT last (None while only the text is held, in a buffer)
+    text: str | None = None  # the text, until the stream tokenizes it on the way out of its buffer
 
 
 @dataclass

@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
 DEMO_CONFIG = ROOT / "configs" / "demo.yaml"
 BIG_CONFIG = ROOT / "configs" / "pretrain_350m_20b.yaml"
+DEMO_WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}
 DEFAULT_BUFFER = 10_000  # DataConfig.buffer_size
 DEMO_BUFFER = 256  # configs/demo.yaml: the demo corpus has fewer documents than the default
 
@@ -193,7 +194,7 @@ def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_r
     import data.reader as reader
 
     spent = {"encode": 0.0, "read": 0.0, "encode_tokens": 0, "encode_calls": 0, "read_calls": 0}
-    encode_docs, read = reader.encode_docs, reader.ShardReader._read
+    encode_docs, read = reader.encode_docs, reader.ShardReader._read_slice
 
     def timed_encode(texts, num_threads=8):
         t0 = time.perf_counter()
@@ -203,19 +204,19 @@ def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_r
         spent["encode_calls"] += 1
         return out
 
-    def timed_read(self, source, shard, rg):
+    def timed_read(self, scan):
         t0 = time.perf_counter()
-        out = read(self, source, shard, rg)
+        out = read(self, scan)
         spent["read"] += time.perf_counter() - t0
         spent["read_calls"] += 1
         return out
 
     runner = PathRunner(corpus, threads, buffer_size)
-    reader.encode_docs, reader.ShardReader._read = timed_encode, timed_read
+    reader.encode_docs, reader.ShardReader._read_slice = timed_encode, timed_read
     try:
         tokens, total = runner.run(batches)
     finally:
-        reader.encode_docs, reader.ShardReader._read = encode_docs, read
+        reader.encode_docs, reader.ShardReader._read_slice = encode_docs, read
     rest = total - spent["encode"] - spent["read"]
     ideal = spent["encode_tokens"] / bare_rate
     consumer = runner.sim.consumers[0][0]
@@ -229,7 +230,8 @@ def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_r
         f"{human(tokens / total)} tok/s):",
         f"    encode_docs   {spent['encode']:6.2f} s {spent['encode'] / total:6.1%}  {spent['encode_calls']} calls, "
         f"{human(spent['encode_tokens'])} tokens (bare tiktoken at its rate: {ideal:.2f} s)",
-        f"    parquet read  {spent['read']:6.2f} s {spent['read'] / total:6.1%}  {spent['read_calls']} row-group reads",
+        f"    parquet read  {spent['read']:6.2f} s {spent['read'] / total:6.1%}  {spent['read_calls']} slice reads "
+        f"({reader.SLICE_ROWS} rows)",
         f"    rest (Python) {rest:6.2f} s {rest / total:6.1%}  mixer, buffer, packer, per-batch cursor",
         f"    per-batch cursor (next_batch calls state_dict every batch): {cursor_ms:.2f} ms "
         f"at buffer {buffer_size:,}; "
@@ -296,7 +298,8 @@ def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], b
         }
         if not buffered:
             docs = [d for src in runner.sim.consumers[0][0].sources for d in src.buffer]
-            buffered = f"{len(docs):,} docs, {sum(d.tokens.nbytes for d in docs) / 2**20:.1f} MB of tokens"
+            held = sum(len(d.text.encode()) if d.tokens is None else d.tokens.nbytes for d in docs)
+            buffered = f"{len(docs):,} docs, {held / 2**20:.1f} MB (texts until a document leaves the buffer)"
         lines.append(f"    {threads:>7}  {human(results[threads]['bare']):>10}  {human(results[threads]['path']):>10}  "
                      f"{ratio:>5.2f}  {' '.join(f'{r:.2f}' for r in ratios):<22} {runner.first_batch_s:.2f} s")
         del runner
@@ -408,12 +411,13 @@ def bench_mixing(corpus: Path, lengths: dict[str, np.ndarray], buffer_size: int,
 # (c) long-run token shares per phase
 
 
-def phase_errors(corpus: Path, selector: str, scale: float) -> tuple[object, list[tuple[str, float, float, float]]]:
+def phase_errors(corpus: Path, selector: str, scale: float,
+                 commit: str = "sequence") -> tuple[object, list[tuple[str, float, float, float]]]:
     """Runs the demo schedule (budget x scale) to its end.
 
     Per phase: (name, tokens, max |share error|, max |token error| in mean documents of the source).
     """
-    cfg = load_data_config(DEMO_CONFIG, {"selector": selector})
+    cfg = load_data_config(DEMO_CONFIG, {"selector": selector, "commit": commit})
     cfg.sources = corpus_sources(corpus, list(cfg.sources))
     # a typed, frozen ScheduleConfig: a copy with the budget scaled
     cfg.schedule = dataclasses.replace(cfg.schedule, train_tokens=int(cfg.schedule.train_tokens * scale))
@@ -503,6 +507,193 @@ def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], rep
 # ---------------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------------
+# (e) book-length documents: bounded commitment against the older whole-document rule
+
+
+def long_doc_corpus(demo: Path, out: Path) -> Path:
+    """The demo corpus with 4 extra books of 185k-234k tokens (demo book text, repeated): the shape on
+    which whole-document commitment let one book pin a batch row for ~300 steps."""
+    import pyarrow as pa
+
+    from data.tokenizer import count_tokens
+
+    for source in SOURCES:
+        (out / source).mkdir(parents=True, exist_ok=True)
+        for path in sorted((demo / source).glob("*.parquet")):
+            (out / source / path.name).write_bytes(path.read_bytes())
+    books = [t for path in sorted((demo / "books").glob("*.parquet"))
+             for t in pq.read_table(path, columns=["text"]).column(0).to_pylist()]
+    whole = "\n\n".join(books)
+    per_token = len(whole) / max(1, sum(count_tokens([whole])))
+    texts = [(whole * 3)[: int(n * per_token)] for n in (185_000, 200_000, 215_000, 234_000)]
+    table = pa.table({"source": ["books"] * 4, "date": ["2024-01-01"] * 4, "text": texts,
+                      "token_count": pa.array(count_tokens(texts), pa.int64()), "category": ["books"] * 4})
+    pq.write_table(table, out / "books" / "long_books.parquet", row_group_size=1)
+    return out
+
+
+def commit_run(corpus: Path, commit: str, seed: int, steps: int, batch_size: int, seq_len: int) -> np.ndarray:
+    """Tokens per source of each batch of one consumer, [steps, sources]."""
+    cfg = stream_config(corpus, commit=commit, seed=seed, batch_size=batch_size, seq_len=seq_len,
+                        buffer_size=256, open_shards=4, weights=DEMO_WEIGHTS)
+    sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
+    return np.array([b["source_tokens"] for _, _, b in sim.batches(steps)], dtype=np.float64)
+
+
+def linear_deficit(lengths: dict[str, np.ndarray], weights: np.ndarray, steps: int, per_batch: int,
+                   seed: int) -> np.ndarray:
+    """The deficit rule over a perfect shuffle (uniform documents of the chosen source), packed
+    linearly (one stream cut into batches): the reference the issue measured (0.034)."""
+    rng = np.random.default_rng(seed)
+    counts, done = np.zeros((steps, len(SOURCES))), np.zeros(len(SOURCES))
+    pos, total = 0, steps * per_batch
+    while pos < total:
+        s = int(np.argmax((weights * pos - done) / weights))
+        n = int(lengths[SOURCES[s]][rng.integers(len(lengths[SOURCES[s]]))])
+        n = min(n, total - pos)
+        first, last = pos // per_batch, (pos + n - 1) // per_batch
+        for b in range(first, last + 1):  # spread the document over the batches it covers
+            lo, hi = max(pos, b * per_batch), min(pos + n, (b + 1) * per_batch)
+            counts[b, s] += hi - lo
+        done[s] += n
+        pos += n
+    return counts
+
+
+def bench_long_docs(demo: Path, tmp: Path, steps: int, seeds: list[int], phases: bool) -> tuple[list[str], dict]:
+    corpus = long_doc_corpus(demo, tmp / "long_docs")
+    _, lengths = read_corpus(corpus)
+    w = np.array([DEMO_WEIGHTS[s] for s in SOURCES])
+    batch_size, seq_len = 4, 2048
+    runs = {
+        "document": [commit_run(corpus, "document", seed, steps, batch_size, seq_len) for seed in seeds],
+        "sequence": [commit_run(corpus, "sequence", seed, steps, batch_size, seq_len) for seed in seeds],
+        "linear": [linear_deficit(lengths, w, steps, batch_size * seq_len, seed) for seed in seeds],
+    }
+    labels = {"document": "stream, commit: document (older rule)", "sequence": "stream, commit: sequence (bounded)",
+              "linear": "deficit over a perfect shuffle, linear packing"}
+    lines = [f"(e) book-length documents: demo corpus + 4 books of 185k-234k tokens; one consumer, {batch_size} x "
+             f"{seq_len} tokens, {steps} steps, seeds {seeds}; weights {DEMO_WEIGHTS}",
+             f"    {'':<50} {'long-run err':>14} {'per-batch TV':>13}"]
+    out = {}
+    for key, per_seed in runs.items():
+        err = [float(np.abs(c.sum(0) / c.sum() - w).max()) for c in per_seed]
+        flat = [float(tv(c / c.sum(1, keepdims=True), w).mean()) for c in per_seed]
+        out[key] = (float(np.mean(err)), float(np.mean(flat)))
+        lines.append(f"    {labels[key]:<50} {np.mean(err):>7.4f} +-{np.std(err):.3f} {np.mean(flat):>13.3f}")
+    lines.append(f"    ratios sequence/document: long-run err {out['sequence'][0] / out['document'][0]:.2f}, "
+                 f"per-batch TV {out['sequence'][1] / out['document'][1]:.2f}; sequence/linear long-run err "
+                 f"{out['sequence'][0] / out['linear'][0]:.2f}")
+    if phases:
+        for commit in ("document", "sequence"):
+            schedule, per_phase = phase_errors(corpus, "deficit", 1, commit)
+            cells = "  ".join(f"{name} {err:.4f}" for name, _, err, _ in per_phase)
+            lines.append(f"    demo.yaml schedule ({schedule.total_steps} steps), commit {commit:<8}: "
+                         f"phase share error {cells}")
+            out[("phases", commit)] = {name: err for name, _, err, _ in per_phase}
+    return lines, out
+
+
+# ---------------------------------------------------------------------------------------------------
+# (f) a Dolma3-shaped corpus: start-up, throughput, memory, cursor, restore (this tree vs --before)
+
+SCALE_PROBE = r"""
+import json, os, resource, shutil, sys, time
+import numpy as np
+from data.config import DataConfig, FilterConfig, SourceConfig
+from data.manifest import build_manifest
+from data.packer import ConsumerStream
+a = json.loads(sys.argv[1])
+srcs = {n: SourceConfig(paths=[a["pattern"]], filter=FilterConfig(column="source", values=v))
+        for n, v in a["mixture"].items()}
+def cfg_with(cache):
+    return DataConfig(sources=srcs, weights=a["weights"], buffer_size=a["buffer"], open_shards=a["open"],
+                      batch_size=a["rows"], seq_len=a["seq_len"], min_chunks_per_source=1, num_workers=1,
+                      val_tokens_per_source=0, manifest_cache=cache)
+shutil.rmtree(a["cache"], ignore_errors=True)
+t = time.perf_counter(); m = build_manifest(cfg_with(a["cache"])); cold = time.perf_counter() - t
+t = time.perf_counter(); m = build_manifest(cfg_with(a["cache"])); warm = time.perf_counter() - t
+cfg = cfg_with(a["cache"])
+w = np.array([a["weights"][n] for n in srcs])
+make = lambda: ConsumerStream(m, cfg, 0, 1, 0, 1, lambda s: w, lambda s: a["seq_len"])
+t = time.perf_counter(); c = make(); c.next_batch(); first = time.perf_counter() - t
+t = time.perf_counter()
+for _ in range(a["batches"]):
+    c.next_batch()
+steady = time.perf_counter() - t
+rate = a["batches"] * a["rows"] * a["seq_len"] / steady
+overall = (a["batches"] + 1) * a["rows"] * a["seq_len"] / (steady + first)
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+state = c.state_dict()
+cursor = len(json.dumps(state))
+del c
+t = time.perf_counter(); r = make(); r.load_state_dict(state); r.next_batch(); restore = time.perf_counter() - t
+print(json.dumps({"manifest_cold": cold, "manifest_warm": warm, "first_batch": first, "tok_s": rate,
+                  "tok_s_overall": overall,
+                  "peak_rss_mb": rss, "cursor_bytes": cursor, "restore": restore}))
+"""
+
+
+def _scale_corpus_module():
+    """scripts/make_scale_corpus.py, loaded by path (scripts are not a package; no sys.path edits)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_scale_corpus", ROOT / "scripts" / "make_scale_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def scale_probe(tree: Path, corpus: Path, cache: Path, buffer_size: int, batches: int) -> dict:
+    """The probe above in a fresh process with ``tree`` first on the path (so peak RSS is its own)."""
+    MIXTURE = _scale_corpus_module().MIXTURE
+
+    args = {"pattern": str(corpus / "*.parquet"), "mixture": MIXTURE, "weights": DEMO_WEIGHTS, "cache": str(cache),
+            "buffer": buffer_size, "open": 8, "rows": 4, "seq_len": 2048, "batches": batches}
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run([sys.executable, "-c", SCALE_PROBE, json.dumps(args)], cwd=tree, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scale probe in {tree} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path, rows: int, buffer_size: int,
+                batches: int) -> tuple[list[str], dict]:
+    make_scale_corpus = _scale_corpus_module().make_scale_corpus
+
+    if corpus is None:
+        corpus = tmp / "scale_corpus"
+        make_scale_corpus(corpus, files=2, rows=rows, row_group=rows, demo=demo)
+    trees = {"after (this tree)": ROOT} | ({"before": before.resolve()} if before else {})
+    results = {name: scale_probe(tree, corpus, tmp / f"cache-{i}", buffer_size, batches)
+               for i, (name, tree) in enumerate(trees.items())}
+    files = sorted(corpus.glob("*.parquet"))
+    meta = pq.ParquetFile(files[0]).metadata
+    lines = [f"(f) Dolma3-shaped corpus: {len(files)} files x {meta.num_rows:,} rows, "
+             f"{meta.num_rows // meta.num_row_groups:,} rows per row group, every file mixing 6 sub-sources; "
+             f"one consumer, chunks = whole row groups (as at 3,000 files), buffer {buffer_size:,}, 8 open chunks, "
+             f"4 x 2048 tokens per batch, {batches} batches",
+             "    tok/s: steady (after the first batch) / overall (first batch included; the older path "
+             "tokenizes whole chunks up front)",
+             f"    {'':<20} {'manifest cold/warm':>19} {'first batch':>12} {'tok/s':>19} {'peak RSS':>9} "
+             f"{'cursor':>9} {'restore':>8}"]
+    for name, r in results.items():
+        lines.append(f"    {name:<20} {r['manifest_cold']:>8.2f} s/{r['manifest_warm']:>6.2f} s "
+                     f"{r['first_batch']:>10.1f} s "
+                     f"{human(r['tok_s']):>9} / {human(r['tok_s_overall']):>7} {r['peak_rss_mb']:>6.0f} MB "
+                     f"{r['cursor_bytes'] / 1e3:>6.1f} KB "
+                     f"{r['restore']:>6.1f} s")
+    if before:
+        a, b = results["after (this tree)"], results["before"]
+        lines.append(f"    after/before: first batch {a['first_batch'] / b['first_batch']:.2f}, tok/s steady "
+                     f"{a['tok_s'] / b['tok_s']:.2f}, overall {a['tok_s_overall'] / b['tok_s_overall']:.2f}, "
+                     f"peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}, restore "
+                     f"{a['restore'] / b['restore']:.2f}")
+    return lines, results
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", type=Path, default=None,
@@ -518,7 +709,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds of (a) (default 5)")
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the data path (part a)")
-    p.add_argument("--part", default="abcd", help="which parts to run, e.g. 'a' or 'bd' (default abcd)")
+    p.add_argument("--part", default="abcd",
+                   help="which parts to run, e.g. 'a' or 'bd' (default abcd; e: book-length documents, old vs new "
+                        "commitment side by side; f: a Dolma3-shaped corpus, this tree vs --before)")
+    p.add_argument("--scale-corpus", type=Path, default=None,
+                   help="part f: a corpus from scripts/make_scale_corpus.py (default: 2 files written to a temp dir)")
+    p.add_argument("--scale-rows", type=int, default=6000, help="part f: rows per file (one row group) when writing")
+    p.add_argument("--scale-buffer", type=int, default=600,
+                   help="part f: buffer size (default 600: a tenth of a row group, as 10,000 is of ~100k)")
+    p.add_argument("--before", type=Path, default=None,
+                   help="part f: a checkout of the code to compare with (e.g. git worktree of the base commit)")
     p.add_argument("--rss-probe", choices=["bare", "path"], help=argparse.SUPPRESS)
     p.add_argument("--probe-threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--probe-batches", type=int, default=10, help=argparse.SUPPRESS)
@@ -572,6 +772,18 @@ def run(args, corpus: Path) -> int:
     if "d" in args.part:
         lines, _ = bench_resume(corpus, buffer_size, (10, 300) if args.quick else (10, 10_000),
                                 repeats=3 if args.quick else 5)
+        print("\n".join(lines), flush=True)
+    if "e" in args.part:
+        with tempfile.TemporaryDirectory(prefix="wellmixed-long-") as tmp:
+            lines, _ = bench_long_docs(corpus, Path(tmp), steps=40 if args.quick else 400,
+                                       seeds=[1] if args.quick else [1, 2, 3], phases=not args.quick)
+        print("\n".join(lines), flush=True)
+    if "f" in args.part:
+        with tempfile.TemporaryDirectory(prefix="wellmixed-scale-") as tmp:
+            lines, _ = bench_scale(Path(tmp), args.scale_corpus, args.before, corpus,
+                                   rows=1000 if args.quick else args.scale_rows,
+                                   buffer_size=100 if args.quick else args.scale_buffer,
+                                   batches=3 if args.quick else 300)
         print("\n".join(lines), flush=True)
     print(f"done in {time.perf_counter() - t_start:.0f} s")
     return 0

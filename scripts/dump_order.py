@@ -25,6 +25,7 @@ from data import files
 from data.config import check_weights, corpus_sources, load_data_config
 from data.errors import ConfigError
 from data.manifest import build_manifest
+from data.plan import stream_table
 from data.simulate import OrderSimulator, dumps
 
 
@@ -107,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    print("effective streams (per consumer):\n" + stream_table(manifest, cfg, args.world_size * sim.workers),
+          file=sys.stderr)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         out = sys.stdout if args.out == "-" else open(stack.enter_context(files.atomic_path(args.out)), "w")

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="available tokens per source, e.g. web=2.28e11,code=2.07e10 (instead of the corpus)")
     p.add_argument("--max-epochs", type=float, default=None,
                    help="warn above this many epochs of a source (default: data.max_epochs)")
+    p.add_argument("--world-size", type=int, default=1,
+                   help="ranks, for the effective buffer and open chunks per source (with data.num_workers)")
     p.add_argument("--strict", action="store_true",
                    help="an epoch count above the limit is an error (as data.max_epochs_error: true)")
     return p
@@ -122,6 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         limit = "data.max_epochs" if args.max_epochs is None else "--max-epochs"
         print(f"implied epochs: every source at most {max_epochs:g} ({limit}; no warning)")
+    if args.tokens is None and all(cfg.sources[n].files() for n in cfg.sources):
+        from data.manifest import build_manifest
+        from data.plan import stream_table
+
+        consumers = args.world_size * max(1, cfg.num_workers)
+        print("\neffective streams per consumer (the epoch barrier caps what a small source can hold):")
+        print(stream_table(build_manifest(cfg), cfg, consumers))
     plot_schedule(schedule, out)
     print(f"wrote {out}")
     return 0

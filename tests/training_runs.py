@@ -186,8 +186,9 @@ def owed_docs(stream, epoch: int) -> list[tuple[int, int]]:
     """Documents of ``epoch`` a consumer still owes: buffered, left in open chunks, or in the
     elements of its own slice it has not taken yet."""
     out = [(d.shard, d.row) for d in stream.buffer if d.epoch == epoch]
-    for _, used, docs in stream.open:
-        out += [(d.shard, d.row) for d in docs[used:] if d.epoch == epoch]
+    for g, _, lazy in stream.open:  # a LazyChunk: its rows not taken yet
+        if g // len(stream.chunks) == epoch:
+            out += [(lazy.shard, int(r)) for r in lazy.rows[lazy.pos:]]
     n = len(stream.chunks)
     g = stream.consumer + stream.taken * stream.num_consumers
     while g < (epoch + 1) * n:

@@ -22,8 +22,10 @@ def run_plan(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
 
 
 def table_rows(stdout: str) -> dict[str, list[str]]:
-    """source -> [available, drawn, epochs, phase shares...] from the printed table."""
-    return {line.split()[0]: line.split()[1:] for line in stdout.splitlines()
+    """source -> [available, drawn, epochs, phase shares...] from the printed table (the first one; the
+    effective-streams table follows it)."""
+    table = stdout.split("effective streams")[0]
+    return {line.split()[0]: line.split()[1:] for line in table.splitlines()
             if line.split() and line.split()[0] in SOURCES}
 
 
