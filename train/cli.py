@@ -45,6 +45,7 @@ from train.callbacks import (
 from train.datamodule import WellMixedData
 from train.faults import StopOnSignal, install_early_handlers, remove_stale_temp_files, resolve_checkpoint
 from train.model import ModelConfigError
+from train.parallel import resolve_strategy
 from train.module import PretrainModule
 
 log = logging.getLogger("wellmixed")
@@ -131,6 +132,7 @@ class WellMixedCLI(LightningCLI):
                                         group=run.wandb_group, save_dir=str(run_dir), offline=not online))
         config["logger"] = loggers
         config["plugins"] = [AtomicCheckpointIO()]
+        config["strategy"] = resolve_strategy(config.get("strategy", "auto"))  # fsdp: one unit per block
         if SLURMEnvironment.detect():
             # Lightning's auto-requeue checkpoints inside the SIGUSR1 handler, mid-step (the batch in
             # flight is lost on resume; it can hang, Lightning #21406). StopOnSignal checkpoints at the

@@ -39,7 +39,7 @@ class PretrainModule(L.LightningModule):
         self,
         model: str | ModelConfig = "configs/model/demo.yaml",
         optim: Optional[OptimConfig] = None,
-        compile: bool = False,
+        compile: bool | Literal["auto"] = False,
         on_nonfinite: Literal["stop", "skip"] = "stop",
         log_every_n_steps: int = 1,
     ):
@@ -47,7 +47,8 @@ class PretrainModule(L.LightningModule):
         Args:
             model: a ModelConfig, or the path of a model YAML in configs/model/.
             optim: AdamW settings.
-            compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64).
+            compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64);
+                ``auto`` compiles on CUDA only, so one config serves the GPU run and a CPU smoke test.
             on_nonfinite: a non-finite loss stops the run with a clear message, or skips the step
                 (no parameter update, logged as train/skipped_steps).
             log_every_n_steps: interval of the per-source reductions and logs (each is an all-reduce).
@@ -78,7 +79,10 @@ class PretrainModule(L.LightningModule):
             raise ValueError("training needs data.schedule (its lr block gives the learning rate)")
 
     def configure_model(self) -> None:
-        if self.hparams.compile and not isinstance(self.model, torch._dynamo.eval_frame.OptimizedModule):
+        compile = self.hparams.compile
+        if compile == "auto":  # CPU compile costs minutes of start-up for little gain at test sizes
+            compile = self.trainer.strategy.root_device.type == "cuda"
+        if compile and not isinstance(self.model, torch._dynamo.eval_frame.OptimizedModule):
             self.model = torch.compile(self.model)
 
     def configure_optimizers(self):
