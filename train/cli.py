@@ -45,8 +45,8 @@ from train.callbacks import (
 from train.datamodule import WellMixedData
 from train.faults import StopOnSignal, install_early_handlers, remove_stale_temp_files, resolve_checkpoint
 from train.model import ModelConfigError
-from train.parallel import resolve_strategy
 from train.module import PretrainModule
+from train.parallel import resolve_strategy
 
 log = logging.getLogger("wellmixed")
 
