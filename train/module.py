@@ -68,13 +68,16 @@ class PretrainModule(L.LightningModule):
         self.skipped_steps = 0
         self._skip = False
         self._val = None
+        self._train_acc: list[torch.Tensor] | None = None  # per-source sums, counts, tokens of this step so far
+        self._train_acc_n = 0  # micro-batches in it
         self._last_val_step: int | None = None  # global step of the newest held-out loss
 
     # -- set-up ------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         dm = self.trainer.datamodule
         self.source_names = dm.manifest.source_names
-        self.lr_at = dm.steps.lr
+        # keyed on the optimizer step (dm.steps.lr takes data steps = micro-batches under accumulation)
+        self.lr_at = dm.steps.schedule.lr if dm.steps.schedule is not None else None
         if self.lr_at is None:
             raise ValueError("training needs data.schedule (its lr block gives the learning rate)")
 
@@ -161,10 +164,21 @@ class PretrainModule(L.LightningModule):
             self.log("train/grad_norm", norm.float(), on_step=True, on_epoch=False)
 
     def _log_train(self, batch: dict, tok_loss: torch.Tensor, loss: torch.Tensor) -> None:
-        reduce = self.trainer.strategy.reduce
+        """Per-source loss and token shares of the whole optimizer step: under gradient accumulation the
+        micro-batches' sums and counts are added up and reduced once, at the step's last micro-batch
+        (Lightning writes only that micro-batch's logged values, so logging each alone would report
+        1/A of the batch)."""
         sums, counts = self._per_source(tok_loss, batch["target_source"])
+        part = [sums, counts, batch["source_tokens"].double().to(self.device)]
+        acc = self._train_acc
+        self._train_acc = part if acc is None else [a + p for a, p in zip(acc, part)]
+        self._train_acc_n += 1
+        if self._train_acc_n < self.trainer.accumulate_grad_batches:
+            return
+        (sums, counts, tokens), self._train_acc, self._train_acc_n = self._train_acc, None, 0
+        reduce = self.trainer.strategy.reduce
         sums, counts = reduce(sums, reduce_op="sum"), reduce(counts, reduce_op="sum")
-        shares = reduce(batch["source_tokens"].double().to(self.device), reduce_op="sum")
+        shares = reduce(tokens, reduce_op="sum")
         shares = shares / shares.sum()
         weights = batch["weights"].double().to(self.device)
         metrics = {
