@@ -82,6 +82,10 @@ class PretrainModule(L.LightningModule):
             raise ValueError("training needs data.schedule (its lr block gives the learning rate)")
 
     def configure_model(self) -> None:
+        if self.device_mesh is not None:  # ModelParallelStrategy (train/parallel.py: fsdp2)
+            from train.parallel import shard_per_block
+
+            shard_per_block(self.model, self.device_mesh["data_parallel"])  # FSDP2, one unit per block
         compile = self.hparams.compile
         if compile == "auto":  # CPU compile costs minutes of start-up for little gain at test sizes
             compile = self.trainer.strategy.root_device.type == "cuda"
