@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -57,6 +58,22 @@ class SourceConfig:
             pattern = os.path.expandvars(str(Path(pattern).expanduser()))
             out.extend(sorted(glob.glob(pattern, recursive=True)))
         return sorted(dict.fromkeys(out))
+
+
+def unset_variables(patterns: list[str]) -> list[str]:
+    """Environment variables the patterns name (``$VAR`` / ``${VAR}``) that are not set: ``os.path.expandvars``
+    leaves them as literal text, so the glob matches nothing and the error would show only the pattern."""
+    names = [m.group(1) or m.group(2) for p in patterns for m in re.finditer(r"\$(?:(\w+)|\{(\w+)\})", p)]
+    return sorted({n for n in names if n not in os.environ})
+
+
+def no_match_reason(paths: list[str]) -> str:
+    """Why a source's globs matched no file, for the start-up error."""
+    unset = unset_variables(paths)
+    if unset:
+        return (f"environment variable {', '.join('$' + n for n in unset)} is not set "
+                f"(export {unset[0]}=/path/to/the/corpus; docs/data-download.md)")
+    return "no file matches"
 
 
 @dataclass

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data.config import SCHEMA, DataConfig, FilterConfig
+from data.config import SCHEMA, DataConfig, FilterConfig, no_match_reason
 from data.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def build_manifest(cfg: DataConfig) -> Manifest:
     for name, src in cfg.sources.items():
         files = src.files()
         if not files:
-            empty.append(f"data.sources.{name}.paths {src.paths}: no file matches")
+            empty.append(f"data.sources.{name}.paths {src.paths}: {no_match_reason(src.paths)}")
         files_per_source[name] = files
     if empty:
         raise ConfigError("no input files:\n  " + "\n  ".join(empty))

@@ -9,7 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -27,38 +27,60 @@ log = logging.getLogger(__name__)
 PEAK_BF16_FLOPS = {"h200": 989.5e12, "h100": 989.5e12, "a100": 312e12, "l40s": 362.05e12, "a10g": 125e12}
 
 
-def default_peak_flops() -> float | None:
-    if not torch.cuda.is_available():
+def default_peak_flops(trainer=None) -> float | None:
+    """Peak FLOP/s of one device: our dense-bf16 table, else Lightning's (CUDA only), else None (CPU:
+    no MFU, since a CPU's peak depends on cores, clocks and ISA that nothing here measures)."""
+    device = trainer.strategy.root_device if trainer is not None else None
+    if not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
         return None
-    name = torch.cuda.get_device_name().lower()
+    name = torch.cuda.get_device_name(device).lower()
     for key, flops in PEAK_BF16_FLOPS.items():
         if key in name:
             return flops
-    return None
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    precision = str(getattr(trainer, "precision", "")) if trainer is not None else ""
+    dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
+    return get_available_flops(device or torch.device("cuda"), dtype)
 
 
 class DataStateCallback(L.Callback):
     """After every optimizer step: record the trained batch's cursor; optionally append its order line.
 
-    The order log (``data.order_log: true``) is ``<run dir>/order_log/rank<r>.jsonl``, one line per step
-    in the order-dump format plus ``loss``. On resume, lines past the checkpoint's step (written
-    before a kill, about to be trained again) are dropped, so the file reads as one clean run.
+    The order log (``data.order_log: true``) is ``<run dir>/order_log/rank<r>.jsonl``, one line per data
+    step (micro-batch: with accumulation A, optimizer step s trains lines sA .. sA+A-1) in the order-dump
+    format plus ``loss``. On resume, lines past the checkpoint's data step (written before a kill,
+    about to be trained again) are dropped, so the file reads as one clean run. After an elastic
+    resume that changes the accumulation, the step numbers continue in the new units (optimizer step
+    s resumes at data step s x new A).
     """
 
     def __init__(self, run_dir: str):
         self.run_dir = Path(run_dir)
         self._file = None
+        self._resumed_data_step: int | None = None  # micro-batches the checkpoint had trained, in its units
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        """The lines on disk were written in the checkpoint's micro-batch units (its accumulation), which
+        an elastic resume may change: the stale ones start at the checkpoint's own data step."""
+        state = checkpoint.get(type(trainer.datamodule).__qualname__) or {}
+        self._resumed_data_step = state.get("next_step")
 
     def _path(self, trainer) -> Path:
         return self.run_dir / "order_log" / f"rank{trainer.global_rank}.jsonl"
 
     def on_train_start(self, trainer, pl_module) -> None:
+        _align_accumulation_phase(trainer)
         dm = trainer.datamodule
         if not dm.order_log:
             return
         path = self._path(trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
-        next_step = trainer.global_step * dm.accumulate
+        # lines from the checkpoint's data step on are about to be trained again (not global_step x the
+        # new accumulation: after a 4x1 -> 2x2 resume at step s that kept the old lines s..2s-1)
+        next_step = self._resumed_data_step
+        if next_step is None:
+            next_step = trainer.global_step * dm.accumulate
         _drop_lines_from(path, next_step)
         if trainer.is_global_zero:  # after an elastic resume onto fewer ranks, the others' logs end here too
             for other in path.parent.glob("rank*.jsonl"):
@@ -71,6 +93,7 @@ class DataStateCallback(L.Callback):
         dm.record(batch)
         if self._file is not None:
             loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
+            loss *= trainer.accumulate_grad_batches  # Lightning hands back the loss divided by A
             self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
             self._file.flush()
 
@@ -78,6 +101,27 @@ class DataStateCallback(L.Callback):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _align_accumulation_phase(trainer) -> None:
+    """After a resume, make Lightning's micro-batch counters say ``global_step x accumulation``.
+
+    Lightning decides where an optimizer step ends from its restored micro-batch count (``ready %
+    accumulate_grad_batches``). A checkpoint of a 4 x 1 run at step 9 holds 9 micro-batches; resumed as
+    2 x 2, the first step after it took a single micro-batch (half the global batch) and every later
+    boundary was off by one. Checkpoints are written at step boundaries, so shifting every counter by
+    the same amount (their relations, which Lightning's restart logic reads, are kept) fixes the phase;
+    for an unchanged accumulation the shift is 0.
+    """
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    shift = trainer.global_step * trainer.accumulate_grad_batches - progress.current.ready
+    if trainer.global_step == 0 or shift == 0:
+        return
+    for tracker in (progress.current, progress.total):
+        tracker.ready += shift
+        tracker.started += shift
+        tracker.processed += shift
+        tracker.completed += shift
 
 
 def _drop_lines_from(path: Path, step: int) -> None:
@@ -90,41 +134,62 @@ def _drop_lines_from(path: Path, step: int) -> None:
 
 
 class ThroughputCallback(L.Callback):
-    """tokens/s (global) and MFU with Lightning's Throughput utility and the model's FLOPs per token."""
+    """Per-interval throughput: global tokens/s, TFLOP/s and MFU per device, every ``log_every_n_steps``.
 
-    def __init__(self, peak_flops: float | None = None, window: int = 20, log_every_n_steps: int = 1):
+    Lightning's :class:`Throughput` is fed the way its docstring asks: ``time``, ``batches`` and
+    ``samples`` cumulative and strictly increasing, ``flops`` *since the previous update* (the old
+    code passed cumulative FLOPs, so MFU grew with the step). Its window is 2 updates, so each figure
+    covers exactly the last interval. Updates happen only when an optimizer step completed
+    (``trainer.global_step`` advanced): under gradient accumulation the micro-batches in between add
+    their tokens and FLOPs but are not an update (feeding the unchanged step crashed, issue 15).
+    The first completed step after (re)start is the baseline, so no interval contains compilation,
+    DataLoader start-up or the time a resumed job spent before its first step.
+
+    MFU is logged only where the peak is known (``run.peak_flops``, or a GPU in
+    :data:`PEAK_BF16_FLOPS` / Lightning's table); on CPU nothing is logged unless ``run.peak_flops``
+    is given. ``perf/tflops_per_sec`` is per device, ``perf/tokens_per_sec`` over all ranks.
+    """
+
+    def __init__(self, peak_flops: float | None = None, log_every_n_steps: int = 1,
+                 clock: Callable[[], float] = time.perf_counter):
         self.peak_flops = peak_flops
-        self.window = window
         self.log_every = max(1, log_every_n_steps)
+        self.clock = clock  # tests pass a fake clock
 
     def on_train_start(self, trainer, pl_module) -> None:
-        peak = self.peak_flops if self.peak_flops is not None else default_peak_flops()
-        self.meter = Throughput(available_flops=peak, world_size=trainer.world_size, window_size=self.window)
-        self.tokens = 0
-        self.flops = 0.0
-        self.t0 = time.perf_counter()
+        peak = self.peak_flops if self.peak_flops is not None else default_peak_flops(trainer)
+        self.meter = Throughput(available_flops=peak, world_size=trainer.world_size, window_size=2)
+        self._step = trainer.global_step  # the optimizer step the next micro-batch belongs to
+        self._steps_done = 0  # optimizer steps completed since this (re)start: Throughput's `batches`
+        self._tokens = 0  # this rank's tokens since this (re)start
+        self._flops = 0.0  # this rank's FLOPs since the last meter update
+        self._baseline = False
         schedule = trainer.datamodule.steps.schedule  # tokens before a resume, from the pure schedule
         self.tokens_before = sum(schedule.tokens_at(s) for s in range(trainer.global_step)) if schedule else 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
         B, L_ = batch["input_ids"].shape
         model = getattr(pl_module.model, "_orig_mod", pl_module.model)
-        self.tokens += B * L_
-        self.flops += model.flops_per_token(L_) * B * L_
-        if trainer.global_step % self.log_every:
+        self._tokens += B * L_
+        self._flops += model.flops_per_token(L_) * B * L_
+        if trainer.global_step == self._step:  # accumulating: the optimizer step is not done yet
+            return
+        self._step = trainer.global_step
+        self._steps_done += 1
+        if self._baseline and self._step % self.log_every:
             return
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize()
-        elapsed = time.perf_counter() - self.t0
-        # per-device counters; Throughput multiplies by world size for the global figures
-        self.meter.update(time=elapsed, batches=trainer.global_step, samples=self.tokens, flops=self.flops)
-        metrics = self.meter.compute()
-        out = {}
-        if "device/samples_per_sec" in metrics:
+        self.meter.update(time=self.clock(), batches=self._steps_done, samples=self._tokens, flops=self._flops)
+        self._flops = 0.0
+        out = {"perf/tokens_seen": float(self.tokens_before + self._tokens * trainer.world_size)}
+        if self._baseline:
+            metrics = self.meter.compute()
             out["perf/tokens_per_sec"] = metrics["device/samples_per_sec"] * trainer.world_size
-        if "device/mfu" in metrics:
-            out["perf/mfu"] = metrics["device/mfu"]
-        out["perf/tokens_seen"] = float(self.tokens_before + self.tokens * trainer.world_size)
+            out["perf/tflops_per_sec"] = metrics["device/flops_per_sec"] / 1e12
+            if "device/mfu" in metrics:
+                out["perf/mfu"] = metrics["device/mfu"]
+        self._baseline = True
         pl_module.log_dict(out, on_step=True, on_epoch=False, batch_size=B)
 
 

@@ -59,6 +59,7 @@ from train.faults import (
 )
 from train.model import ModelConfigError
 from train.module import PretrainModule
+from train.parallel import resolve_strategy
 from train.rundir_lock import acquire_run_dir
 
 log = logging.getLogger("wellmixed")
@@ -211,6 +212,7 @@ class WellMixedCLI(LightningCLI):
         config["logger"] = run_loggers.build(run.loggers, run_dir, wandb_project=run.wandb_project,
                                              wandb_name=run.wandb_name, wandb_group=run.wandb_group)
         config["plugins"] = [AtomicCheckpointIO()]
+        config["strategy"] = resolve_strategy(config.get("strategy", "auto"))  # fsdp: one unit per block
         if SLURMEnvironment.detect():
             # Lightning's auto-requeue checkpoints inside the SIGUSR1 handler, mid-step (the batch in
             # flight is lost on resume; it can hang, Lightning #21406). StopOnSignal checkpoints at the

@@ -159,13 +159,10 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def setup(self, stage: str) -> None:
         self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
         if self.steps.schedule is not None and self.trainer is not None:
-            world = self.trainer.world_size * self.accumulate
-            want = self.steps.schedule.config.global_batch_size
-            if self.batch_size * world != want:
-                raise ConfigError(
-                    f"data.schedule.global_batch_size ({want}) != data.batch_size ({self.batch_size}) x "
-                    f"{self.trainer.world_size} ranks x {self.accumulate} accumulation; make them agree"
-                )
+            from train.parallel import check_global_batch
+
+            check_global_batch(self.steps.schedule.config.global_batch_size, self.batch_size,
+                               self.trainer.world_size, self.accumulate)
 
     @property
     def rank(self) -> int:

@@ -167,6 +167,8 @@ def error_lines(e: BaseException) -> str:
 
 def checkpoint_problem(path: Path) -> str | None:
     """None if ``path`` opens as a checkpoint (index and pickled structure), else what is wrong."""
+    if path.is_dir():  # a sharded checkpoint (torch.distributed.checkpoint folder; train/parallel.py)
+        return _sharded_checkpoint_problem(path)
     try:
         # mmap: tensors are not read, so this costs milliseconds even for a multi-GB checkpoint;
         # a truncated file fails here (the zip index is at the end of the file).
@@ -177,6 +179,17 @@ def checkpoint_problem(path: Path) -> str | None:
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         return "not a Lightning checkpoint (no state_dict / global_step)"
     return None
+
+
+def _sharded_checkpoint_problem(path: Path) -> str | None:
+    """A sharded folder: its ``.metadata`` index and Lightning's ``meta.pt`` (step, loops, data cursors)."""
+    if not (path / ".metadata").is_file():
+        return "sharded checkpoint without its .metadata index (incomplete write?)"
+    try:
+        meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001
+        return f"meta.pt: {type(e).__name__}: {str(e).strip()[:200]}"
+    return None if isinstance(meta, dict) and "global_step" in meta else "meta.pt holds no global_step"
 
 
 def _newest_first(ckpt_dir: Path) -> list[Path]:

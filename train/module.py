@@ -39,7 +39,7 @@ class PretrainModule(L.LightningModule):
         self,
         model: str | ModelConfig = "configs/model/demo.yaml",
         optim: Optional[OptimConfig] = None,
-        compile: bool = False,
+        compile: bool | Literal["auto"] = False,
         on_nonfinite: Literal["stop", "skip"] = "stop",
         log_every_n_steps: int = 1,
     ):
@@ -47,7 +47,8 @@ class PretrainModule(L.LightningModule):
         Args:
             model: a ModelConfig, or the path of a model YAML in configs/model/ (a checkpoint's dict works too).
             optim: AdamW settings.
-            compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64).
+            compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64);
+                ``auto`` compiles on CUDA only, so one config serves the GPU run and a CPU smoke test.
             on_nonfinite: a non-finite loss stops the run with a clear message, or skips the step
                 (no parameter update, logged as train/skipped_steps).
             log_every_n_steps: interval of the per-source reductions and logs (each is an all-reduce).
@@ -79,18 +80,28 @@ class PretrainModule(L.LightningModule):
         self.skipped_steps = 0
         self._skip = False
         self._val = None
+        self._train_acc: list[torch.Tensor] | None = None  # per-source sums, counts, tokens of this step so far
+        self._train_acc_n = 0  # micro-batches in it
         self._last_val_step: int | None = None  # global step of the newest held-out loss
 
     # -- set-up ------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         dm = self.trainer.datamodule
         self.source_names = dm.manifest.source_names
-        self.lr_at = dm.steps.lr
+        # keyed on the optimizer step (dm.steps.lr takes data steps = micro-batches under accumulation)
+        self.lr_at = dm.steps.schedule.lr if dm.steps.schedule is not None else None
         if self.lr_at is None:
             raise ValueError("training needs data.schedule (its lr block gives the learning rate)")
 
     def configure_model(self) -> None:
-        if self.hparams.compile and not isinstance(self.model, torch._dynamo.eval_frame.OptimizedModule):
+        if self.device_mesh is not None:  # ModelParallelStrategy (train/parallel.py: fsdp2)
+            from train.parallel import shard_per_block
+
+            shard_per_block(self.model, self.device_mesh["data_parallel"])  # FSDP2, one unit per block
+        compile = self.hparams.compile
+        if compile == "auto":  # CPU compile costs minutes of start-up for little gain at test sizes
+            compile = self.trainer.strategy.root_device.type == "cuda"
+        if compile and not isinstance(self.model, torch._dynamo.eval_frame.OptimizedModule):
             self.model = torch.compile(self.model)
 
     def configure_optimizers(self):
@@ -169,10 +180,21 @@ class PretrainModule(L.LightningModule):
             self.log("train/grad_norm", norm.float(), on_step=True, on_epoch=False)
 
     def _log_train(self, batch: dict, tok_loss: torch.Tensor, loss: torch.Tensor) -> None:
-        reduce = self.trainer.strategy.reduce
+        """Per-source loss and token shares of the whole optimizer step: under gradient accumulation the
+        micro-batches' sums and counts are added up and reduced once, at the step's last micro-batch
+        (Lightning writes only that micro-batch's logged values, so logging each alone would report
+        1/A of the batch)."""
         sums, counts = self._per_source(tok_loss, batch["target_source"])
+        part = [sums, counts, batch["source_tokens"].double().to(self.device)]
+        acc = self._train_acc
+        self._train_acc = part if acc is None else [a + p for a, p in zip(acc, part)]
+        self._train_acc_n += 1
+        if self._train_acc_n < self.trainer.accumulate_grad_batches:
+            return
+        (sums, counts, tokens), self._train_acc, self._train_acc_n = self._train_acc, None, 0
+        reduce = self.trainer.strategy.reduce
         sums, counts = reduce(sums, reduce_op="sum"), reduce(counts, reduce_op="sum")
-        shares = reduce(batch["source_tokens"].double().to(self.device), reduce_op="sum")
+        shares = reduce(tokens, reduce_op="sum")
         shares = shares / shares.sum()
         weights = batch["weights"].double().to(self.device)
         metrics = {

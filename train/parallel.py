@@ -1,0 +1,112 @@
+"""How the global batch is split over GPUs, and the FSDP strategy that shards the model per block.
+
+**The global batch is fixed; the shape that reaches it is not.** The schedule (LR, sequence-length
+warmup, anneal) is tuned for ``data.schedule.global_batch_size`` sequences per optimizer step, so a run
+on 1, 8 or 64 GPUs must reach the same number: ``data.batch_size`` (the micro-batch per rank) x ranks
+x ``trainer.accumulate_grad_batches``. :func:`check_global_batch` refuses any other product before the
+first step and names the knobs (and a combination that works), because a silently different global
+batch changes every schedule in tokens. ``configs/presets/{1,8,64}gpu.yaml`` are the worked shapes.
+
+**FSDP with one unit per transformer block.** Lightning's own ``--trainer.strategy fsdp`` wraps the whole
+model as one flat unit: every rank all-gathers all parameters at once (no memory saved during the
+forward) and the checkpoint is one ``torch.save`` file gathered on rank 0. Here :func:`resolve_strategy`
+turns ``fsdp`` (or ``fsdp2``) into FSDP2: Lightning's ``ModelParallelStrategy`` over a 1-D mesh of all
+ranks, with ``fully_shard`` applied to each :class:`train.model.Block` and then the root in
+``PretrainModule.configure_model`` (:func:`shard_per_block`): one all-gather per block, overlapped with
+the previous block's compute. Checkpoints are ``torch.distributed.checkpoint`` folders (each rank
+writes its shard; ``meta.pt`` holds the step, the loops and, gathered by ``WellMixedData.state_dict``,
+every rank's data cursors). FSDP2 rather than FSDP1 because it is the maintained path and it runs on
+CPU ranks under gloo (tests/integration/test_fsdp.py resumes a 2-rank run exactly); torch's FSDP1
+refuses CPU. ``fsdp1`` gives Lightning's FSDPStrategy with the same per-block policy and sharded
+checkpoints, for GPUs only. At 350M, DDP stays the default (the model and its AdamW moments fit every
+GPU many times over); FSDP is for a larger model or a smaller GPU.
+
+A DDP checkpoint is one file and a sharded FSDP checkpoint is a folder. Crossing between them on
+resume is not tested here (expect Lightning to fail loading the state dict). The way from a folder to
+one file is Lightning's ``python -m lightning.pytorch.utilities.consolidate_checkpoint <folder>``
+(built for the FSDP1 sharded layout, untested on FSDP2 folders).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data.errors import ConfigError
+
+
+def check_global_batch(global_batch: int, batch_size: int, world_size: int, accumulate: int) -> None:
+    """Refuse a layout whose micro-batch x ranks x accumulation is not the schedule's global batch."""
+    got = batch_size * world_size * accumulate
+    if got == global_batch:
+        return
+    hint = ""
+    per_step = batch_size * world_size
+    if global_batch % per_step == 0:
+        hint = f"; e.g. --trainer.accumulate_grad_batches {global_batch // per_step}"
+    elif global_batch % (world_size * accumulate) == 0:
+        hint = f"; e.g. --data.batch_size {global_batch // (world_size * accumulate)}"
+    raise ConfigError(
+        f"global batch mismatch: data.batch_size ({batch_size}) x {world_size} ranks (trainer.devices x "
+        f"trainer.num_nodes) x trainer.accumulate_grad_batches ({accumulate}) = {got}, but "
+        f"data.schedule.global_batch_size is {global_batch}. Change data.batch_size or "
+        f"trainer.accumulate_grad_batches (configs/presets/ has 1, 8 and 64 GPU shapes){hint}"
+    )
+
+
+def fsdp_strategy(**overrides: Any):
+    """Lightning's FSDPStrategy, one FSDP unit per :class:`train.model.Block`, sharded checkpoints.
+
+    FSDP1: torch refuses it on CPU, so it is for GPUs only (``--trainer.strategy fsdp1``)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from train.model import Block
+
+    kwargs: dict[str, Any] = {
+        "auto_wrap_policy": {Block},
+        "state_dict_type": "sharded",
+        "sharding_strategy": "FULL_SHARD",
+        # the tied embedding / LM head stays in the root unit; use_orig_params keeps parameter names
+        # and lets AdamW's decay / no-decay groups see the original tensors
+        "use_orig_params": True,
+    }
+    kwargs.update(overrides)
+    return FSDPStrategy(**kwargs)
+
+
+def resolve_strategy(strategy: Any) -> Any:
+    """``fsdp`` / ``fsdp2`` / ``fsdp1`` (the string a config or ``--trainer.strategy`` gives) -> per-block FSDP;
+    anything else (``auto`` = DDP on several devices, a Strategy object) is passed to Lightning as is."""
+    name = strategy.lower() if isinstance(strategy, str) else None
+    if name in ("fsdp", "fsdp2"):  # torch FSDP2 (fully_shard), tested on CPU ranks
+        return fsdp2_strategy()
+    if name == "fsdp1":  # FullyShardedDataParallel, GPUs only
+        return fsdp_strategy()
+    return strategy
+
+
+def shard_per_block(model, mesh) -> None:
+    """FSDP2: ``fully_shard`` each transformer block, then the root (embedding = tied LM head, final
+    norm), so the forward all-gathers one block at a time. Called from the module's configure_model
+    under ModelParallelStrategy, before torch.compile."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def fsdp2_strategy(**overrides: Any):
+    """Lightning's ModelParallelStrategy (FSDP2 over a 1-D data-parallel mesh, distributed checkpoints);
+    the per-block ``fully_shard`` happens in PretrainModule.configure_model via :func:`shard_per_block`."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    class FSDP2Strategy(ModelParallelStrategy):
+        def setup_environment(self) -> None:
+            # Lightning's "auto" makes data parallel = nodes and tensor parallel = devices per node;
+            # this run shards over every rank (pure FSDP, no tensor parallelism)
+            self._data_parallel_size, self._tensor_parallel_size = self.world_size, 1
+            super().setup_environment()
+
+    kwargs: dict[str, Any] = {"save_distributed_checkpoint": True}
+    kwargs.update(overrides)
+    return FSDP2Strategy(**kwargs)
