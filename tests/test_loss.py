@@ -80,3 +80,38 @@ def test_head_never_sees_more_than_chunk_tokens(monkeypatch):
 def test_default_chunk_fits_the_budget():
     assert default_chunk_tokens(100352) == 668
     assert default_chunk_tokens(10**12) == 1
+
+
+def test_memory_estimate_counts_what_autograd_saves():
+    """The estimate's saved-activation and loss terms equal the bytes autograd saves for backward on a
+    tiny model under bf16 autocast (weights excluded: they are counted as parameters), within 5%."""
+    from dataclasses import replace
+
+    from train.memory import block_saved_bytes_per_token, estimate_peak_memory, loss_bytes
+    from train.model import GPT, ModelConfig
+
+    cfg = replace(ModelConfig(), vocab_size=512, d_model=128, n_layers=2, n_heads=2, ffn_hidden=384, max_seq_len=64)
+    torch.manual_seed(0)
+    model = GPT(cfg).train()
+    weight_shapes = {tuple(p.shape) for p in model.parameters()}
+    saved: dict[int, int] = {}
+    B, L = 2, 48
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        # weights and their per-step bf16 casts are not per-token activations
+        if tuple(t.shape) not in weight_shapes and t.shape[-2:] != (L, cfg.head_dim // 2):  # nor RoPE tables
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, cfg.vocab_size, (B, L))
+    for loss in ("plain", "chunked"):
+        saved.clear()
+        model.config.loss_impl = loss
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(ids, targets=ids)
+        est = estimate_peak_memory(cfg, B, L, loss=loss)
+        expected = est["block_activations"] + est["loss_saved"]
+        assert abs(sum(saved.values()) - expected) / expected < 0.05, (loss, sum(saved.values()), expected)
+    assert block_saved_bytes_per_token(ModelConfig()) == 59464
+    assert loss_bytes(ModelConfig(), 1, "plain")[0] > 100 * loss_bytes(ModelConfig(), 1, "chunked")[0]
