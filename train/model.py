@@ -28,6 +28,8 @@ import yaml
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from train.loss import IGNORE_INDEX, chunked_linear_cross_entropy
+
 
 class ModelConfigError(ValueError):
     """A bad model config: the message names the field (or file) and what is wrong. The model does not
@@ -69,6 +71,10 @@ class ModelConfig:
     ``GPT.forward`` then needs ``doc_index``."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass (while training) to save memory."""
+    loss_impl: str = "chunked"
+    """How ``GPT.forward(..., targets=...)`` computes per-token losses: ``chunked`` (train/loss.py: the
+    head and softmax in token chunks, never a [tokens, vocab] fp32 tensor) or ``plain`` (full fp32
+    logits then ``F.cross_entropy``: the reference, 79-92 GB of loss tensors at 32 x 2048)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -92,6 +98,8 @@ class ModelConfig:
             _check_positive_float(name, getattr(self, name))
         for name in ("tie_embeddings", "qk_norm", "doc_mask", "activation_checkpointing"):
             _check_bool(name, getattr(self, name))
+        if self.loss_impl not in ("chunked", "plain"):
+            raise ModelConfigError(f"model.loss_impl must be 'chunked' or 'plain' (got {self.loss_impl!r})")
         if self.d_model % self.n_heads:
             raise ModelConfigError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
@@ -121,7 +129,12 @@ class GPT(nn.Module):
       ``doc_mask`` this changes nothing but rounding; without the mask it changes the distances
       seen across documents.
 
-    Returns float32 logits [B, L, V].
+    - ``targets`` [B, L]: next-token ids (``-100`` = no label). Given, forward returns fp32 per-token
+      losses [B, L] (0 where unlabelled) computed as ``config.loss_impl`` says, instead of logits.
+
+    Returns float32 logits [B, L, V], or per-token losses [B, L] when ``targets`` is given.
+    The loss is computed inside ``forward`` so that a compiled, DDP- or FSDP-wrapped model runs it
+    with its head weight in place. :meth:`hidden` gives the final-norm hidden states alone.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -170,7 +183,24 @@ class GPT(nn.Module):
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
-    def forward(self, input_ids: Tensor, doc_index: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
+    @property
+    def head_weight(self) -> Tensor:
+        """The LM-head matrix [V, D]: the token embedding when tied."""
+        return self.lm_head.weight
+
+    def forward(self, input_ids: Tensor, doc_index: Tensor | None = None, position_ids: Tensor | None = None,
+                targets: Tensor | None = None) -> Tensor:
+        x = self.hidden(input_ids, doc_index=doc_index, position_ids=position_ids)  # [B, L, D]
+        if targets is None:
+            # Under bf16 autocast the head computes in bf16; the loss wants fp32 logits.
+            return self.lm_head(x).float()  # [B, L, V]
+        if self.config.loss_impl == "plain":
+            logits = self.lm_head(x).float()  # [B, L, V]
+            return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+        return _chunked_loss(x.flatten(0, 1), self.head_weight, targets.flatten()).view_as(targets)
+
+    def hidden(self, input_ids: Tensor, doc_index: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
+        """Hidden states after the final norm, [B, L, D]: what the LM head reads."""
         cfg = self.config
         L = input_ids.shape[1]
         if L > cfg.max_seq_len:
@@ -198,9 +228,7 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, cos, sin, mask, use_reentrant=False)
             else:
                 x = block(x, cos, sin, mask)
-        x = self.norm(x)
-        # Under bf16 autocast the head computes in bf16; the loss wants fp32 logits.
-        return self.lm_head(x).float()  # [B, L, V]
+        return self.norm(x)  # [B, L, D]
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count, shared (tied) tensors counted once.
@@ -361,6 +389,13 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = x.float().chunk(2, dim=-1)  # [B, heads, L, Dh/2] each
     rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # [B, heads, L, Dh]
     return rotated.type_as(x)
+
+
+@torch.compiler.disable
+def _chunked_loss(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """train/loss.py's chunked loss, kept out of torch.compile graphs: its Python loop over chunks would
+    be unrolled into the graph (about 100 chunks at 32 x 2048), and the matmuls gain nothing from fusion."""
+    return chunked_linear_cross_entropy(hidden, weight, targets, ignore_index=IGNORE_INDEX)
 
 
 def document_causal_mask(doc_index: Tensor) -> Tensor:

@@ -15,7 +15,6 @@ from typing import Literal, Optional
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 
 from train.model import GPT, ModelConfig, load_model_config
 
@@ -131,8 +130,9 @@ class PretrainModule(L.LightningModule):
     # -- steps -------------------------------------------------------------------------------
     def _token_losses(self, batch: dict) -> torch.Tensor:
         doc_index = batch["doc_index"] if self.model_config.doc_mask else None
-        logits = self.model(batch["input_ids"], doc_index=doc_index)  # [B, L, V]
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["targets"].flatten(), reduction="none")
+        # Per-token fp32 losses [B, L] from the model itself (model.loss_impl: chunked by default, which
+        # never holds [tokens, vocab] fp32 logits); flattened to [B * L].
+        return self.model(batch["input_ids"], doc_index=doc_index, targets=batch["targets"]).flatten()
 
     def _per_source(self, tok_loss: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(self.source_names)

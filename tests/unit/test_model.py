@@ -279,3 +279,37 @@ def test_bad_yaml_value_names_file_and_field(tmp_path):
     path.write_text("norm_eps: 1e-5\n")  # YAML 1.1: a string
     with pytest.raises(ModelConfigError, match=r"bad\.yaml: model\.norm_eps must be a positive number"):
         load_model_config(path)
+
+
+# --- per-token losses: chunked (default) vs plain --------------------------------------------------
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_chunked_loss_matches_plain_loss_and_grads(autocast):
+    """forward(targets=...) gives the same per-token losses and parameter gradients on both loss paths
+    (tied embeddings: the head matrix is the embedding), unlabelled tokens included."""
+    ids = random_ids(2, 17)
+    targets = ids[:, 1:].clone()
+    targets[:, ::4] = -100
+    weights = torch.rand(targets.shape, generator=torch.Generator().manual_seed(3))
+    results = []
+    for impl in ("plain", "chunked"):
+        model = tiny_model(loss_impl=impl).train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            losses = model(ids[:, :-1], targets=targets)
+        assert losses.shape == targets.shape and losses.dtype == torch.float32
+        (losses * weights).sum().backward()
+        results.append((losses.detach(), [p.grad for p in model.parameters()]))
+    tol = dict(atol=2e-2, rtol=2e-2) if autocast else dict(atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(results[1][0], results[0][0], **tol)
+    for a, b in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_hidden_is_what_the_head_reads():
+    model = tiny_model()
+    ids = random_ids(2, 9)
+    h = model.hidden(ids)
+    assert h.shape == (2, 9, TINY.d_model)
+    torch.testing.assert_close(model(ids), F.linear(h, model.head_weight).float())
+    assert model.head_weight is model.tok_emb.weight

@@ -1,0 +1,80 @@
+"""Per-GPU peak-memory estimate of one training step, before any memory is allocated.
+
+Counted from what the code keeps, not fitted: the parameters and their state, plus the tensors autograd
+saves for backward under bf16 autocast (counted with ``saved_tensors_hooks`` on this repo's block, see
+tests/test_memory_estimate in tests/unit/test_loss.py), plus the loss path's transients.
+"""
+
+from __future__ import annotations
+
+from train.loss import default_chunk_tokens
+from train.model import ModelConfig
+
+GB = 1e9
+
+
+def block_saved_bytes_per_token(cfg: ModelConfig) -> int:
+    """Bytes one block saves for backward per token under bf16 autocast (MHA; GQA saves a little less).
+
+    fp32: the block input and the mid-block residual (pow/mul in RMSNorm) and both norm outputs: 4 x 4D.
+    bf16: the six matmul inputs autocast casts (wq, wk, wv, wo, w1, w3 each cast separately): 6 x 2D;
+    SDPA's q, k, v and output: 4 x 2D; the SwiGLU w1 and w3 outputs, silu output and the product: 4 x 2F;
+    SDPA's fp32 logsumexp (4 per head) and the two RMSNorm rsqrt values (2 x 4).
+    At the 350M block (D 1024, F 2816, 16 heads) that is 36D + 8F + 4H + 8 = 59,464 bytes (58.1 KiB).
+    """
+    d, f, h = cfg.d_model, cfg.ffn_hidden, cfg.n_heads
+    return 36 * d + 8 * f + 4 * h + 8
+
+
+def loss_bytes(cfg: ModelConfig, tokens: int, loss: str) -> tuple[int, int]:
+    """(saved for backward, extra transient at the start of the loss backward) of the head + loss.
+
+    plain: the fp32 log-softmax [N, V] saved (and the head's bf16 input); backward adds the fp32 log-softmax
+    gradient, the fp32 logits gradient and its bf16 cast (4V + 4V + 2V per token).
+    chunked: the bf16 hidden [N, D] and an fp32 logsumexp per token; backward holds an fp32 [V, D] weight
+    gradient, its bf16 per-chunk term, the hidden gradient and about three [chunk, V] tensors.
+    """
+    v, d = cfg.vocab_size, cfg.d_model
+    if loss == "plain":
+        return tokens * (2 * d + 4 * v), tokens * 10 * v
+    if loss != "chunked":
+        raise ValueError(f"loss must be 'chunked' or 'plain' (got {loss!r})")
+    chunk = min(tokens, default_chunk_tokens(v))
+    return tokens * (2 * d + 4 + 8), 6 * v * d + 4 * tokens * d + chunk * v * (4 + 4 + 2)
+
+
+def estimate_peak_memory(config: ModelConfig, micro_batch: int, seq_len: int, loss: str = "chunked",
+                         activation_checkpointing: bool = False, precision: str = "bf16-mixed") -> dict[str, float]:
+    """Estimated peak bytes per GPU of one DDP training step, by part, with ``total``.
+
+    Parameters, gradients and AdamW's two moments are fp32 (16 bytes per parameter); under bf16-mixed
+    autocast also keeps a bf16 copy of every matmul weight for the step (2 bytes). The peak is taken at
+    the start of backward: every saved activation plus the loss backward's transients.
+    Only ``bf16-mixed`` is modelled.
+    """
+    if precision != "bf16-mixed":
+        raise ValueError(f"only bf16-mixed is modelled (got {precision!r})")
+    import torch
+
+    from train.model import GPT
+
+    with torch.device("meta"):
+        n_params = GPT(config).num_params()
+    tokens = micro_batch * seq_len
+    per_block = block_saved_bytes_per_token(config)
+    d = config.d_model
+    if activation_checkpointing:  # each block keeps its fp32 input; one block is recomputed at a time
+        blocks = tokens * (config.n_layers * 4 * d + per_block)
+    else:
+        blocks = tokens * config.n_layers * per_block
+    blocks += tokens * 8 * d  # final norm: its fp32 input (the last block's output) and output
+    saved, transient = loss_bytes(config, tokens, loss)
+    parts = {
+        "params_grads_adamw": 16.0 * n_params,
+        "bf16_weight_copies": 2.0 * n_params,
+        "block_activations": float(blocks),
+        "loss_saved": float(saved),
+        "loss_backward_transient": float(transient),
+    }
+    parts["total"] = sum(parts.values())
+    return parts
