@@ -74,6 +74,36 @@ def available_tokens(cfg: DataConfig, tokens_flag: dict[str, int] | None) -> tup
             f"data.expected_tokens (published counts; no corpus files for {', '.join(absent)} here)")
 
 
+def memory_plan(config_path: str, micro_batch: int, seq_len: int, gpu_gib: float) -> str:
+    """The estimated peak memory per GPU (train/memory.py) of the config's model at its micro-batch and
+    longest sequence, for each loss path with and without activation checkpointing; the start-up check
+    refuses what does not fit the GPU it runs on."""
+    import inspect
+
+    import yaml
+
+    from train.memory import FIT_FRACTION, GB, estimate_peak_memory
+    from train.model import ModelConfig, load_model_config
+    from train.module import PretrainModule
+
+    model = ((yaml.safe_load(Path(config_path).read_text()) or {}).get("model") or {}).get("model")
+    if model is None:
+        model = inspect.signature(PretrainModule.__init__).parameters["model"].default
+    cfg = ModelConfig(**model) if isinstance(model, dict) else load_model_config(model)
+    budget = FIT_FRACTION * gpu_gib * 2**30
+    lines = [f"memory per GPU (DDP, bf16-mixed; model {model if isinstance(model, str) else 'inline'}, "
+             f"data.batch_size {micro_batch} x {seq_len} tokens; fits = under {FIT_FRACTION:.0%} of "
+             f"{gpu_gib:g} GiB, --gpu-memory-gib):"]
+    for loss in ("chunked", "plain"):
+        for ckpt in (False, True):
+            total = estimate_peak_memory(cfg, micro_batch, seq_len, loss=loss, activation_checkpointing=ckpt)["total"]
+            chosen = loss == cfg.loss_impl and ckpt == cfg.activation_checkpointing
+            lines.append(f"  model.loss_impl {loss:<8} activation_checkpointing {str(ckpt).lower():<5} "
+                         f"{total / GB:7.1f} GB  {'fits' if total <= budget else 'DOES NOT FIT'}"
+                         + ("   <- this config" if chosen else ""))
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="run config YAML (its data: section is used)")
@@ -85,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="warn above this many epochs of a source (default: data.max_epochs)")
     p.add_argument("--world-size", type=int, default=1,
                    help="ranks, for the effective buffer and open chunks per source (with data.num_workers)")
+    p.add_argument("--gpu-memory-gib", type=float, default=140.0,
+                   help="GPU memory for the per-GPU memory plan (default 140: an H200; 80 for an H100)")
     p.add_argument("--strict", action="store_true",
                    help="an epoch count above the limit is an error (as data.max_epochs_error: true)")
     return p
@@ -131,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         consumers = args.world_size * max(1, cfg.num_workers)
         print("\neffective streams per consumer (the epoch barrier caps what a small source can hold):")
         print(stream_table(build_manifest(cfg), cfg, consumers))
+    print("\n" + memory_plan(args.config, cfg.batch_size, schedule.config.seq_len.end, args.gpu_memory_gib))
     plot_schedule(schedule, out)
     print(f"wrote {out}")
     return 0

@@ -107,6 +107,8 @@ class RunConfig:
     allow_changed_data: bool = False
     """Resume although the corpus fingerprint or data.seed changed: the data order starts afresh at the
     resumed step (exactly-once is void across the change). Refused by default."""
+    memory_check: bool = True
+    """On a GPU, refuse a micro-batch whose estimated peak memory (train/memory.py) exceeds the device."""
     allow_changed_schedule: bool = False
     """Resume although data.schedule (budget, LR, sequence lengths, mixture) or data.weights changed: the
     new schedule applies from the resumed step (train/faults.py). Refused by default."""
@@ -265,6 +267,34 @@ class WellMixedCLI(LightningCLI):
             check_epochs(dm.steps.schedule, available, max_epochs=dm.max_epochs, error=dm.max_epochs_error)
         elif dm.seq_len > model_ctx:
             raise ConfigError(f"data.seq_len ({dm.seq_len}) exceeds model max_seq_len ({model_ctx})")
+        self._check_memory(dm, run)
+
+    def _check_memory(self, dm: WellMixedData, run: RunConfig) -> None:
+        """On a GPU, the estimated peak of one step at the longest sequence (train/memory.py) against the
+        device's memory: a micro-batch that cannot fit is refused before compute, naming the knob to turn."""
+        root = self.trainer.strategy.root_device
+        precision = str(self.trainer.precision)
+        if root.type != "cuda" or not run.memory_check:
+            return
+        from train.memory import check_fits, memory_table
+
+        seq = dm.steps.schedule.config.seq_len.end if dm.steps.schedule is not None else dm.seq_len
+        total = torch.cuda.get_device_properties(root).total_memory
+        if precision != "bf16-mixed":
+            log.info("memory estimate: only bf16-mixed is modelled (precision %s); not checked", precision)
+            return
+        try:
+            parts = check_fits(self.model.model_config, dm.batch_size, seq, total)
+        except ValueError as e:
+            from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+            if isinstance(self.trainer.strategy, (FSDPStrategy, ModelParallelStrategy)):
+                log.warning("memory estimate (for DDP; FSDP shards the parameters and optimizer state): %s", e)
+                return
+            raise ConfigError(f"{e}\n(run.memory_check false skips this check)") from None
+        if self.trainer.is_global_zero:
+            print(f"memory plan (data.batch_size {dm.batch_size} x {seq} tokens, model.loss_impl "
+                  f"{self.model.model_config.loss_impl}):\n{memory_table(parts, total)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,3 +78,54 @@ def estimate_peak_memory(config: ModelConfig, micro_batch: int, seq_len: int, lo
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def memory_table(parts: dict[str, float], device_bytes: float | None = None) -> str:
+    """The estimate by part, in GB, with the device's memory when known."""
+    rows = [f"  {name:<24} {value / GB:8.1f} GB" for name, value in parts.items() if name != "total"]
+    rows.append(f"  {'estimated peak per GPU':<24} {parts['total'] / GB:8.1f} GB")
+    if device_bytes:
+        rows.append(f"  {'device memory':<24} {device_bytes / GB:8.1f} GB")
+    return "\n".join(rows)
+
+
+FIT_FRACTION = 0.92
+"""Share of the device's memory the estimate may use: the caching allocator's fragmentation, the CUDA
+context, NCCL buffers and torch.compile's workspace live in the rest."""
+
+
+def check_fits(config: ModelConfig, micro_batch: int, seq_len: int, device_bytes: float, *,
+               precision: str = "bf16-mixed") -> dict[str, float]:
+    """Refuse (ValueError naming the knobs) a micro-batch whose estimated peak exceeds the device.
+
+    Returns the estimate. The knobs, cheapest first: the chunked loss (``model.loss_impl``), activation
+    checkpointing (``model.activation_checkpointing``: ~25% more compute), a smaller ``data.batch_size``
+    with a larger ``trainer.accumulate_grad_batches`` (same global batch, more steps per update)."""
+    parts = estimate_peak_memory(config, micro_batch, seq_len, loss=config.loss_impl,
+                                 activation_checkpointing=config.activation_checkpointing, precision=precision)
+    budget = FIT_FRACTION * device_bytes
+    if parts["total"] <= budget:
+        return parts
+    fixes = []
+    if config.loss_impl != "chunked":
+        alt = estimate_peak_memory(config, micro_batch, seq_len, loss="chunked",
+                                   activation_checkpointing=config.activation_checkpointing)["total"]
+        fixes.append(f"model.loss_impl chunked ({alt / GB:.1f} GB)")
+    if not config.activation_checkpointing:
+        alt = estimate_peak_memory(config, micro_batch, seq_len, loss=config.loss_impl,
+                                   activation_checkpointing=True)["total"]
+        fixes.append(f"model.activation_checkpointing true ({alt / GB:.1f} GB)")
+    mb = micro_batch // 2
+    while mb >= 1:
+        alt = estimate_peak_memory(config, mb, seq_len, loss=config.loss_impl,
+                                   activation_checkpointing=config.activation_checkpointing)["total"]
+        if alt <= budget:
+            fixes.append(f"data.batch_size {mb} with trainer.accumulate_grad_batches x{micro_batch // mb} "
+                         f"({alt / GB:.1f} GB)")
+            break
+        mb //= 2
+    raise ValueError(
+        f"data.batch_size {micro_batch} x seq_len {seq_len}: estimated peak {parts['total'] / GB:.1f} GB per GPU "
+        f"exceeds {FIT_FRACTION:.0%} of the device's {device_bytes / GB:.1f} GB (train/memory.py); "
+        f"turn one knob: {'; or '.join(fixes) or 'a smaller model'}\n{memory_table(parts, device_bytes)}"
+    )

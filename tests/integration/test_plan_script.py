@@ -58,6 +58,11 @@ def test_350m_uses_expected_tokens(cache_dir, tmp_path):
     assert all(0 < e < 1 for e in epochs.values()), epochs
     assert "warning:" not in r.stdout
     assert out.read_bytes().startswith(PNG_MAGIC)
+    # the memory plan of the real model at the config's micro-batch (32 x 2048): chunked fits, plain not
+    assert "data.batch_size 32 x 2048 tokens" in r.stdout
+    mem = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("model.loss_impl")]
+    assert len(mem) == 4 and "<- this config" in mem[0] and mem[0].split()[-4:-3] != ["DOES"]
+    assert "DOES NOT FIT" in mem[2]  # plain loss, no checkpointing: 177 GB
 
 
 def test_tokens_flag_warns_about_epochs(cache_dir, tmp_path):

@@ -157,3 +157,17 @@ def _load_not_train(path: str) -> None:
         from data.schedules import MixtureConfig
 
         MixtureConfig.from_dict(yaml.safe_load((ROOT / path).read_text()), path).validate(path, 0.9)
+
+
+@pytest.mark.parametrize("preset", [None, "configs/presets/1gpu.yaml", "configs/presets/8gpu.yaml",
+                                    "configs/presets/64gpu.yaml"])
+def test_each_preset_fits_an_h200_by_the_memory_estimate(preset):
+    """The start-up check (train/memory.py check_fits) passes on an H200 (140 GiB) for every shipped
+    shape, at the longest sequence, with the loss path and checkpointing the config chooses."""
+    from train.memory import check_fits
+    from train.model import ModelConfig
+
+    cfg = parse(["--config", "configs/pretrain_350m_20b.yaml"] + (["--config", preset] if preset else []))
+    model = ModelConfig(**{k: v for k, v in vars(cfg.model.model).items() if k != "__path__"})
+    parts = check_fits(model, cfg.data.batch_size, cfg.data.schedule.seq_len.end, 140 * 2**30)
+    assert parts["total"] <= 100e9  # issue 15's target at 32 x 2048 with the fused loss

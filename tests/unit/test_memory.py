@@ -1,0 +1,55 @@
+"""The start-up memory check (train/memory.py): what fits, and a refusal that names the knob to turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from train.memory import GB, check_fits, estimate_peak_memory
+from train.model import ModelConfig, load_model_config
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = 140 * 2**30
+
+
+def real() -> ModelConfig:
+    return load_model_config(ROOT / "configs/model/350m.yaml")
+
+
+def test_32x2048_fits_an_h200_with_the_chunked_loss_and_not_with_the_plain_one():
+    cfg = real()
+    assert cfg.loss_impl == "chunked"
+    assert check_fits(cfg, 32, 2048, H200)["total"] < 100 * GB
+    cfg.loss_impl = "plain"
+    with pytest.raises(ValueError) as e:
+        check_fits(cfg, 32, 2048, H200)
+    msg = str(e.value)
+    assert "data.batch_size 32" in msg and "exceeds" in msg
+    for knob in ("model.loss_impl chunked", "model.activation_checkpointing true", "data.batch_size 16",
+                 "trainer.accumulate_grad_batches x2"):
+        assert knob in msg, knob
+
+
+def test_activation_checkpointing_and_the_chunked_loss_shrink_the_estimate():
+    cfg = real()
+    full = estimate_peak_memory(cfg, 32, 2048, loss="plain")["total"]
+    chunked = estimate_peak_memory(cfg, 32, 2048, loss="chunked")["total"]
+    ckpt = estimate_peak_memory(cfg, 32, 2048, loss="chunked", activation_checkpointing=True)["total"]
+    assert ckpt < chunked < full
+    # linear in the micro-batch beyond the fixed parameter state
+    fixed = estimate_peak_memory(cfg, 1, 2048)["params_grads_adamw"]
+    assert estimate_peak_memory(cfg, 16, 2048)["block_activations"] * 2 == \
+        estimate_peak_memory(cfg, 32, 2048)["block_activations"]
+    assert fixed == pytest.approx(16 * 359_703_552)
+
+
+def test_a_model_too_large_for_the_device_names_the_knobs_and_the_table():
+    with pytest.raises(ValueError) as e:
+        check_fits(real(), 64, 2048, 24 * 2**30)  # a 24 GiB card
+    assert "estimated peak per GPU" in str(e.value) and "device memory" in str(e.value)
+
+
+def test_only_bf16_mixed_is_modelled():
+    with pytest.raises(ValueError, match="bf16-mixed"):
+        estimate_peak_memory(real(), 1, 128, precision="32-true")
