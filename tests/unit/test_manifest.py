@@ -138,6 +138,21 @@ def _bad_files(tmp_path: Path, demo_corpus: Path) -> dict[str, tuple[Path, str]]
     }
 
 
+def test_an_unset_variable_in_a_path_is_named_as_such(tmp_path, good_dir, monkeypatch):
+    """'$DOLMA3_DIR/**/*.parquet' with DOLMA3_DIR unset: the error names the variable, not only the glob."""
+    monkeypatch.delenv("WELLMIXED_TEST_UNSET_DIR", raising=False)
+    cfg = DataConfig(
+        sources={"web": SourceConfig(paths=[str(good_dir / "*.parquet")]),
+                 "code": SourceConfig(paths=["$WELLMIXED_TEST_UNSET_DIR/**/*.parquet"])},
+        weights={"web": 0.5, "code": 0.5}, manifest_cache=str(tmp_path / "cache"),
+    )
+    with pytest.raises(ConfigError) as err:
+        build_manifest(cfg)
+    msg = str(err.value)
+    assert "data.sources.code.paths" in msg and "$WELLMIXED_TEST_UNSET_DIR is not set" in msg
+    assert "export WELLMIXED_TEST_UNSET_DIR=" in msg and "data.sources.web" not in msg
+
+
 def test_every_bad_file_is_listed_in_one_error(tmp_path, demo_corpus, good_dir):
     """Guards: fixing bad shards one restart at a time (only the first reported), and errors that
     name neither the file nor the problem. Missing column, wrong column types, truncated, random
