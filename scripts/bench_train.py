@@ -7,9 +7,13 @@
     gradient clipping and LR schedule: our LightningModule under a Trainer (its per-source loss
     reductions and logging included) against a plain PyTorch loop. The contenders alternate a few
     rounds in this process; the overhead ratio is the median of per-round time ratios (target <= 1.05).
-(b) The 350M config (configs/model/350m.yaml) at sequence 2048 in bf16 autocast with torch.compile and
-    fused AdamW, a plain training step on random tokens: tokens/s and MFU against the device's dense
-    bf16 peak (989.5 TFLOP/s on H100/H200; --peak-flops to override). Target: MFU >= 50% on an H200.
+(b) The 350M config (configs/model/350m.yaml) at the real micro-batch (32) x 2048 in bf16 autocast with
+    fused AdamW and document masking on packed rows, the module's forward call: eager vs torch.compile x
+    plain vs chunked loss, each on a fresh model in this process. Prints the first steps (compilation),
+    step time, tokens/s, TFLOP/s, MFU against the device's dense bf16 peak (989.5 TFLOP/s on H100/H200;
+    --peak-flops to override), measured peak memory and train/memory.py's estimate; a contender that
+    runs out of memory says OOM (the plain loss at 32 x 2048 is expected to). Targets on an H200: MFU >=
+    50%, peak <= 100 GB with the chunked loss; the whole run stays under 8 minutes (--budget-s).
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ keep_freed_memory()  # the same allocator setting as python -m train
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from train.callbacks import default_peak_flops  # noqa: E402
 from train.model import GPT, load_model_config  # noqa: E402
@@ -64,7 +67,7 @@ def lr_schedule(total: int):
     from data.schedules import build_schedule
 
     return build_schedule({
-        "train_tokens": total * 8 * 128, "global_batch_size": 8,
+        "train_tokens": max(total, 100) * 8 * 128, "global_batch_size": 8,  # >= 100 steps: a valid decay
         "seq_len": {"start": 128, "end": 128, "warmup_steps": 0, "multiple": 64},
         "lr": {"peak": 1e-3, "min": 0.0, "warmup_steps": 5}, "anneal_start": 0.9,
         "mixture": {"weights": {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}},
@@ -75,9 +78,9 @@ def plain_loop(model: GPT, batches: list[dict], schedule) -> float:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule.lr(s) / 1e-3)
     t0 = time.perf_counter()
-    for b in batches:
-        logits = model(b["input_ids"])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), b["targets"].flatten())
+    doc_mask = model.config.doc_mask
+    for b in batches:  # the module's own forward call (train/module.py _token_losses): same loss path
+        loss = model(b["input_ids"], doc_index=b["doc_index"] if doc_mask else None, targets=b["targets"]).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -155,47 +158,121 @@ def bench_cpu(args) -> None:
     print(f"    overhead ratio (median): {statistics.median(ratios):.3f}  (target <= 1.05)")
 
 
+def packed_doc_index(batch: int, seq: int, mean_doc: int, generator: torch.Generator) -> torch.Tensor:
+    """Document ids [B, L] of packed rows: documents of exponential length (mean ``mean_doc`` tokens)
+    back to back, as the packer produces them, so document masking does real work."""
+    rows = []
+    for _ in range(batch):
+        lengths = (torch.empty(seq).exponential_(1.0 / mean_doc, generator=generator).long() + 1).cumsum(0)
+        boundaries = torch.zeros(seq, dtype=torch.long)
+        boundaries[lengths[lengths < seq]] = 1
+        rows.append(boundaries.cumsum(0))
+    return torch.stack(rows)
+
+
+def real_micro_batch() -> int:
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "configs/pretrain_350m_20b.yaml").read_text())
+    return int(raw["data"]["batch_size"])
+
+
+def cuda_variant(cfg, batch: dict, compile: bool, loss: str, warmup: int, steps: int) -> dict:
+    """One contender: fresh model and fused AdamW, the module's own forward call, bf16 autocast."""
+    import dataclasses
+    import gc
+
+    from train.memory import estimate_peak_memory
+
+    cfg = dataclasses.replace(cfg, loss_impl=loss)
+    out = {"compile": compile, "loss": loss,
+           "estimate_gb": estimate_peak_memory(cfg, *batch["input_ids"].shape, loss=loss,
+                                               activation_checkpointing=cfg.activation_checkpointing)["total"] / 1e9}
+    torch.manual_seed(0)
+    model = opt = fwd = None
+    try:
+        model = GPT(cfg).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+        fwd = torch.compile(model) if compile else model
+        doc_index = batch["doc_index"] if cfg.doc_mask else None
+
+        def step():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss_value = fwd(batch["input_ids"], doc_index=doc_index, targets=batch["targets"]).mean()
+            loss_value.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss_value
+
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            step()
+        torch.cuda.synchronize()
+        out["first_steps_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            last = step()
+        torch.cuda.synchronize()
+        out["step_s"] = (time.perf_counter() - t0) / steps
+        out["loss"] = float(last)
+        out["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        out["flops_per_token"] = model.flops_per_token(batch["input_ids"].shape[1])
+    except torch.cuda.OutOfMemoryError:
+        out["oom"] = True
+        out["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    finally:
+        model = opt = fwd = None  # free before the next contender
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
+    return out
+
+
 def bench_cuda(args) -> None:
+    """(b): the real shape, eager vs compiled x plain vs chunked loss, in one process."""
     assert torch.cuda.is_available(), "--device cuda needs a CUDA GPU"
     torch.backends.cuda.matmul.allow_tf32 = True
     cfg = load_model_config(ROOT / "configs/model/350m.yaml")
-    model = GPT(cfg).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    step_model = torch.compile(model) if not args.no_compile else model
-    B, Lq = args.batch, args.seq_len
-    x = torch.randint(0, 100277, (B, Lq + 1), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = step_model(x[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    t0 = time.perf_counter()
-    for _ in range(args.warmup):
-        step()
-    torch.cuda.synchronize()
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / args.steps
-    tps = B * Lq / dt
+    B, Lq = args.batch or real_micro_batch(), args.seq_len
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size - 100, (B, Lq + 1), generator=g)
+    batch = {"input_ids": tokens[:, :-1].cuda(), "targets": tokens[:, 1:].cuda(),
+             "doc_index": packed_doc_index(B, Lq, args.mean_doc, g).cuda()}
     peak = args.peak_flops or default_peak_flops()
-    flops = model.flops_per_token(Lq) * tps
-    print(f"(b) {torch.cuda.get_device_name()}: 350M ({model.num_params() / 1e6:.1f}M params), batch {B} x {Lq}, "
-          f"bf16 autocast, compile={not args.no_compile}, fused AdamW")
-    print(f"    warm-up + compile {compile_s:.1f} s; step {dt * 1e3:.1f} ms; {tps:,.0f} tokens/s; "
-          f"{flops / 1e12:.1f} TFLOP/s model FLOPs; peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    total = torch.cuda.get_device_properties(0).total_memory
+    print(f"(b) {torch.cuda.get_device_name()} ({total / 2**30:.0f} GiB): 350M, micro-batch {B} x {Lq} "
+          f"(the real config's), bf16 autocast, fused AdamW, doc masking (mean document {args.mean_doc} tokens); "
+          f"{args.warmup} untimed + {args.steps} timed steps per contender")
+    print(f"    {'contender':<22} {'first steps':>11} {'step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6} "
+          f"{'peak mem':>9} {'estimate':>9}")
+    started, results = time.perf_counter(), []
+    for compile in (False, True):
+        for loss in ("plain", "chunked"):
+            if args.only and f"{'compiled' if compile else 'eager'}-{loss}" not in args.only:
+                continue
+            if time.perf_counter() - started > args.budget_s:
+                print(f"    {'(skipped: --budget-s)':<22}")
+                continue
+            r = cuda_variant(cfg, batch, compile, loss, args.warmup, args.steps)
+            results.append(r)
+            name = f"{'compiled' if compile else 'eager'} + {loss}"
+            if r.get("oom"):
+                print(f"    {name:<22} {'OOM':>11} {'':>9} {'':>11} {'':>8} {'':>6} {r['peak_gb']:8.1f}G "
+                      f"{r['estimate_gb']:8.1f}G")
+                continue
+            tps = B * Lq / r["step_s"]
+            tflops = r["flops_per_token"] * tps / 1e12
+            mfu = f"{tflops * 1e12 / peak:6.1%}" if peak else "   n/a"
+            print(f"    {name:<22} {r['first_steps_s']:10.1f}s {r['step_s'] * 1e3:7.1f}ms {tps:11,.0f} {tflops:8.1f} "
+                  f"{mfu} {r['peak_gb']:8.1f}G {r['estimate_gb']:8.1f}G", flush=True)
     if peak:
-        print(f"    MFU {flops / peak:.1%} of {peak / 1e12:.1f} TFLOP/s dense bf16  (target >= 50%)")
+        print(f"    MFU against {peak / 1e12:.1f} TFLOP/s dense bf16 (target >= 50%); peak memory target at 32 x 2048 "
+              "with the chunked loss <= 100 GB; estimate = train/memory.py")
     else:
         print("    MFU: unknown device peak; pass --peak-flops")
+    print(f"    total {time.perf_counter() - started:.0f} s")
 
 
 def main(argv=None) -> int:
@@ -204,17 +281,21 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="timed steps (cpu: 40, cuda: 20)")
     p.add_argument("--rounds", type=int, default=3, help="cpu: alternating rounds")
     p.add_argument("--corpus", type=Path, default=None, help="cpu: demo corpus dir (default: build one)")
-    p.add_argument("--batch", type=int, default=8, help="cuda: sequences per step")
+    p.add_argument("--batch", type=int, default=None,
+                   help="cuda: micro-batch (default: data.batch_size of configs/pretrain_350m_20b.yaml)")
+    p.add_argument("--mean-doc", type=int, default=800, help="cuda: mean packed document length in tokens")
+    p.add_argument("--only", nargs="*", default=None,
+                   help="cuda: contenders to run, of eager-plain eager-chunked compiled-plain compiled-chunked")
+    p.add_argument("--budget-s", type=float, default=420, help="cuda: skip the contenders left after this")
     p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--warmup", type=int, default=5, help="cuda: untimed steps (compilation)")
-    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--warmup", type=int, default=3, help="cuda: untimed steps (compilation)")
     p.add_argument("--peak-flops", type=float, default=None)
     args = p.parse_args(argv)
     if args.device == "cpu":
         args.steps = args.steps or 40
         bench_cpu(args)
     else:
-        args.steps = args.steps or 20
+        args.steps = args.steps or 10
         bench_cuda(args)
     return 0
 
