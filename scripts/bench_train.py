@@ -216,7 +216,7 @@ def cuda_variant(cfg, batch: dict, compile: bool, loss: str, warmup: int, steps:
             last = step()
         torch.cuda.synchronize()
         out["step_s"] = (time.perf_counter() - t0) / steps
-        out["loss"] = float(last)
+        out["final_loss"] = float(last.detach())
         out["peak_gb"] = torch.cuda.max_memory_allocated() / 1e9
         out["flops_per_token"] = model.flops_per_token(batch["input_ids"].shape[1])
     except torch.cuda.OutOfMemoryError:
