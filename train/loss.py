@@ -98,6 +98,7 @@ def chunked_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor
     [V, D] (the embedding matrix when tied) against ``targets`` [N]. ``chunk_tokens`` None = the size
     whose fp32 [chunk, V] logits take :data:`DEFAULT_CHUNK_BYTES`."""
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
-        raise ValueError(f"expected hidden [N, D] and targets [N], got {tuple(hidden.shape)} and {tuple(targets.shape)}")
+        raise ValueError(f"expected hidden [N, D] and targets [N], got {tuple(hidden.shape)} and "
+                         f"{tuple(targets.shape)}")
     chunk = chunk_tokens or default_chunk_tokens(weight.shape[0])
     return ChunkedLinearCrossEntropy.apply(hidden, weight, targets, chunk, ignore_index)

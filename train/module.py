@@ -137,7 +137,8 @@ class PretrainModule(L.LightningModule):
     def _per_source(self, tok_loss: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(self.source_names)
         src = source.flatten()
-        sums = torch.zeros(n, device=tok_loss.device, dtype=torch.float64).index_add_(0, src, tok_loss.detach().double().flatten())
+        sums = torch.zeros(n, device=tok_loss.device, dtype=torch.float64)
+        sums.index_add_(0, src, tok_loss.detach().double().flatten())
         counts = torch.bincount(src, minlength=n).double()
         return sums, counts
 

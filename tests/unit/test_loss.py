@@ -100,7 +100,8 @@ def test_memory_estimate_counts_what_autograd_saves():
     def pack(t):
         ptr = t.untyped_storage().data_ptr()
         # weights and their per-step bf16 casts (the tied head's transposed) are not per-token activations
-        if not {tuple(t.shape), tuple(reversed(t.shape))} & weight_shapes and t.shape[-2:] != (L, cfg.head_dim // 2):  # nor RoPE tables
+        rope_table = t.shape[-2:] == (L, cfg.head_dim // 2)
+        if not {tuple(t.shape), tuple(reversed(t.shape))} & weight_shapes and not rope_table:
             saved[ptr] = t.untyped_storage().nbytes()
         return t
 
