@@ -201,8 +201,15 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             old = self._restored["cursors"][self.rank]
             mine = [m if m is not None else o for m, o in zip(mine, old)]
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            gathered: list = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, mine)
+            # Only global rank 0 writes the checkpoint file (DDP's file, FSDP's meta.pt): gather to it
+            # alone. ~10 KB per consumer, so rank 0 receives ~20 MB at 2,048 consumers and the others
+            # nothing (an all-gather sent every rank all of them). Other ranks record only their own.
+            world = torch.distributed.get_world_size()
+            rank0 = torch.distributed.get_rank() == 0
+            gathered: list | None = [None] * world if rank0 else None
+            torch.distributed.gather_object(mine, gathered, dst=0)
+            if not rank0:
+                gathered = [mine if r == self.rank else None for r in range(world)]
         else:
             gathered = [mine]
         step = self.trainer.global_step if self.trainer else 0
