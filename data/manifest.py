@@ -14,12 +14,15 @@ chunking depends on the files only, never on the number of ranks or workers.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import fnmatch
 import hashlib
 import json
 import logging
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,26 +199,40 @@ def build_manifest(cfg: DataConfig) -> Manifest:
         raise ConfigError("no input files:\n  " + "\n  ".join(empty))
 
     cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
-    cache = _load_cache(cache_path)
-    dirty = False
     scanned: dict[tuple[str, str], dict] = {}
     bad: list[tuple[str, str]] = []
-    for name, files in files_per_source.items():
-        filt = cfg.sources[name].filter
-        fkey = json.dumps([filt.column, filt.values]) if filt else ""
-        for path in files:
-            st = os.stat(path)
-            key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{fkey}|{sorted(needed.items())}"
-            entry = cache.get(key)
-            if entry is None:
-                try:
-                    entry = _scan_file(path, needed, filt)
-                except ValueError as e:
-                    bad.append((path, str(e)))
-                    continue
+    # Every rank of a job starts here at once: one process per cache scans, the others wait on the lock
+    # and then find every entry in the cache (the scan is cold once per job, not once per rank).
+    with _cache_lock(cache_path):
+        cache = _load_cache(cache_path)
+        todo: dict[str, tuple[str, FilterConfig | None]] = {}  # cache key -> (path, filter) to scan
+        keys: dict[tuple[str, str], str] = {}
+        for name, files in files_per_source.items():
+            filt = cfg.sources[name].filter
+            fkey = json.dumps([filt.column, filt.values]) if filt else ""
+            for path in files:
+                st = os.stat(path)
+                key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{fkey}|{sorted(needed.items())}"
+                keys[(name, path)] = key
+                if key not in cache:
+                    todo[key] = (path, filt)
+        # pyarrow reads footers and the small columns without the GIL: threads scale with the cores
+        workers = min(len(todo), SCAN_THREADS)
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            results = dict(zip(todo, pool.map(lambda item: _try_scan(item[0], needed, item[1]), todo.values())))
+        errors = {}
+        for key, (entry, error) in results.items():
+            if error is None:
                 cache[key] = entry
-                dirty = True
-            scanned[(name, path)] = entry
+            else:
+                errors[key] = error
+        for (name, path), key in keys.items():
+            if key in errors:
+                bad.append((path, errors[key]))
+            else:
+                scanned[(name, path)] = cache[key]
+        if any(e is None for _, e in results.values()):
+            _save_cache(cache_path, cache)
 
     if bad:
         if cfg.on_bad_shard == "error":
@@ -226,9 +243,6 @@ def build_manifest(cfg: DataConfig) -> Manifest:
             )
         for p, why in bad:
             log.warning("skipping bad shard %s: %s", p, why)
-    if dirty:
-        _save_cache(cache_path, cache)
-
     good_paths = sorted({p for (_, p) in scanned})
     stems = _stems(good_paths)
     index = {p: i for i, p in enumerate(good_paths)}
@@ -301,6 +315,35 @@ def _hold_out(chunks: list[Chunk], tokens_of: dict[Chunk, float], want: int, nam
             f"data.val_tokens_per_source={want} would hold out all of source '{name}' ({have:.0f} tokens); lower it"
         )
     return [c for i, c in enumerate(chunks) if i not in val], [c for i, c in enumerate(chunks) if i in val]
+
+
+SCAN_THREADS = min(32, os.cpu_count() or 1)
+"""Files scanned at once on a cold manifest build (footers and the filter/token_count columns)."""
+
+
+def _try_scan(path: str, needed: dict[str, str], filt: FilterConfig | None) -> tuple[dict | None, str | None]:
+    try:
+        return _scan_file(path, needed, filt), None
+    except ValueError as e:
+        return None, str(e)
+
+
+@contextlib.contextmanager
+def _cache_lock(cache_path: Path):
+    """An exclusive ``flock`` on ``<cache>.lock`` for the read-scan-write of the cache. Without lock
+    support (some network filesystems) or a writable cache dir, every process scans for itself."""
+    try:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(cache_path.with_suffix(".lock"), "a+")
+    except OSError:
+        yield
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
 
 
 def _load_cache(path: Path) -> dict:

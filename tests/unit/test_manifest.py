@@ -310,11 +310,40 @@ def test_cache_written_atomically_and_bad_cache_ignored(tmp_path, good_dir):
     cfg = one_source_cfg(tmp_path, str(good_dir / "*.parquet"))
     fp = build_manifest(cfg).fingerprint()
     cache = Path(cfg.manifest_cache)
-    assert sorted(p.name for p in cache.iterdir()) == [f"manifest-v{manifest_mod.MANIFEST_VERSION}.json"]
-    cache_file = next(cache.iterdir())
+    name = f"manifest-v{manifest_mod.MANIFEST_VERSION}"
+    assert sorted(p.name for p in cache.iterdir()) == [f"{name}.json", f"{name}.lock"]  # the lock file stays
+    cache_file = cache / f"{name}.json"
     cache_file.write_text(cache_file.read_text()[:100])  # truncated JSON
     assert build_manifest(cfg).fingerprint() == fp
-    assert sorted(p.name for p in cache.iterdir()) == [cache_file.name]
+    assert sorted(p.name for p in cache.iterdir()) == [f"{name}.json", f"{name}.lock"]
+
+
+def test_processes_starting_at_once_scan_each_file_once(tmp_path, good_dir, monkeypatch):
+    """Every rank of a job builds the manifest at the same moment: one scans (in parallel threads), the
+    others wait on the cache lock and read what it wrote -- each file is scanned once per job."""
+    import threading
+    import time
+
+    cfg = one_source_cfg(tmp_path, str(good_dir / "*.parquet"))
+    scans: list[str] = []
+    real_scan = manifest_mod._scan_file
+
+    def slow_scan(path, needed, filt):
+        scans.append(path)
+        time.sleep(0.05)  # a cold read on a shared filesystem
+        return real_scan(path, needed, filt)
+
+    monkeypatch.setattr(manifest_mod, "_scan_file", slow_scan)
+    prints: list[str] = []
+    # flock conflicts between separate open() calls even within one process: threads stand in for ranks
+    ranks = [threading.Thread(target=lambda: prints.append(build_manifest(cfg).fingerprint())) for _ in range(4)]
+    for t in ranks:
+        t.start()
+    for t in ranks:
+        t.join()
+    files = sorted(str(p) for p in good_dir.glob("*.parquet"))
+    assert sorted(scans) == files  # once each, not once per rank
+    assert len(prints) == 4 and len(set(prints)) == 1
 
 
 # -- row filters: several mixture sources over the same files ----------------------------------
