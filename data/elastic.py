@@ -60,7 +60,9 @@ def redistribute_source(states: list[dict | None], n_new: int, name: str, seed: 
             chunks += [[int(g), int(used)] for g, used in st["open"]]
     for c, t in enumerate(taken):
         chunks += [[g, 0] for g in range(c + t * n_old, frontier, n_old)]
-    buffered = [addr for st in states if st is not None for addr in buffer_addrs(st["buffer"]).tolist()]
+    # one [n, 3] array (82M addresses at 2,048 consumers x 4 sources x 10,000: no Python tuples)
+    arrays = [buffer_addrs(st["buffer"]) for st in states if st is not None]
+    buffered = np.concatenate(arrays) if arrays else np.zeros((0, 3), dtype=np.int32)
 
     out = []
     for c in range(n_new):
@@ -68,7 +70,7 @@ def redistribute_source(states: list[dict | None], n_new: int, name: str, seed: 
         out.append({
             "taken": frontier // n_new,
             "open": chunks[c::n_new],
-            "buffer": pack_ints(np.array(buffered[c::n_new], dtype=np.int32).reshape(-1, 3)),
+            "buffer": pack_ints(buffered[c::n_new]),
             "rng": rng.state,
         })
     return out
