@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import train.model as model_module
 from train.model import (
@@ -269,3 +270,45 @@ def test_unknown_doc_mask_impl_in_yaml_names_file_and_field(tmp_path):
     with pytest.raises(ModelConfigError, match=r"m\.yaml: model\.doc_mask_impl must be one of .*got 'Flex'"):
         load_model_config(path)
 
+
+
+# --- under torch.compile (the GPU path: compiled model, or compiled helpers around an eager one) ----------
+
+
+def test_compiled_model_traces_mask_and_flex_into_one_graph():
+    """torch.compile of the whole model (module.py's compile) traces create_block_mask and every layer's
+    flex_attention, through activation checkpointing, without a graph break: a break would run
+    create_block_mask eagerly (a dense [B, 1, L, L] evaluation) and flex_attention unfused. Traced only
+    (torch._dynamo.explain), not compiled by inductor: that takes minutes on CPU."""
+    ids, _, positions = model_inputs()
+    model = model_with("flex", activation_checkpointing=True).train()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(ids, doc_index=DOC_300, position_ids=positions)
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+    assert explained.graph_count == 1
+
+
+@pytest.mark.slow
+def test_compiled_helpers_equal_eager_without_recompiling():
+    """The compiled create_block_mask and flex_attention that an uncompiled model uses on CUDA, here on CPU
+    (forward only): the same BlockMask as eager, attention equal to dense SDPA, and a new batch's doc_index
+    (a new mask_mod closure) reuses the compiled graphs (about 20 s on CPU, mostly compiling)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    make, attend = model_module._compiled(flex.create_block_mask), model_module._compiled(flex.flex_attention)
+    B, H, K, L, Dh = 2, 4, 2, 256, 16
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        doc = torch.sort(torch.randint(0, 4, (B, L), generator=g), dim=1).values.int()
+        compiled_bm = make(document_mask_mod(doc), B, None, L, L, device=doc.device, BLOCK_SIZE=128)
+        eager_bm = document_block_mask(doc)
+        for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+            assert torch.equal(getattr(compiled_bm, name), getattr(eager_bm, name)), name
+        q = torch.randn(B, H, L, Dh, generator=g)
+        k, v = torch.randn(B, K, L, Dh, generator=g), torch.randn(B, K, L, Dh, generator=g)
+        out = attend(q, k, v, block_mask=compiled_bm, enable_gqa=True)
+        ref = F.scaled_dot_product_attention(
+            q, k.repeat_interleave(H // K, 1), v.repeat_interleave(H // K, 1), attn_mask=document_causal_mask(doc)
+        )
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # one each, no recompile
