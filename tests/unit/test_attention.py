@@ -6,8 +6,8 @@ What runs on CPU here (torch 2.13, CPU wheel):
   every score and ignores the BlockMask's tiles. So the tiles are checked separately, against the dense
   mask, with the semantics the GPU kernel gives them (empty: skipped; full: no mask; partial: mask_mod).
 - flex_attention backward on CPU is refused by torch's input check (``_validate_device``), not by the math:
-  the gradient tests switch that check off and run torch's eager flex backward (the same autograd
-  formula the compiled kernels are tested against upstream). The compiled CUDA kernel itself is not run
+  the gradient tests switch that check off and run torch's eager (math) flex backward. That checks the
+  model's wiring (mask_mod, GQA, layout, checkpointing), not the compiled CUDA kernel, which is not run
   here (no GPU).
 """
 
@@ -193,19 +193,21 @@ def model_inputs():
     return ids[:, :-1], targets, idx - start_of
 
 
-def test_model_logits_and_losses_equal_flex_vs_dense(monkeypatch):
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
+def test_model_logits_and_losses_equal_flex_vs_dense(autocast, monkeypatch):
     ids, targets, positions = model_inputs()
     out = {}
     for impl in ("dense", "flex"):
         model = model_with(impl).eval()
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             if impl == "flex":  # the flex path must not build the dense mask
                 monkeypatch.setattr(model_module, "document_causal_mask", _no_dense_mask)
             logits = model(ids, doc_index=DOC_300, position_ids=positions)
             losses = model(ids, doc_index=DOC_300, position_ids=positions, targets=targets)
         out[impl] = (logits, losses)
-    torch.testing.assert_close(out["flex"][0], out["dense"][0], atol=1e-5, rtol=0)
-    torch.testing.assert_close(out["flex"][1], out["dense"][1], atol=1e-5, rtol=0)
+    atol = 2e-2 if autocast else 1e-5  # bf16: one rounding step of logits below 1 (seen: 4e-3)
+    torch.testing.assert_close(out["flex"][0], out["dense"][0], atol=atol, rtol=0)
+    torch.testing.assert_close(out["flex"][1], out["dense"][1], atol=atol, rtol=0)
 
 
 def _no_dense_mask(doc_index):
