@@ -12,6 +12,28 @@ Architecture, per block (pre-norm, residual stream of width ``d_model``)::
 followed by a final RMSNorm and an LM head tied to the token embedding. No biases and no dropout
 anywhere: biases buy nothing at this scale and dropout hurts single-epoch pretraining.
 
+Attention kernels. Without ``doc_mask`` attention is plain causal SDPA (``is_causal=True``), which
+lets PyTorch pick the flash kernel. With ``doc_mask`` (block-diagonal causal: a token sees only earlier
+tokens of its own packed document) ``doc_mask_impl`` chooses how the mask reaches the kernel:
+
+- ``flex`` (what ``auto`` picks on CUDA): ``torch.nn.attention.flex_attention``. ``GPT.hidden`` builds
+  ONE ``BlockMask`` per forward from ``doc_index`` (a ``mask_mod`` "kv <= q and same document",
+  reduced to 128 x 128 tiles that are empty, partial or full) and every layer reuses it; the kernel
+  skips empty tiles and never sees a dense [B, 1, L, L] tensor. Both ``flex_attention`` and
+  ``create_block_mask`` run compiled on CUDA (uncompiled, flex_attention falls back to an unfused
+  implementation that materialises every score, and create_block_mask to a dense [B, 1, L, L] mask);
+  inside a ``torch.compile``-d model they are simply traced into its graph. GQA goes to the kernel
+  (``enable_gqa``) instead of repeating k/v.
+- ``dense`` (what ``auto`` picks elsewhere): a dense boolean [B, 1, L, L] mask through SDPA
+  (134 MB at 32 x 2048, and SDPA drops from flash to the memory-efficient kernel). This is the
+  reference the flex path is tested against, and the CPU path: flex_attention has no backward on
+  CPU (torch 2.13 refuses it; CPU forward runs unfused).
+
+Why flex rather than a varlen kernel (flash-attn's ``flash_attn_varlen_func`` with ``cu_seqlens``):
+varlen needs the flash-attn package, a GPU-only compiled extra, and a repacking of the batch into
+one long row; flex_attention ships with torch, takes the [B, H, L, Dh] layout as is, handles
+document ids that need not be sorted or contiguous, and has a math fallback that tests run on CPU.
+
 Shapes: B = batch, L = sequence length, D = d_model, H = n_heads, K = n_kv_heads, Dh = D / H head dim,
 V = vocab_size.
 """
@@ -29,6 +51,19 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from train.loss import IGNORE_INDEX, chunked_linear_cross_entropy
+
+try:
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:  # torch < 2.5 has no flex_attention: doc_mask_impl auto then means dense
+    BlockMask = create_block_mask = flex_attention = None
+
+
+DOC_MASK_IMPLS = ("auto", "flex", "dense")
+"""Values of ``ModelConfig.doc_mask_impl``."""
+
+FLEX_BLOCK_SIZE = 128
+"""Tile size of the flex BlockMask (the flex_attention kernels' default): a tile of 128 queries x 128 keys
+is skipped, computed without the mask (every pair allowed) or computed with it."""
 
 
 class ModelConfigError(ValueError):
@@ -69,6 +104,11 @@ class ModelConfig:
     doc_mask: bool = False
     """Mask attention at document boundaries: tokens see only earlier tokens of their own document.
     ``GPT.forward`` then needs ``doc_index``."""
+    doc_mask_impl: str = "auto"
+    """How the document mask reaches attention (only used with ``doc_mask``): ``flex`` (flex_attention
+    with one BlockMask per forward: no dense mask, empty tiles skipped; compiled on CUDA), ``dense``
+    (a [B, 1, L, L] boolean mask through SDPA: the reference; rules out the flash kernel) or ``auto``
+    (flex on CUDA, dense elsewhere: torch 2.13's flex_attention has no backward on CPU)."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in the backward pass (while training) to save memory."""
     loss_impl: str = "chunked"
@@ -98,6 +138,9 @@ class ModelConfig:
             _check_positive_float(name, getattr(self, name))
         for name in ("tie_embeddings", "qk_norm", "doc_mask", "activation_checkpointing"):
             _check_bool(name, getattr(self, name))
+        if self.doc_mask_impl not in DOC_MASK_IMPLS:
+            allowed = ", ".join(map(repr, DOC_MASK_IMPLS))
+            raise ModelConfigError(f"model.doc_mask_impl must be one of {allowed} (got {self.doc_mask_impl!r})")
         if self.loss_impl not in ("chunked", "plain"):
             raise ModelConfigError(f"model.loss_impl must be 'chunked' or 'plain' (got {self.loss_impl!r})")
         if self.d_model % self.n_heads:
@@ -212,14 +255,17 @@ class GPT(nn.Module):
             cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # [B, L, Dh/2]
         cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # [1, L, Dh/2] or [B, 1, L, Dh/2]: broadcast over heads
 
-        # Mask choice, fixed by the config (so compiled graphs never branch on data): plain causal
-        # attention (SDPA's is_causal, which allows the flash kernel) or block-diagonal causal.
+        # Mask choice, fixed by the config and the device (so compiled graphs never branch on data):
+        # plain causal attention (SDPA's is_causal, which allows the flash kernel) or block-diagonal
+        # causal, as one BlockMask for flex_attention or a dense boolean mask for SDPA.
+        mask: Tensor | BlockMask | None = None
         if cfg.doc_mask:
             if doc_index is None:
                 raise ValueError("model.doc_mask is on: pass doc_index [B, L] to forward")
-            mask = document_causal_mask(doc_index)  # [B, 1, L, L] bool
-        else:
-            mask = None
+            if self.uses_flex(input_ids.device):
+                mask = document_block_mask(doc_index)  # built once, shared by every layer
+            else:
+                mask = document_causal_mask(doc_index)  # [B, 1, L, L] bool
 
         x = self.tok_emb(input_ids)  # [B, L, D]
         for block in self.blocks:
@@ -229,6 +275,13 @@ class GPT(nn.Module):
             else:
                 x = block(x, cos, sin, mask)
         return self.norm(x)  # [B, L, D]
+
+    def uses_flex(self, device: torch.device) -> bool:
+        """Whether document masking runs through flex_attention on ``device`` (``model.doc_mask_impl``)."""
+        impl = self.config.doc_mask_impl
+        if impl == "flex" and flex_attention is None:
+            raise ModelConfigError(f"model.doc_mask_impl: flex needs torch >= 2.5 (this is {torch.__version__})")
+        return impl == "flex" or (impl == "auto" and device.type == "cuda" and flex_attention is not None)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count, shared (tied) tensors counted once.
@@ -245,7 +298,8 @@ class GPT(nn.Module):
 
     def param_summary(self) -> str:
         """One line saying what the parameter count is made of, e.g.
-        ``359,703,552 (359.7M) parameters: embeddings 102.8M (tied with the LM head), 20 blocks x 12.85M, final norm 1,024``.
+        ``359,703,552 (359.7M) parameters: embeddings 102.8M (tied with the LM head), 20 blocks x 12.85M,
+        final norm 1,024``.
         """
         cfg = self.config
         emb = self.tok_emb.weight.numel()
@@ -291,7 +345,7 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = SwiGLU(config.d_model, config.ffn_hidden)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | BlockMask | None) -> Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, mask)  # [B, L, D]
         return x + self.mlp(self.mlp_norm(x))  # [B, L, D]
 
@@ -314,7 +368,8 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = nn.Identity()
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | BlockMask | None) -> Tensor:
+        """``mask``: None (causal), a dense boolean [B, 1, L, L] mask, or a flex ``BlockMask``."""
         B, L, _ = x.shape
         q = self.wq(x).view(B, L, self.n_heads, self.head_dim)  # [B, L, H, Dh]
         k = self.wk(x).view(B, L, self.n_kv_heads, self.head_dim)  # [B, L, K, Dh]
@@ -324,6 +379,11 @@ class Attention(nn.Module):
         # q/k norm (if on) acts on the raw per-head vectors, before RoPE mixes their dimensions.
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)
+        if BlockMask is not None and isinstance(mask, BlockMask):
+            # Block-sparse document masking; the kernel maps query head h to kv head h // (H / K) itself.
+            y = _flex_attention(q, k, v, mask, enable_gqa=self.n_kv_heads != self.n_heads)  # [B, H, L, Dh]
+            y = y.transpose(1, 2).reshape(B, L, self.n_heads * self.head_dim)  # [B, L, D]
+            return self.wo(y)  # [B, L, D]
         if self.n_kv_heads != self.n_heads:
             # GQA: query head h reads kv head h // (H / K). Repeating k/v costs memory only here,
             # inside the step; the cache-size saving of GQA matters at inference, not in pretraining.
@@ -334,7 +394,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, L, Dh]
         else:
             # A dense boolean mask rules out the flash kernel (SDPA falls back to memory-efficient
-            # attention); flex_attention would recover the speed, at the cost of this simplicity.
+            # attention): the reference and CPU path of doc_mask_impl (the flex path above is the fast one).
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, L, Dh]
         y = y.transpose(1, 2).reshape(B, L, self.n_heads * self.head_dim)  # [B, L, D]
         return self.wo(y)  # [B, L, D]
@@ -374,7 +434,9 @@ class RMSNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 
 
-def rope_tables(max_seq_len: int, head_dim: int, theta: float, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+def rope_tables(
+    max_seq_len: int, head_dim: int, theta: float, device: torch.device | None = None
+) -> tuple[Tensor, Tensor]:
     """cos and sin of ``position * theta ** (-2i / head_dim)``, each [max_seq_len, head_dim / 2], fp32."""
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)  # [Dh/2]
     positions = torch.arange(max_seq_len, device=device, dtype=torch.float32)  # [T]
@@ -406,6 +468,48 @@ def document_causal_mask(doc_index: Tensor) -> Tensor:
     same_doc = doc_index.unsqueeze(2) == doc_index.unsqueeze(1)  # [B, L, L]
     causal = torch.ones(L, L, dtype=torch.bool, device=doc_index.device).tril()  # [L, L]
     return (same_doc & causal).unsqueeze(1)  # [B, 1, L, L]
+
+
+def document_mask_mod(doc_index: Tensor):
+    """flex_attention ``mask_mod`` of :func:`document_causal_mask`: query ``q_idx`` of row ``b`` may attend to
+    key ``kv_idx`` iff ``kv_idx <= q_idx`` and both tokens carry the same ``doc_index`` [B, L] value."""
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (kv_idx <= q_idx) & (doc_index[b, q_idx] == doc_index[b, kv_idx])
+
+    return mask_mod
+
+
+def document_block_mask(doc_index: Tensor, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
+    """The flex ``BlockMask`` of the block-diagonal causal mask of ``doc_index`` [B, L], shared by all heads:
+    which ``block_size`` tiles are empty (skipped), full (no mask evaluated) or partial, plus the mask_mod.
+    On CUDA ``create_block_mask`` runs compiled, which never materialises the [B, L, L] mask; uncompiled
+    (CPU) it evaluates the mask_mod densely once."""
+    B, L = doc_index.shape
+    make = create_block_mask
+    if doc_index.is_cuda and not torch.compiler.is_compiling():
+        make = _compiled(create_block_mask)  # inside a compiled model it is traced into the graph instead
+    return make(document_mask_mod(doc_index), B, None, L, L, device=doc_index.device, BLOCK_SIZE=block_size)
+
+
+def _flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, enable_gqa: bool) -> Tensor:
+    """flex_attention, compiled on CUDA (eager it is an unfused reference that materialises every score);
+    eager elsewhere (CPU: forward only in torch 2.13). Inside a compiled model it is traced into the graph."""
+    fn = flex_attention
+    if q.is_cuda and not torch.compiler.is_compiling():
+        fn = _compiled(flex_attention)
+    return fn(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(fn):
+    """``torch.compile(fn)``, made once per function on first use (not at import: compiling is lazy, but
+    importing torch._dynamo is not free)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn)
+    return _COMPILED[fn]
 
 
 def load_model_config(path: str | Path) -> ModelConfig:
