@@ -34,6 +34,8 @@ without reading them), which only affects which source the next few documents co
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -43,11 +45,13 @@ from data.manifest import Manifest
 from data.order import RNG_LEVEL2, source_key
 
 
-def redistribute_source(states: list[dict | None], n_new: int, name: str, seed: int, resume_step: int) -> list[dict]:
+def redistribute_source(states: list[dict | None], n_new: int, name: str, seed: int, resume_step: int,
+                        wanted: set[int] | None = None) -> list[dict | None]:
     """One source's stream states of C old consumers -> states of ``n_new`` consumers (see module doc).
 
     ``states[c]`` is consumer c's ``SourceStream.snapshot()`` (or its packed form), None for a consumer
-    that never produced a batch (it owes its whole slice so far).
+    that never produced a batch (it owes its whole slice so far). With ``wanted``, only those new
+    consumers' states are built (packing the buffers is most of the cost); the others are None.
     """
     n_old = len(states)
     taken = [0 if st is None else int(st["taken"]) for st in states]
@@ -61,11 +65,16 @@ def redistribute_source(states: list[dict | None], n_new: int, name: str, seed: 
     for c, t in enumerate(taken):
         chunks += [[g, 0] for g in range(c + t * n_old, frontier, n_old)]
     # one [n, 3] array (82M addresses at 2,048 consumers x 4 sources x 10,000: no Python tuples)
-    arrays = [buffer_addrs(st["buffer"]) for st in states if st is not None]
+    # (zlib and base64 release the GIL: the unpacking runs on all cores, most of a one-rank re-cut)
+    with ThreadPoolExecutor(min(32, os.cpu_count() or 1)) as pool:
+        arrays = list(pool.map(buffer_addrs, [st["buffer"] for st in states if st is not None]))
     buffered = np.concatenate(arrays) if arrays else np.zeros((0, 3), dtype=np.int32)
 
     out = []
     for c in range(n_new):
+        if wanted is not None and c not in wanted:
+            out.append(None)
+            continue
         rng = np.random.PCG64([seed, source_key(name), c, RNG_LEVEL2, resume_step])  # fresh, deterministic
         out.append({
             "taken": frontier // n_new,
@@ -82,12 +91,15 @@ def _split(total: np.ndarray, n: int, i: int) -> np.ndarray:
 
 
 def redistribute(cursors: list[list[dict | None]], manifest: Manifest, *, seed: int, world_size: int,
-                 num_workers: int, batch_size: int, resume_step: int) -> list[list[dict]]:
+                 num_workers: int, batch_size: int, resume_step: int,
+                 ranks: list[int] | None = None) -> list[list[dict | None]]:
     """Packed cursors ``[rank][worker]`` of the old layout -> packed cursors of the new one.
 
     ``resume_step`` is the next data step (micro-batch index) in the *new* run's units; new worker w
     of every rank gets the first step >= resume_step that it owns (steps w, w + W, ...), matching the
-    DataModule's rotation of DataLoader workers on resume.
+    DataModule's rotation of DataLoader workers on resume. With ``ranks``, only those ranks' cursors
+    are built (a rank needs its own: the re-cut at 2,048 consumers then packs 4 cursors, not 2,048);
+    the other ranks' entries are lists of None.
     """
     old = [cur for rank in cursors for cur in rank]
     n_old, workers = len(old), max(1, num_workers)
@@ -105,9 +117,10 @@ def redistribute(cursors: list[list[dict | None]], manifest: Manifest, *, seed: 
             raise ConfigError("data cursors of one checkpoint disagree on seed or corpus fingerprint")
 
     names = manifest.source_names
+    wanted = None if ranks is None else {r * workers + w for r in ranks for w in range(workers)}
     per_source = {
         name: redistribute_source(
-            [None if c is None else c["sources"][name] for c in old], n_new, name, seed, resume_step
+            [None if c is None else c["sources"][name] for c in old], n_new, name, seed, resume_step, wanted
         )
         for name in names
     }
@@ -128,6 +141,9 @@ def redistribute(cursors: list[list[dict | None]], manifest: Manifest, *, seed: 
         row_of_rank = []
         for worker in range(workers):
             c = rank * workers + worker
+            if wanted is not None and c not in wanted:
+                row_of_rank.append(None)
+                continue
             mine = leftovers[c::n_new]
             em = _split(emitted, n_new, c)
             rows = mine[:batch_size] + [None] * max(0, batch_size - len(mine))

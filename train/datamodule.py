@@ -268,7 +268,8 @@ class WellMixedData(DataConfig, L.LightningDataModule):
                         "redistributed (each document still read once per epoch, in another order)",
                         step, what, old, new)
             cursors = redistribute(state["cursors"], self.manifest, seed=self.seed, world_size=self.world_size,
-                                   num_workers=workers, batch_size=self.batch_size, resume_step=next_step)
+                                   num_workers=workers, batch_size=self.batch_size, resume_step=next_step,
+                                   ranks=[self.rank])  # this rank's cursors only
             state = {**state, "cursors": cursors, "world_size": self.world_size, "num_workers": workers,
                      "batch_size": self.batch_size, "accumulate": self.accumulate}
         self._restored = {**state, "next_step": next_step}
