@@ -7,7 +7,7 @@ source, the tokens available and drawn, the implied epochs and the share of each
 step and token totals and phase boundaries. The PNG shows mixture weights, learning rate and
 sequence length against the step, phase boundaries marked.
 
-    python scripts/plan.py --config configs/pretrain_350m_20b.yaml --out plan.png
+    python scripts/plan.py --config configs/pretrain_350m_20b.yaml        # PNG in runs/plan/
     python scripts/plan.py --config configs/demo.yaml --corpus demo_corpus --out demo_plan.png
     python scripts/plan.py --config configs/pretrain_350m_20b.yaml \\
         --tokens web=2e11,code=2e10,books=4e10,curated=1e10 --out plan.png
@@ -107,7 +107,8 @@ def memory_plan(config_path: str, micro_batch: int, seq_len: int, gpu_gib: float
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="run config YAML (its data: section is used)")
-    p.add_argument("--out", required=True, help="PNG to write (mixture weights, LR, seq len vs step)")
+    p.add_argument("--out", default=None,
+                   help="PNG to write (mixture weights, LR, seq len vs step); default runs/plan/<config name>.png")
     p.add_argument("--corpus", default=None, help="use DIR/<source>/*.parquet instead of the config's globs")
     p.add_argument("--tokens", default=None, metavar="SRC=N,...",
                    help="available tokens per source, e.g. web=2.28e11,code=2.07e10 (instead of the corpus)")
@@ -141,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             check_epochs(schedule, tokens, max_epochs=max_epochs, error=args.strict or cfg.max_epochs_error)
-        out = Path(args.out)
+        out = Path(args.out) if args.out else Path("runs/plan") / f"{Path(args.config).stem}.png"
+        if args.out is None:
+            out.parent.mkdir(parents=True, exist_ok=True)
         if not out.parent.is_dir():
             raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
     except ConfigError as e:
