@@ -59,7 +59,7 @@ from train.faults import (
 )
 from train.model import ModelConfigError
 from train.module import PretrainModule
-from train.parallel import resolve_strategy
+from train.parallel import check_checkpoint_layout, resolve_strategy
 from train.rundir_lock import acquire_run_dir
 
 log = logging.getLogger("wellmixed")
@@ -248,6 +248,7 @@ class WellMixedCLI(LightningCLI):
         # A checked file instead of Lightning's "last" lookup: an unreadable one is named (or skipped).
         ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
+        check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         dm.elastic, dm.allow_changed_data = run.elastic, run.allow_changed_data
         dm.allow_changed_schedule = run.allow_changed_schedule
         dm.prepare(self.trainer.accumulate_grad_batches)

@@ -212,7 +212,7 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) ->
         path = lasts[0]
     else:
         path = Path(ckpt_path)
-        if not path.is_file():
+        if not path.exists():  # a file, or a sharded FSDP checkpoint's folder
             raise ConfigError(f"--ckpt_path {path}: no such file")
     problem = checkpoint_problem(path)
     if problem is None:

@@ -29,6 +29,7 @@ one file is Lightning's ``python -m lightning.pytorch.utilities.consolidate_chec
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from data.errors import ConfigError
@@ -110,3 +111,26 @@ def fsdp2_strategy(**overrides: Any):
     kwargs: dict[str, Any] = {"save_distributed_checkpoint": True}
     kwargs.update(overrides)
     return FSDP2Strategy(**kwargs)
+
+
+def check_checkpoint_layout(ckpt_path: str | None, strategy: Any) -> None:
+    """Refuse, before compute, a checkpoint whose layout the strategy cannot load: a sharded FSDP folder
+    under DDP, or a single-file DDP checkpoint under FSDP. Lightning would fail inside its load with a
+    state-dict error that names neither the strategy nor the way out."""
+    if ckpt_path is None or ckpt_path in ("best", "hpc", "registry", "last"):
+        return
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    sharded = Path(ckpt_path).is_dir()
+    fsdp = isinstance(strategy, (FSDPStrategy, ModelParallelStrategy))
+    if sharded and not fsdp:
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path}: a sharded FSDP checkpoint (a folder), but this run uses "
+            f"{type(strategy).__name__}; resume with --trainer.strategy fsdp, or convert it to one file with "
+            "`python -m lightning.pytorch.utilities.consolidate_checkpoint FOLDER` (FSDP1 folders)"
+        )
+    if fsdp and not sharded:
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path}: a single-file (DDP) checkpoint, but this run shards with FSDP, whose "
+            "checkpoints are folders; resume it with the strategy that wrote it (DDP: drop --trainer.strategy fsdp)"
+        )

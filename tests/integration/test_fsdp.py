@@ -46,3 +46,21 @@ def test_strategy_names_resolve():
     assert isinstance(fsdp1, FSDPStrategy) and fsdp1._state_dict_type == "sharded"
     assert fsdp1.kwargs["auto_wrap_policy"]._module_classes == {Block}  # one FSDP unit per block
     assert resolve_strategy("auto") == "auto" and resolve_strategy("ddp") == "ddp"
+
+
+def test_a_checkpoint_of_the_other_layout_is_refused_naming_the_way_out(tmp_path):
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from data.errors import ConfigError
+    from train.parallel import check_checkpoint_layout, resolve_strategy
+
+    folder = tmp_path / "last.ckpt"
+    folder.mkdir()
+    (tmp_path / "step.ckpt").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="sharded FSDP checkpoint .* --trainer.strategy fsdp"):
+        check_checkpoint_layout(str(folder), DDPStrategy())
+    with pytest.raises(ConfigError, match="single-file .* strategy that wrote it"):
+        check_checkpoint_layout(str(tmp_path / "step.ckpt"), resolve_strategy("fsdp"))
+    check_checkpoint_layout(str(folder), resolve_strategy("fsdp"))  # the matching layouts pass
+    check_checkpoint_layout(str(tmp_path / "step.ckpt"), DDPStrategy())
+    check_checkpoint_layout(None, DDPStrategy())
