@@ -7,6 +7,13 @@ only the inputs and one fp32 logsumexp per token, and backward recomputes each c
 one extra head matmul but is exact for any per-token ``grad_output`` (which the per-source loss needs:
 the losses are returned per token, so the gradient weights are known only in backward).
 
+Why not a library kernel: the per-source loss needs per-token losses *and* a gradient that is exact for
+whatever per-token weights reach backward. Liger-Kernel's fused linear cross-entropy computes the
+gradient inside its forward for a reduced loss; with ``reduction="none"`` it was first not supported
+(linkedin/Liger-Kernel#488, #872) and then gave wrong gradients under per-token weights (#968, Dec 2025).
+Cut-cross-entropy gets this right but needs Triton (GPU only) and another wheel. This path is pure
+PyTorch, the same on CPU (tested) and GPU, and torch.compile fuses each chunk's softmax.
+
 Numerics follow the plain path: the matmul runs in the autocast dtype (bf16 under bf16-mixed), the
 softmax in fp32, padding vocabulary rows take part in the softmax, targets equal to ``ignore_index``
 get loss 0 and no gradient.
