@@ -8,12 +8,13 @@
     reductions and logging included) against a plain PyTorch loop. The contenders alternate a few
     rounds in this process; the overhead ratio is the median of per-round time ratios (target <= 1.05).
 (b) The 350M config (configs/model/350m.yaml) at the real micro-batch (32) x 2048 in bf16 autocast with
-    fused AdamW and document masking on packed rows, the module's forward call: eager vs torch.compile x
-    plain vs chunked loss, each on a fresh model in this process. Prints the first steps (compilation),
-    step time, tokens/s, TFLOP/s, MFU against the device's dense bf16 peak (989.5 TFLOP/s on H100/H200;
-    --peak-flops to override), measured peak memory and train/memory.py's estimate; a contender that
-    runs out of memory says OOM (the plain loss at 32 x 2048 is expected to). Targets on an H200: MFU >=
-    50%, peak <= 100 GB with the chunked loss; the whole run stays under 8 minutes (--budget-s).
+    fused AdamW (document masking as the config says; --doc-mask on for flex_attention), the module's
+    forward call: eager vs torch.compile x plain vs chunked loss, each on a fresh model in this process.
+    Prints the first steps (compilation), step time, tokens/s, TFLOP/s, MFU against the device's dense
+    bf16 peak (989.5 TFLOP/s on H100/H200; --peak-flops to override), measured peak memory and
+    train/memory.py's estimate; a contender that runs out of memory says OOM (the plain loss at 32 x
+    2048 is expected to). Targets on an H200: MFU >= 50%, peak <= 100 GB with the chunked loss; the
+    whole run stays under 8 minutes (--budget-s).
 """
 
 from __future__ import annotations
@@ -177,14 +178,14 @@ def real_micro_batch() -> int:
     return int(raw["data"]["batch_size"])
 
 
-def cuda_variant(cfg, batch: dict, compile: bool, loss: str, warmup: int, steps: int) -> dict:
+def cuda_variant(cfg, batch: dict, compile: bool, loss: str, warmup: int, steps: int, doc_mask: bool) -> dict:
     """One contender: fresh model and fused AdamW, the module's own forward call, bf16 autocast."""
     import dataclasses
     import gc
 
     from train.memory import estimate_peak_memory
 
-    cfg = dataclasses.replace(cfg, loss_impl=loss)
+    cfg = dataclasses.replace(cfg, loss_impl=loss, doc_mask=doc_mask)
     out = {"compile": compile, "loss": loss,
            "estimate_gb": estimate_peak_memory(cfg, *batch["input_ids"].shape, loss=loss,
                                                activation_checkpointing=cfg.activation_checkpointing)["total"] / 1e9}
@@ -241,9 +242,11 @@ def bench_cuda(args) -> None:
     batch = {"input_ids": tokens[:, :-1].cuda(), "targets": tokens[:, 1:].cuda(),
              "doc_index": packed_doc_index(B, Lq, args.mean_doc, g).cuda()}
     peak = args.peak_flops or default_peak_flops()
+    doc_mask = cfg.doc_mask if args.doc_mask is None else args.doc_mask == "on"
     total = torch.cuda.get_device_properties(0).total_memory
     print(f"(b) {torch.cuda.get_device_name()} ({total / 2**30:.0f} GiB): 350M, micro-batch {B} x {Lq} "
-          f"(the real config's), bf16 autocast, fused AdamW, doc masking (mean document {args.mean_doc} tokens); "
+          f"(the real config's), bf16 autocast, fused AdamW, document masking "
+          f"{f'on (packed documents of mean {args.mean_doc} tokens)' if doc_mask else 'off'}; "
           f"{args.warmup} untimed + {args.steps} timed steps per contender")
     print(f"    {'contender':<22} {'first steps':>11} {'step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>6} "
           f"{'peak mem':>9} {'estimate':>9}")
@@ -255,7 +258,7 @@ def bench_cuda(args) -> None:
             if time.perf_counter() - started > args.budget_s:
                 print(f"    {'(skipped: --budget-s)':<22}")
                 continue
-            r = cuda_variant(cfg, batch, compile, loss, args.warmup, args.steps)
+            r = cuda_variant(cfg, batch, compile, loss, args.warmup, args.steps, doc_mask)
             results.append(r)
             name = f"{'compiled' if compile else 'eager'} + {loss}"
             if r.get("oom"):
@@ -284,6 +287,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=None,
                    help="cuda: micro-batch (default: data.batch_size of configs/pretrain_350m_20b.yaml)")
     p.add_argument("--mean-doc", type=int, default=800, help="cuda: mean packed document length in tokens")
+    p.add_argument("--doc-mask", choices=["on", "off"], default=None,
+                   help="cuda: document masking (default: the 350M config's model.doc_mask, off)")
     p.add_argument("--only", nargs="*", default=None,
                    help="cuda: contenders to run, of eager-plain eager-chunked compiled-plain compiled-chunked")
     p.add_argument("--budget-s", type=float, default=420, help="cuda: skip the contenders left after this")
