@@ -163,7 +163,8 @@ def test_350m_parameter_count_on_meta_device():
     assert round(model.num_params() / 1e6, 1) == 359.7
     assert model.num_params(non_embedding=True) == 20 * 12_847_104 + 1024
     assert model.param_summary() == (
-        "359,703,552 (359.7M) parameters: embeddings 102.8M (tied with the LM head), 20 blocks x 12.85M, final norm 1,024"
+        "359,703,552 (359.7M) parameters: embeddings 102.8M (tied with the LM head), "
+        "20 blocks x 12.85M, final norm 1,024"
     )
 
 
