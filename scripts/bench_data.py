@@ -635,19 +635,9 @@ print(json.dumps({"manifest_cold": cold, "manifest_warm": warm, "first_batch": f
 """
 
 
-def _scale_corpus_module():
-    """scripts/make_scale_corpus.py, loaded by path (scripts are not a package; no sys.path edits)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_scale_corpus", ROOT / "scripts" / "make_scale_corpus.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def scale_probe(tree: Path, corpus: Path, cache: Path, buffer_size: int, batches: int) -> dict:
     """The probe above in a fresh process with ``tree`` first on the path (so peak RSS is its own)."""
-    MIXTURE = _scale_corpus_module().MIXTURE
+    from data.corpus.scale import MIXTURE
 
     args = {"pattern": str(corpus / "*.parquet"), "mixture": MIXTURE, "weights": DEMO_WEIGHTS, "cache": str(cache),
             "buffer": buffer_size, "open": 8, "rows": 4, "seq_len": 2048, "batches": batches}
@@ -661,7 +651,7 @@ def scale_probe(tree: Path, corpus: Path, cache: Path, buffer_size: int, batches
 
 def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path, rows: int, buffer_size: int,
                 batches: int) -> tuple[list[str], dict]:
-    make_scale_corpus = _scale_corpus_module().make_scale_corpus
+    from data.corpus.scale import make_scale_corpus
 
     if corpus is None:
         corpus = tmp / "scale_corpus"

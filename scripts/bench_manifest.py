@@ -21,10 +21,8 @@ from pathlib import Path
 
 import data.manifest as manifest_mod
 from data.config import DataConfig
+from data.corpus.scale import scale_sources
 from data.manifest import build_manifest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_scale_corpus import scale_sources  # noqa: E402  (a sibling script, not a package)
 
 
 def config(corpus: str, cache: str) -> DataConfig:
