@@ -61,6 +61,11 @@ def heldout_loss(ckpt: Path, device: str = "cpu") -> dict[str, float]:
     from train.datamodule import WellMixedData
     from train.module import PretrainModule
 
+    saved = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=False)
+    if "datamodule_hyper_parameters" not in saved or "sources" not in saved["datamodule_hyper_parameters"]:
+        raise ValueError(f"{ckpt} holds no data config (written by a version before checkpoints carried it); "
+                         "evaluate a checkpoint of a run trained with this version")
+    del saved
     dm = WellMixedData.load_from_checkpoint(ckpt)  # builds the manifest (same held-out split as training)
     if dm.val_tokens_per_source <= 0:
         raise ValueError("the run held out no data (data.val_tokens_per_source: 0): no held-out loss to compute")
