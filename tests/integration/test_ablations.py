@@ -327,6 +327,29 @@ def test_one_seed_cannot_decide(ablation_out, tmp_path):
     assert "| `heldout/curated` | improve + guard | 1 |" in md and "cannot decide" in md
 
 
+@pytest.mark.slow
+def test_diagnostics_of_a_real_run(ablation_out, tmp_path, demo_corpus):
+    """scripts/diagnose_run.py on an arm of the tiny ablation passes; with its order log copied onto a
+    second rank (two ranks reading the same documents) the rank-overlap check fails."""
+    from ablations.diagnose import FAIL, PASS, write_report
+
+    run_dir = ablation_out / "scheduled-seed1234"
+    out, checks = write_report(run_dir, tmp_path / "ok" / "diagnostics.md", corpus_dir=demo_corpus)
+    status = {c.name: c.status for c in checks}
+    assert FAIL not in status.values(), out.read_text()
+    assert status["document overlap between ranks per source-epoch"] == PASS
+    assert status["implied epochs: realised vs planned"] == PASS
+    assert "Corpus: found" in out.read_text()
+
+    bad = copy_runs(ablation_out, tmp_path / "abl", seeds=(1234,)) / "scheduled-seed1234"
+    rank0 = (bad / "order_log" / "rank0.jsonl").read_text().splitlines()
+    (bad / "order_log" / "rank1.jsonl").write_text(
+        "".join(json.dumps({**json.loads(x), "rank": 1}) + "\n" for x in rank0 if x))
+    _, checks = write_report(bad, corpus_dir=demo_corpus, plots=False)
+    overlap = next(c for c in checks if c.name.startswith("document overlap"))
+    assert overlap.status == FAIL and "on 2+ ranks" in overlap.summary and "over 2 rank(s)" in overlap.summary
+
+
 # -- what the comparison relies on in the training loop ----------------------------------------------
 def test_csv_history_survives_a_resume(tmp_path):
     """Lightning's CSV logger deleted metrics.csv on start: a resumed arm lost its held-out curve."""
