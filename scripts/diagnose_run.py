@@ -16,11 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere: import this checkout's packages
-    sys.path.insert(0, str(ROOT))
-
-from ablations.diagnose import FAIL, Thresholds, write_report  # noqa: E402
+from ablations.diagnose import FAIL, Thresholds, write_report
 
 
 def main(argv: list[str] | None = None) -> int:

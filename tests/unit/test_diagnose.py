@@ -10,9 +10,9 @@ formats of ``python -m train fit``.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -174,7 +174,7 @@ def test_without_the_corpus_the_source_checks_skip(tmp_path):
     assert got == {"per-batch": "PASS", "per-source": "PASS", "loss": "SKIP", "document": "SKIP", "implied": "PASS"}
 
 
-def test_report_and_cli(tmp_path, monkeypatch, capsys):
+def test_report_and_cli(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     run = make_run(tmp_path / "ok")
     out, checks = dg.write_report(run)  # no config.yaml: no corpus, the source checks skip
@@ -186,9 +186,9 @@ def test_report_and_cli(tmp_path, monkeypatch, capsys):
         assert (run / png).stat().st_size > 5_000 and f"]({png})" in md
     assert not list(run.glob(".*.tmp"))  # written atomically: no temp file left
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    monkeypatch.setattr(sys, "path", sys.path)
-    import diagnose_run
+    spec = importlib.util.spec_from_file_location("diagnose_run", ROOT / "scripts" / "diagnose_run.py")
+    diagnose_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diagnose_run)
 
     bad = make_run(tmp_path / "bad", frozenset({"sawtooth"}))
     assert diagnose_run.main([str(bad), "--out", str(tmp_path / "r" / "d.md"), "--no-plots"]) == 1
