@@ -8,12 +8,15 @@ Reads, for every ``OUT/<arm>-seed<S>`` (arms ``scheduled`` and ``fixed``; ablati
 CSV log and saved config, the order logs, and the final checkpoint's data cursors if present. No
 wandb account is needed. Writes:
 
-- ``report.md``: the verdict of the decision rule; tokens per source planned and actually drawn by
-  each arm, which must be equal (a mismatch is FLAGGED at the top); held-out loss per source at the
-  end for both arms and the difference (scheduled - fixed, mean +- std over seeds); the other
-  evaluations of ``--suite``;
-- ``heldout_end.png`` (the differences at the end against the rule's tolerance),
-  ``heldout_along_run.png`` (loss per source for both arms and their difference along the run),
+- ``report.md``: the verdict of the decision rule (ablations/decision.py: paired gains per seed, their
+  mean and standard error; KEEP, DROP, NO CLEAR GAIN, or CANNOT DECIDE with fewer than 2 seeds) and
+  one table of its inputs; tokens per source planned and actually drawn by each arm, which must be
+  equal (a mismatch is FLAGGED at the top); held-out loss per source at the end for both arms and the
+  difference (scheduled - fixed, mean +- std over seeds, and each seed's); the other evaluations of
+  ``--suite``;
+- ``heldout_end.png`` (each seed's difference at the end, the mean +- k x SE, the rule's tolerance),
+  ``heldout_along_run.png`` (loss per source for both arms and their difference along the run, each
+  seed and the spread),
   ``tokens_drawn.png`` (cumulative tokens per source of both arms).
 
 Tokens drawn are equal "up to the documents in flight": each batch row is in the middle of a
@@ -412,7 +415,8 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
     axes[0, 0].set_ylabel("held-out loss (nats/token)")
     axes[1, 0].set_ylabel("scheduled - fixed")
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle("held-out loss along the run (dotted: anneal + LR decay start)")
+    fig.suptitle("held-out loss along the run (dotted: anneal + LR decay start)"
+                 + ("; bottom: each seed thin, mean thick, band ± std over seeds" if len(seeds) > 1 else ""))
     fig.tight_layout()
     along = _save(fig, out / "heldout_along_run.png")
 
