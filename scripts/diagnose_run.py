@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="corpus dir DIR/<source>/*.parquet (default: the config's)")
     p.add_argument("--no-plots", action="store_true")
     d = Thresholds()
-    p.add_argument("--max-batch-distance", type=float, default=d.max_batch_distance)
+    p.add_argument("--max-batch-distance", type=float, default=d.max_batch_distance,
+                   help="default: the distance of batches whose rows each hold one random source")
     p.add_argument("--max-cumulative-distance", type=float, default=d.max_cumulative_distance)
     p.add_argument("--alpha", type=float, default=d.alpha, help="sawtooth test's false-alarm rate on white noise")
     p.add_argument("--window", type=int, default=d.window, help="steps each side of an epoch boundary")

@@ -68,7 +68,7 @@ def make_run(root: Path, faults: frozenset = frozenset(), seed: int = 0) -> Path
             base = 3 + 5 / math.sqrt(step + 1)
             web = base + rng.normal(0, 0.03) + (0.15 * (step % 12) / 12 if "sawtooth" in faults else 0)
             cur = base + 0.2 + rng.normal(0, 0.03) - (0.3 * (step // 30) if "epoch_drop" in faults else 0)
-            dist = rng.uniform(0.4, 0.7) if "histogram" in faults else rng.uniform(0.0, 0.2)
+            dist = rng.uniform(0.3, 0.6) if "histogram" in faults else rng.uniform(0.0, 0.1)
             w.writerow([step, (web + cur) / 2, web, cur, dist, ""])
     return run
 
@@ -86,6 +86,24 @@ def test_share_distances_by_hand():
     tokens = np.array([[50, 50], [50, 50]])
     weights = np.array([[0.5, 0.5], [1.0, 0.0]])
     assert dg.cumulative_distance(tokens, weights) == pytest.approx(0.25)
+
+
+def test_iid_rows_baseline_by_hand():
+    # 2 rows, weights 1/2: both rows one source (prob 1/2) -> distance 1/2; one each -> 0
+    assert dg.iid_rows_distance(np.array([0.5, 0.5]), 2, draws=20_000) == pytest.approx(0.25, abs=0.01)
+    assert dg.iid_rows_distance(np.array([1.0, 0.0]), 4) == 0.0
+    assert dg.iid_rows_distance(np.array([0.5, 0.5]), 256) < 0.03  # many rows: nearly flat anyway
+
+
+def test_histogram_check_limits():
+    th = dg.Thresholds()
+    dist = [(s, 0.3) for s in range(30)]
+    assert dg.check_histogram(dist, 0.001, th, baseline=0.2).status == "PASS"  # 0.3 < 2 x 0.2
+    assert dg.check_histogram(dist, 0.001, th, baseline=0.1).status == "FAIL"
+    assert dg.check_histogram(dist, 0.05, th, baseline=0.2).status == "FAIL"  # off target in the long run
+    assert dg.check_histogram(dist, None, th, baseline=None).status == "PASS"  # nothing to compare with
+    assert dg.check_histogram(dist, None, dg.Thresholds(max_batch_distance=0.25)).status == "FAIL"
+    assert dg.check_histogram([], None, th).status == "SKIP"
 
 
 def test_epoch_boundaries_by_hand():
