@@ -8,12 +8,15 @@ Reads, for every ``OUT/<arm>-seed<S>`` (arms ``scheduled`` and ``fixed``; ablati
 CSV log and saved config, the order logs, and the final checkpoint's data cursors if present. No
 wandb account is needed. Writes:
 
-- ``report.md``: the verdict of the decision rule; tokens per source planned and actually drawn by
-  each arm, which must be equal (a mismatch is FLAGGED at the top); held-out loss per source at the
-  end for both arms and the difference (scheduled - fixed, mean +- std over seeds); the other
-  evaluations of ``--suite``;
-- ``heldout_end.png`` (the differences at the end against the rule's tolerance),
-  ``heldout_along_run.png`` (loss per source for both arms and their difference along the run),
+- ``report.md``: the verdict of the decision rule (ablations/decision.py: paired gains per seed, their
+  mean and standard error; KEEP, DROP, NO CLEAR GAIN, or CANNOT DECIDE with fewer than 2 seeds) and
+  one table of its inputs; tokens per source planned and actually drawn by each arm, which must be
+  equal (a mismatch is FLAGGED at the top); held-out loss per source at the end for both arms and the
+  difference (scheduled - fixed, mean +- std over seeds, and each seed's); the other evaluations of
+  ``--suite``;
+- ``heldout_end.png`` (each seed's difference at the end, the mean +- k x SE, the rule's tolerance),
+  ``heldout_along_run.png`` (loss per source for both arms and their difference along the run, each
+  seed and the spread),
   ``tokens_drawn.png`` (cumulative tokens per source of both arms).
 
 Tokens drawn are equal "up to the documents in flight": each batch row is in the middle of a
@@ -29,20 +32,17 @@ pipeline stops on an invalid comparison. The decision itself never changes the e
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import importlib
 import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 import numpy as np
-import yaml
 
+from ablations.decision import DecisionRule, Difference, Verdict, decide, rule_table
 from ablations.evals import EVALUATIONS, Evaluation
 from ablations.runs import (
     config_differences,
@@ -53,94 +53,16 @@ from ablations.runs import (
     read_config,
     schedule_of,
 )
+from data.files import write_text
 from train.metrics_csv import read_metrics, series
 
+ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("scheduled", "fixed")
 ARM_KEYS = ("data.schedule.mixture", "run.dir", "run.wandb_name", "ckpt_path")
 """Config keys the arms may differ in; any other difference in their saved configs is flagged."""
 RUN_DIR = re.compile(r"^(scheduled|fixed)-seed(\d+)$")
 PLANNED_RTOL = 1e-6
 DEFAULT_RULE = ROOT / "ablations" / "decision_rule.yaml"
-
-
-# -- the decision rule ---------------------------------------------------------------------------
-@dataclass
-class DecisionRule:
-    """Keep the schedule if every ``improve`` metric gains and no ``guard`` metric loses too much."""
-
-    improve: list[str] = field(default_factory=lambda: ["heldout/curated", "heldout/all"])
-    min_improvement: float = 0.0
-    guard: list[str] = field(default_factory=lambda: ["heldout/*"])
-    max_regression: float = 0.01
-
-    @classmethod
-    def load(cls, path: Path) -> DecisionRule:
-        d = yaml.safe_load(Path(path).read_text()) or {}
-        unknown = set(d) - {"improve", "min_improvement", "guard", "max_regression"}
-        if unknown:
-            raise SystemExit(f"error: {path}: unknown keys {sorted(unknown)}")
-        return cls(**d)
-
-    def describe(self) -> str:
-        return (f"keep the schedule if {' and '.join(f'`{m}`' for m in self.improve)} improve by more than "
-                f"{self.min_improvement:g} and no metric matching {', '.join(f'`{g}`' for g in self.guard)} "
-                f"worsens by more than {self.max_regression:g}")
-
-
-@dataclass
-class Difference:
-    """One metric's scheduled - fixed difference over the paired seeds; ``gain`` > 0: schedule better."""
-
-    metric: str
-    scheduled: list[float]
-    fixed: list[float]
-    higher_is_better: bool
-
-    @property
-    def diffs(self) -> np.ndarray:
-        return np.asarray(self.scheduled) - np.asarray(self.fixed)
-
-    @property
-    def mean(self) -> float:
-        return float(self.diffs.mean())
-
-    @property
-    def std(self) -> float:
-        return float(self.diffs.std(ddof=1)) if len(self.diffs) > 1 else math.nan
-
-    @property
-    def gain(self) -> float:
-        return self.mean if self.higher_is_better else -self.mean
-
-
-@dataclass
-class Verdict:
-    keep: bool
-    lines: list[str]
-
-
-def decide(rule: DecisionRule, diffs: dict[str, Difference]) -> Verdict:
-    lines, keep = [], True
-    for metric in rule.improve:
-        if metric not in diffs:
-            raise SystemExit(f"error: the decision rule names {metric!r}, which no evaluation reports "
-                             f"(have: {', '.join(sorted(diffs))})")
-        d = diffs[metric]
-        ok = d.gain > rule.min_improvement
-        keep &= ok
-        note = ""
-        if ok and len(d.diffs) > 1 and abs(d.mean) <= d.std:
-            note = " (within the seed spread: not conclusive)"
-        lines.append(f"{'PASS' if ok else 'FAIL'}: `{metric}` gains {d.gain:+.4f} (needs > {rule.min_improvement:g}){note}")
-    for metric, d in diffs.items():
-        if not any(fnmatch.fnmatch(metric, g) for g in rule.guard):
-            continue
-        if -d.gain > rule.max_regression:
-            keep = False
-            lines.append(f"FAIL: `{metric}` worsens by {-d.gain:.4f} (tolerance {rule.max_regression:g})")
-    if keep:
-        lines.append(f"PASS: no guarded metric worsens by more than {rule.max_regression:g}")
-    return Verdict(keep, lines)
 
 
 # -- tokens per source -----------------------------------------------------------------------------
@@ -254,7 +176,7 @@ def mixture_text(config: dict) -> str:
 
 
 def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: float,
-                 atol: float | None) -> tuple[str, bool]:
+                 atol: float | None, rule_source: str = "ablations/decision_rule.yaml") -> tuple[str, bool]:
     """The Markdown report (plots written next to it) and whether every check passed."""
     runs = discover(out)
     flags: list[str] = []
@@ -287,7 +209,8 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
             flags.append(f"seed {seed}: the arms' mixers aimed at DIFFERENT tokens per source over the tokens they "
                          "trained (final checkpoints' cursors)")
         if check.steps[0] != check.steps[1]:
-            flags.append(f"seed {seed}: the arms trained different numbers of steps ({check.steps[0]} vs {check.steps[1]})")
+            flags.append(f"seed {seed}: the arms trained different numbers of steps "
+                         f"({check.steps[0]} vs {check.steps[1]})")
         bad = [r for r in check.rows if not r.ok]
         if bad:
             flags.append(f"seed {seed}: tokens drawn per source DIFFER beyond the tolerance for "
@@ -299,7 +222,8 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
     schedule = schedule_of(configs["scheduled"])
 
     plots = write_plots(out, runs, seeds, diffs, rule, schedule.decay_start, verdict)
-    md = render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol, atol)
+    md = render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol, atol,
+                rule_source)
     return md, not flags
 
 
@@ -307,7 +231,8 @@ def _short(tokens: dict[str, float]) -> str:
     return "{" + ", ".join(f"{s}: {fmt_tokens(v)}" for s, v in tokens.items()) + "}"
 
 
-def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol, atol) -> str:
+def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol, atol,
+           rule_source: str = "ablations/decision_rule.yaml") -> str:
     name = configs["scheduled"]["run"].get("wandb_group") or out.name
     md = [f"# Ablation report: {name}", ""]
     shown = os.path.relpath(out) if Path(out).resolve().is_relative_to(Path.cwd()) else str(out)
@@ -321,14 +246,19 @@ def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verd
         md.append("")
     md.append("## Verdict")
     md.append("")
-    md.append(f"**{'KEEP the schedule' if verdict.keep else 'DROP the schedule (train the fixed mixture)'}**"
-              + (" — but see the failed checks above" if flags else "") + ".")
+    md.append(f"**{verdict.headline}**" + (" — but see the failed checks above" if flags else "") + ".")
     md.append("")
-    md.append(f"Rule: {rule.describe()} (gain = fixed - scheduled for losses, averaged over seeds).")
+    md.append(f"Rule (`{rule_source}`): {rule.describe()}.")
+    md.append("")
+    md.append("Gain = fixed - scheduled for a loss (scheduled - fixed for a score): positive means the schedule "
+              "is better. SE = standard error of the mean gain over the paired seeds.")
+    md.append("")
+    md += rule_table(verdict)
     md.append("")
     md += [f"- {line}" for line in verdict.lines]
-    if len(seeds) == 1:
-        md.append("- one seed: no spread across seeds; run `--seeds A B C` to tell small differences from noise")
+    if len(seeds) < rule.min_seeds:
+        md.append(f"- {len(seeds)} seed(s): no estimate of the seed noise, so no decision; run "
+                  "`ablations/run.py --num-seeds 3` (the default) to tell small differences from noise")
     md.append("")
 
     md.append("## Setup")
@@ -376,15 +306,16 @@ def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verd
 
     md.append("## Held-out loss per source at the end")
     md.append("")
-    md.append("| metric | scheduled | fixed | scheduled - fixed |")
-    md.append("|---|---:|---:|---:|")
+    md.append("| metric | scheduled | fixed | scheduled - fixed | per seed |")
+    md.append("|---|---:|---:|---:|---|")
     for m, d in diffs.items():
         if m.startswith("heldout/"):
             md.append(f"| {m.split('/', 1)[1]} | {np.mean(d.scheduled):.4f} | {np.mean(d.fixed):.4f} | "
-                      f"{pm(d.mean, d.std)} |")
+                      f"{pm(d.mean, d.std)} | {', '.join(f'{x:+.4f}' for x in d.diffs)} |")
     md.append("")
     md.append("Nats per token on the held-out chunks (negative difference: the schedule is better)"
-              + ("; mean ± std over seeds." if len(seeds) > 1 else "."))
+              + ("; mean ± std over seeds (the rule uses the standard error, std / sqrt(seeds))."
+                 if len(seeds) > 1 else "."))
     md.append("")
     md.append(f"![held-out loss at the end]({plots['end']})")
     md.append("")
@@ -468,12 +399,14 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
         if late:  # zoom on the last 70% of the run: the early losses (~11.5 at step 0) flatten the rest
             lo, hi = min(late), max(late)
             ax.set_ylim(lo - 0.08 * (hi - lo + 1e-3), hi + 0.08 * (hi - lo + 1e-3))
-        steps, mean, std = _diff_series(rows, key, len(seeds))
+        steps, mean, std, per_seed = _diff_series(rows, key, len(seeds))
         dx.axhline(0, color="k", lw=0.6)
         if steps:
-            dx.plot(steps, mean, color="C2", marker=".")
-            if len(seeds) > 1:
-                dx.fill_between(steps, mean - std, mean + std, color="C2", alpha=0.25)
+            if len(seeds) > 1:  # each seed's difference, thin, and the spread (mean ± std) around the mean
+                for ys in per_seed:
+                    dx.plot(steps, ys, color="C2", lw=0.6, alpha=0.6, marker=".", ms=2)
+                dx.fill_between(steps, mean - std, mean + std, color="C2", alpha=0.2)
+            dx.plot(steps, mean, color="C2", marker=".", lw=1.6)
         for a in (ax, dx):
             a.axvline(decay_start, color="grey", ls=":", lw=1)
             a.grid(alpha=0.3)
@@ -482,25 +415,29 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
     axes[0, 0].set_ylabel("held-out loss (nats/token)")
     axes[1, 0].set_ylabel("scheduled - fixed")
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle("held-out loss along the run (dotted: anneal + LR decay start)")
+    fig.suptitle("held-out loss along the run (dotted: anneal + LR decay start)"
+                 + ("; bottom: each seed thin, mean thick, band ± std over seeds" if len(seeds) > 1 else ""))
     fig.tight_layout()
     along = _save(fig, out / "heldout_along_run.png")
 
-    # 2. at the end: difference per metric with the seed spread and the rule's tolerance
+    # 2. at the end: difference per metric, each seed's point, the mean and the rule's noise band (k x SE)
     metrics = [m for m in diffs if m.startswith("heldout/")] + [m for m in diffs if not m.startswith("heldout/")]
+    status = {a.metric: a.status for a in verdict.assessments}
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(metrics) + 2), 3.8))
     for i, m in enumerate(metrics):
         d = diffs[m]
-        color = "C2" if d.gain > rule.min_improvement else ("C3" if -d.gain > rule.max_regression else "0.6")
-        ax.bar(i, d.mean, color=color, yerr=None if math.isnan(d.std) else d.std, capsize=4)
-        ax.plot([i] * len(d.diffs), d.diffs, "k.", ms=4)
+        color = {"improves": "C2", "worsens": "C3"}.get(status.get(m, ""), "0.6")
+        band = None if math.isnan(d.se) else rule.k_se * d.se
+        ax.bar(i, d.mean, color=color, alpha=0.7, yerr=band, capsize=5)
+        ax.plot([i + 0.12 * (j - (d.n - 1) / 2) for j in range(d.n)], d.diffs, "k.", ms=5)
     ax.axhline(0, color="k", lw=0.6)
     for sign in (1, -1):  # a loss may rise by max_regression; a score may fall by it
         ax.axhline(sign * rule.max_regression, color="C3", ls="--", lw=0.8)
-    ax.set_xticks(range(len(metrics)), [m.replace("heldout/", "") for m in metrics], rotation=30 if len(metrics) > 6 else 0)
+    ax.set_xticks(range(len(metrics)), [m.replace("heldout/", "") for m in metrics],
+                  rotation=30 if len(metrics) > 6 else 0)
     ax.set_ylabel("scheduled - fixed (nats/token)")
-    ax.set_title(f"held-out loss at the end: {'KEEP' if verdict.keep else 'DROP'} the schedule "
-                 f"(dashed: ±{rule.max_regression:g})", fontsize=10)
+    ax.set_title(f"at the end, {len(seeds)} seed(s): {verdict.outcome.upper()} (dots: seeds; bars: mean "
+                 f"± {rule.k_se:g} SE; dashed: ±{rule.max_regression:g})", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     end = _save(fig, out / "heldout_end.png")
@@ -522,15 +459,16 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
 
 
 def _diff_series(rows, key: str, n: int):
+    """Steps evaluated by every run, and scheduled - fixed at them: mean, std over seeds, each seed's."""
     per_seed = []
     for i in range(n):
         a, b = dict(series(rows["scheduled"][i], key)), dict(series(rows["fixed"][i], key))
         per_seed.append({st: a[st] - b[st] for st in a if st in b})
     steps = sorted(set.intersection(*(set(d) for d in per_seed))) if per_seed else []
-    vals = np.array([[d[st] for st in steps] for d in per_seed])
     if not steps:
-        return [], np.array([]), np.array([])
-    return steps, vals.mean(axis=0), vals.std(axis=0, ddof=1) if n > 1 else np.zeros(len(steps))
+        return [], np.array([]), np.array([]), np.zeros((0, 0))
+    vals = np.array([[d[st] for st in steps] for d in per_seed])
+    return steps, vals.mean(axis=0), vals.std(axis=0, ddof=1) if n > 1 else np.zeros(len(steps)), vals
 
 
 def _cumulative_tokens(run_dir: Path) -> dict[str, np.ndarray]:
@@ -563,11 +501,13 @@ def _save(fig, path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="the ablation folder: <arm>-seed<S>/ run directories")
-    p.add_argument("--decision-rule", type=Path, default=DEFAULT_RULE, help="YAML (default ablations/decision_rule.yaml)")
+    p.add_argument("--decision-rule", type=Path, default=DEFAULT_RULE,
+                   help="YAML (default ablations/decision_rule.yaml)")
     p.add_argument("--improve", default=None, help="overrides the rule: metrics that must improve, comma-separated")
     p.add_argument("--min-improvement", type=float, default=None)
     p.add_argument("--guard", default=None, help="overrides the rule: metric patterns that must not worsen")
     p.add_argument("--max-regression", type=float, default=None, help="tolerance of the guard (metric units)")
+    p.add_argument("--k-se", type=float, default=None, help="overrides the rule: the multiple of the standard error")
     p.add_argument("--suite", default="heldout", help="evaluations, comma-separated (ablations/evals.py)")
     p.add_argument("--plugin", action="append", default=[], help="module to import first (registers evaluations)")
     p.add_argument("--token-rtol", type=float, default=0.02, help="tolerance per source: share of its planned tokens")
@@ -584,15 +524,23 @@ def main(argv: list[str] | None = None) -> int:
         rule.min_improvement = args.min_improvement
     if args.max_regression is not None:
         rule.max_regression = args.max_regression
+    if args.k_se is not None:
+        rule.k_se = args.k_se
     for module in args.plugin:
         importlib.import_module(module)
     names = [n for n in args.suite.split(",") if n]
     unknown = [n for n in names if n not in EVALUATIONS]
     if unknown:
         raise SystemExit(f"error: unknown evaluation(s) {unknown}; registered: {sorted(EVALUATIONS)}")
-    md, ok = build_report(args.out, rule, [EVALUATIONS[n] for n in names], args.token_rtol, args.token_atol)
+    overridden = [f for f in ("improve", "guard", "min_improvement", "max_regression", "k_se")
+                  if getattr(args, f) is not None]
+    source = os.path.relpath(args.decision_rule, ROOT) if args.decision_rule.resolve().is_relative_to(ROOT) \
+        else str(args.decision_rule)
+    source += "".join(f", --{f.replace('_', '-')}" for f in overridden)
+    md, ok = build_report(args.out, rule, [EVALUATIONS[n] for n in names], args.token_rtol, args.token_atol,
+                          rule_source=source)
     path = args.out / "report.md"
-    path.write_text(md)
+    write_text(path, md)
     print(md.split("## Setup")[0].rstrip())
     print(f"\nreport: {path}")
     if not ok:

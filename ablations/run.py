@@ -1,9 +1,15 @@
 """Run an ablation pair: both arms (scheduled and fixed mixture), for one or more seeds, then the report.
 
-    python ablations/run.py --pair demo                                  # CPU, ~2 x 3 minutes
+    python ablations/run.py --pair demo                                  # CPU, 3 seeds x 2 arms x ~3 minutes
     python ablations/run.py --pair demo --seeds 1234 5678 --out runs/ablation-demo-2seeds
+    python ablations/run.py --pair demo --num-seeds 5
     python ablations/run.py --pair 350m_2b --slurm                      # a SLURM job array, one task per run
     python ablations/run.py --pair demo --dry-run -- --trainer.precision 32-true   # print the commands
+
+Each arm runs over N seeds (``--num-seeds``, default 3: the configs' ``data.seed`` S, S+1, S+2; or
+``--seeds A B C``), and seed s of one arm is paired with seed s of the other: the same model init
+(``seed_everything``), the same data seed, the same held-out set (which does not depend on the seed).
+With one seed the report cannot estimate the noise and does not decide (ablations/decision.py).
 
 Every run is ``python -m train fit`` with the pair's configs stacked (the base config, the
 scheduled arm's diff, and for the fixed arm its one-key diff, the mixture) plus::
@@ -35,14 +41,14 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 import yaml
 
 from ablations.runs import is_complete
 
+ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("scheduled", "fixed")
 SBATCH = "ablations/ablation.sbatch"
+DEFAULT_NUM_SEEDS = 3
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,8 @@ class Pair:
 
 PAIRS = {
     "demo": Pair("configs/demo.yaml", "ablations/demo_scheduled.yaml", "ablations/demo_fixed.yaml"),
-    "350m_2b": Pair("configs/pretrain_350m_20b.yaml", "ablations/350m_2b_scheduled.yaml", "ablations/350m_2b_fixed.yaml"),
+    "350m_2b": Pair("configs/pretrain_350m_20b.yaml", "ablations/350m_2b_scheduled.yaml",
+                    "ablations/350m_2b_fixed.yaml"),
 }
 
 
@@ -80,6 +87,14 @@ def config_seed(pair: Pair) -> int:
         data = (yaml.safe_load((ROOT / path).read_text()) or {}).get("data") or {}
         seed = data.get("seed", seed)
     return int(seed)
+
+
+def default_seeds(pair: Pair, n: int = DEFAULT_NUM_SEEDS) -> list[int]:
+    """``n`` seeds from the configs' ``data.seed`` S: S, S+1, ..., S+n-1."""
+    if n < 1:
+        raise SystemExit(f"error: --num-seeds must be at least 1, got {n}")
+    first = config_seed(pair)
+    return [first + i for i in range(n)]
 
 
 def plan_jobs(pair: Pair, seeds: list[int], out: Path, name: str, extra: list[str]) -> list[Job]:
@@ -131,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     own, extra = split_extra(argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pair", required=True, choices=sorted(PAIRS))
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the configs' data.seed")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="the seeds, explicitly (default: --num-seeds seeds from the configs' data.seed)")
+    p.add_argument("--num-seeds", type=int, default=DEFAULT_NUM_SEEDS,
+                   help=f"seeds per arm when --seeds is not given (default {DEFAULT_NUM_SEEDS}; the rule needs 2+)")
     p.add_argument("--out", type=Path, default=None, help="default: runs/ablation-<pair>")
     p.add_argument("--name", default=None, help="ablation name, the wandb group (default: OUT's folder name)")
     p.add_argument("--slurm", action="store_true", help="submit a SLURM job array instead of running here")
@@ -146,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     pair = PAIRS[args.pair]
     out = repo_relative(args.out or ROOT / "runs" / f"ablation-{args.pair}")
     name = args.name or out.name
-    seeds = args.seeds or [config_seed(pair)]
+    seeds = args.seeds or default_seeds(pair, args.num_seeds)
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"error: --seeds repeats a seed: {seeds}")
     jobs = plan_jobs(pair, seeds, out, name, extra)
 
     if args.slurm:

@@ -1,7 +1,8 @@
 """The ablation pair: configs that differ only in the mixture, the runner, and the comparison report.
 
-The end-to-end test trains both demo arms with the tiny model (one runner command, ~35 steps each)
-and reads the report; the flagging tests doctor copies of those runs instead of training again.
+The end-to-end test trains both demo arms over 2 seeds with the tiny model (one runner command, ~35
+steps each) and reads the report; the flagging tests doctor copies of those runs instead of training
+again.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from unittest import mock
 import pytest
 import torch
 import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
-
 from training_runs import SMALL
 
 from ablations import report, run
 from ablations.runs import drawn_tokens, is_complete
 from data.schedules import build_schedule, tokens_per_source
 from train.metrics_csv import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PAIRS = sorted(run.PAIRS)
 SOURCES = ("web", "code", "books", "curated")
@@ -84,7 +84,8 @@ def test_fixed_arm_draws_the_scheduled_tokens_per_source(arms, pair):
         assert planned_f[s] == pytest.approx(planned_s[s], rel=1e-6)
     for attr in ("total_steps", "total_tokens", "decay_start"):
         assert getattr(fixed, attr) == getattr(sched, attr), attr
-    assert [fixed.lr(t) for t in range(0, sched.total_steps, 7)] == [sched.lr(t) for t in range(0, sched.total_steps, 7)]
+    every7 = range(0, sched.total_steps, 7)
+    assert [fixed.lr(t) for t in every7] == [sched.lr(t) for t in every7]
     assert len(sched.phase_boundaries) == 2 and len(fixed.phase_boundaries) == 1  # a real schedule vs a fixed mix
     assert fixed.mixture_weights(0)["curated"] > sched.mixture_weights(0)["curated"]
 
@@ -99,7 +100,8 @@ def test_350m_2b_is_the_full_run_at_ten_percent(arms):
         assert ablation[key] * 10 == full[key], key
     schedule = build_schedule(arms["350m_2b"]["scheduled"]["data"]["schedule"], list(SOURCES))
     assert schedule.decay_start / schedule.total_steps == pytest.approx(0.9, abs=1e-3)  # anneal in the last 10%
-    assert schedule.lr(schedule.total_steps - 1) == 0.0 and schedule.mixture_weights(schedule.decay_start)["curated"] == 0.35
+    assert schedule.lr(schedule.total_steps - 1) == 0.0
+    assert schedule.mixture_weights(schedule.decay_start)["curated"] == 0.35
 
 
 def test_demo_pair_is_the_demo_config(arms):
@@ -113,13 +115,20 @@ def test_every_ablation_yaml_loads():
     for path in sorted((ROOT / "ablations").glob("*.yaml")):
         assert isinstance(yaml.safe_load(path.read_text()), dict), path
     rule = report.DecisionRule.load(ROOT / "ablations" / "decision_rule.yaml")
-    assert rule.improve == ["heldout/curated", "heldout/all"] and rule.max_regression == 0.01
+    assert rule.improve == ["heldout/curated", "heldout/all"] and rule.max_regression == 0.01 and rule.k_se == 2.0
+
+
+# thin command lines over an ablations/ library module
+SCRIPTS_OVER_ABLATIONS = {"scripts/diagnose_run.py"}
 
 
 def test_imports_run_one_way():
-    """ablations/ imports train/ and data/; train/, data/ (and scripts/) never import ablations/."""
+    """ablations/ imports train/ and data/; train/, data/ (and scripts/, but for the command lines over
+    ablations/ modules) never import ablations/."""
     for folder in ("train", "data", "scripts"):
         for path in (ROOT / folder).rglob("*.py"):
+            if path.relative_to(ROOT).as_posix() in SCRIPTS_OVER_ABLATIONS:
+                continue
             for node in ast.walk(ast.parse(path.read_text())):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                          else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
@@ -131,20 +140,38 @@ def test_runner_dry_run_names_each_arm_and_seed(capsys, tmp_path):
     assert run.main(["--pair", "demo", "--seeds", "1", "2", "--out", str(tmp_path / "abl"), "--dry-run",
                      "--", "--trainer.precision", "32-true"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split("]")[0] for ln in lines] == ["[scheduled seed 1", "[fixed seed 1", "[scheduled seed 2", "[fixed seed 2"]
+    assert [ln.split("]")[0] for ln in lines] == ["[scheduled seed 1", "[fixed seed 1", "[scheduled seed 2",
+                                                  "[fixed seed 2"]
     fixed = lines[1]
-    assert "--config configs/demo.yaml --config ablations/demo_scheduled.yaml --config ablations/demo_fixed.yaml" in fixed
+    assert ("--config configs/demo.yaml --config ablations/demo_scheduled.yaml "
+            "--config ablations/demo_fixed.yaml") in fixed
     assert f"--run.dir {tmp_path}/abl/fixed-seed1 " in fixed and "--data.seed 1 " in fixed
     assert "--run.wandb_group abl --run.wandb_name abl/fixed-seed1" in fixed
     assert fixed.endswith("--trainer.precision 32-true")
     assert "demo_fixed" not in lines[0]
 
 
+def test_runner_runs_three_seeds_by_default(capsys, tmp_path):
+    assert run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split("]")[0] for ln in lines] == [f"[{arm} seed {s}" for s in (1234, 1235, 1236) for arm in run.ARMS]
+    for line in lines:  # seed s of one arm is seed s of the other: model init and data order alike
+        seed = line.split("seed ")[1].split("]")[0]
+        assert f"--seed_everything {seed} --data.seed {seed} " in line and f"-seed{seed} " in line
+    assert run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--num-seeds", "1"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    with pytest.raises(SystemExit):
+        run.main(["--pair", "demo", "--seeds", "1", "1", "--dry-run"])
+
+
 def test_slurm_array_runs_one_arm_per_task(capsys, tmp_path):
     out = tmp_path / "abl"
     assert run.main(["--pair", "350m_2b", "--slurm", "--dry-run", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("sbatch --array=0-1 --job-name=abl ablations/ablation.sbatch ")
+    # one array task per arm and seed: 2 arms x 3 seeds by default
+    assert printed.startswith("sbatch --array=0-5 --job-name=abl ablations/ablation.sbatch ")
+    assert [ln.split(":")[0].strip() for ln in printed.splitlines()[1:]] == [f"task {i}" for i in range(6)]
+    assert "fixed-seed1236 " in printed.splitlines()[-1]
     # what array task 1 runs: the fixed arm, through the SLURM launcher (CONFIG, then the overrides)
     jobs = run.plan_jobs(run.PAIRS["350m_2b"], [1234], out, "abl", [])
     out.mkdir()
@@ -157,7 +184,8 @@ def test_slurm_array_runs_one_arm_per_task(capsys, tmp_path):
 
     launched = task("scripts/slurm/train.sbatch")
     assert launched.startswith("bash scripts/slurm/train.sbatch configs/pretrain_350m_20b.yaml --config "
-                               "ablations/350m_2b_scheduled.yaml --config ablations/350m_2b_fixed.yaml --seed_everything")
+                               "ablations/350m_2b_scheduled.yaml --config ablations/350m_2b_fixed.yaml "
+                               "--seed_everything")
     assert f"--run.dir {out}/fixed-seed1234 " in launched and "--ckpt_path" not in launched  # the launcher resumes
     plain = task("srun")
     assert plain.startswith("srun ") and "-m train fit --config configs/pretrain_350m_20b.yaml" in plain
@@ -175,13 +203,18 @@ TINY = [*SMALL, "--data.num_workers", "1", "--run.ckpt_every_n_steps", "10"]
 TINY_REPORT = ["--token-rtol", "0.5"]
 
 
+SEEDS = (1234, 1235)
+
+
 @pytest.fixture(scope="module")
 def ablation_out(demo_corpus, tmp_path_factory) -> Path:
+    """Both demo arms over 2 seeds (the fewest the decision rule decides on), tiny model."""
     out = tmp_path_factory.mktemp("ablation") / "abl"
     sources = {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in SOURCES}
     cmd = [sys.executable, str(ROOT / "ablations" / "run.py"), "--pair", "demo", "--out", str(out), "--no-report",
-           "--", *TINY, "--data.sources", json.dumps(sources)]
-    env = {**os.environ, "WELLMIXED_CACHE": str(out.parent / "cache")}
+           "--num-seeds", str(len(SEEDS)), "--", *TINY, "--data.sources", json.dumps(sources)]
+    env = {**os.environ, "WELLMIXED_CACHE": str(out.parent / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
@@ -189,6 +222,8 @@ def ablation_out(demo_corpus, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_demo_ablation_end_to_end(ablation_out, capsys):
+    assert sorted(d.name for d in ablation_out.iterdir() if d.is_dir()) == sorted(
+        f"{arm}-seed{s}" for arm in run.ARMS for s in SEEDS)
     runs = {arm: ablation_out / f"{arm}-seed1234" for arm in run.ARMS}
     assert all(is_complete(d) for d in runs.values())  # held-out loss logged at the last step
     (sched, steps_s), (fixed, steps_f) = (drawn_tokens(runs[arm]) for arm in run.ARMS)
@@ -201,21 +236,29 @@ def test_demo_ablation_end_to_end(ablation_out, capsys):
     assert "CHECKS FAILED" not in md and "MISMATCH" not in md
     assert "Equal: both arms drew the same tokens per source" in md
     assert "Planned tokens (each run's saved config): equal. Mixer targets" in md and "checkpoint): equal." in md
-    assert "KEEP the schedule" in md or "DROP the schedule" in md
+    assert any(h in md for h in ("KEEP the schedule", "DROP the schedule", "NO CLEAR GAIN"))
+    assert "CANNOT DECIDE" not in md and "2 seed(s) (1234, 1235)" in md
+    # the rule and its inputs, one table: a row per metric with both seeds' paired gains, mean, SE
+    assert "| metric | role | seeds | gain per seed | mean gain | SE | k x SE | threshold | status | |" in md
+    curated = next(ln for ln in md.splitlines() if ln.startswith("| `heldout/curated` | improve + guard | 2 | "))
+    gains = [float(x) for x in curated.split(" | ")[3].split(", ")]
+    assert len(gains) == 2 and float(curated.split(" | ")[4]) == pytest.approx(sum(gains) / 2, abs=1e-4)
+    assert float(curated.split(" | ")[5]) == pytest.approx(abs(gains[0] - gains[1]) / 2, abs=1e-4)  # SE of 2
     for source in (*SOURCES, "all"):
         assert f"| {source} |" in md
     for png in ("heldout_end.png", "heldout_along_run.png", "tokens_drawn.png"):
         assert (ablation_out / png).stat().st_size > 10_000 and f"]({png})" in md
 
     # the runner is idempotent: finished runs are skipped, nothing trains again
-    assert run.main(["--pair", "demo", "--out", str(ablation_out), "--no-report"]) == 0
-    assert capsys.readouterr().out.count("is complete: skipped") == 2
+    assert run.main(["--pair", "demo", "--out", str(ablation_out), "--no-report", "--num-seeds", "2"]) == 0
+    assert capsys.readouterr().out.count("is complete: skipped") == 4
 
 
-def copy_runs(src: Path, dst: Path) -> Path:
+def copy_runs(src: Path, dst: Path, seeds=SEEDS) -> Path:
     """The logs of an ablation folder, without the checkpoints (the mixer targets are then not checked)."""
     for d in src.iterdir():
-        if d.is_dir() and report.RUN_DIR.match(d.name):
+        m = report.RUN_DIR.match(d.name)
+        if d.is_dir() and m and int(m.group(2)) in seeds:
             for part in ("csv", "order_log"):
                 shutil.copytree(d / part, dst / d.name / part)
             for config in d.glob("config*.yaml"):  # config.yaml (latest launch) and config-NNN.yaml
@@ -258,22 +301,60 @@ def test_report_flags_arms_configured_for_different_tokens(ablation_out, tmp_pat
     cfg["data"]["schedule"]["lr"]["peak"] = 3e-3  # and a different learning rate
     cfg_path.write_text(yaml.safe_dump(cfg))
     assert report.main([str(out), "--token-rtol", "100"]) == 1
-    assert "the arms' configs differ in more than the mixture: `data.schedule.lr.peak`" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "the arms' configs differ in more than the mixture: `data.schedule.lr.peak`" in md
 
 
 @pytest.mark.slow
 def test_decision_rule_from_flags(ablation_out, tmp_path):
     out = copy_runs(ablation_out, tmp_path / "abl")
-    diffs = report.evaluate([report.EVALUATIONS["heldout"]], report.discover(out), [1234])
+    diffs = report.evaluate([report.EVALUATIONS["heldout"]], report.discover(out), list(SEEDS))
+    assert all(d.n == 2 for d in diffs.values())
+    # no noise allowance (k = 0) and no tolerance: any metric whose mean loss rose drops the schedule
     worst = max(-d.gain for d in diffs.values())
-    # a tolerance just below the largest loss increase (if any) drops the schedule; a loose one keeps it
-    # when curated and overall improved
-    strict = report.decide(report.DecisionRule(improve=[], max_regression=worst - 1e-6), diffs)
+    strict = report.decide(report.DecisionRule(improve=[], max_regression=0.0, k_se=0.0), diffs)
+    assert strict.outcome == ("drop" if worst > 0 else "keep")
+    # a loose tolerance: nothing worsens, nothing must improve
     loose = report.decide(report.DecisionRule(improve=[], max_regression=max(worst, 0) + 1.0), diffs)
-    assert not strict.keep and loose.keep
-    assert report.main([str(out), *TINY_REPORT, "--improve", "heldout/code", "--max-regression", "5"]) == 0
+    assert loose.keep
+    assert report.main([str(out), *TINY_REPORT, "--improve", "heldout/code", "--max-regression", "5",
+                        "--k-se", "3"]) == 0
     md = (out / "report.md").read_text()
-    assert "`heldout/code` gains" in md and "worsens by more than 5" in md
+    assert "| `heldout/code` | improve + guard | 2 |" in md and "worsens when its mean loss" in md
+    assert "exceeds 3 x its standard error" in md and "--improve, --max-regression, --k-se" in md
+
+
+@pytest.mark.slow
+def test_one_seed_cannot_decide(ablation_out, tmp_path):
+    out = copy_runs(ablation_out, tmp_path / "abl", seeds=(1234,))
+    assert report.main([str(out), *TINY_REPORT]) == 0  # a valid comparison, but no decision
+    md = (out / "report.md").read_text()
+    assert "**CANNOT DECIDE (fewer than 2 seeds: no estimate of the noise)**" in md
+    assert "KEEP the schedule" not in md and "DROP the schedule" not in md
+    assert "| `heldout/curated` | improve + guard | 1 |" in md and "cannot decide" in md
+
+
+@pytest.mark.slow
+def test_diagnostics_of_a_real_run(ablation_out, tmp_path, demo_corpus):
+    """scripts/diagnose_run.py on an arm of the tiny ablation passes; with its order log copied onto a
+    second rank (two ranks reading the same documents) the rank-overlap check fails."""
+    from ablations.diagnose import FAIL, PASS, write_report
+
+    run_dir = ablation_out / "scheduled-seed1234"
+    out, checks = write_report(run_dir, tmp_path / "ok" / "diagnostics.md", corpus_dir=demo_corpus)
+    status = {c.name: c.status for c in checks}
+    assert FAIL not in status.values(), out.read_text()
+    assert status["document overlap between ranks per source-epoch"] == PASS
+    assert status["implied epochs: realised vs planned"] == PASS
+    assert "Corpus: found" in out.read_text()
+
+    bad = copy_runs(ablation_out, tmp_path / "abl", seeds=(1234,)) / "scheduled-seed1234"
+    rank0 = (bad / "order_log" / "rank0.jsonl").read_text().splitlines()
+    (bad / "order_log" / "rank1.jsonl").write_text(
+        "".join(json.dumps({**json.loads(x), "rank": 1}) + "\n" for x in rank0 if x))
+    _, checks = write_report(bad, corpus_dir=demo_corpus, plots=False)
+    overlap = next(c for c in checks if c.name.startswith("document overlap"))
+    assert overlap.status == FAIL and "on 2+ ranks" in overlap.summary and "over 2 rank(s)" in overlap.summary
 
 
 # -- what the comparison relies on in the training loop ----------------------------------------------
@@ -287,4 +368,5 @@ def test_csv_history_survives_a_resume(tmp_path):
             logger.log_metrics({"val/loss": 10.0 - step, **({"new": 1.0} if step == 2 else {})}, step=step)
         logger.save()
     rows = read_metrics(tmp_path)
-    assert [(r["step"], r["val/loss"], r["new"]) for r in rows] == [("0", "10.0", ""), ("1", "9.0", ""), ("2", "8.0", "1.0")]
+    assert [(r["step"], r["val/loss"], r["new"]) for r in rows] == [("0", "10.0", ""), ("1", "9.0", ""),
+                                                                    ("2", "8.0", "1.0")]

@@ -1,0 +1,50 @@
+"""Diagnose one training run: does the shuffle mix? Writes RUN/diagnostics.md with plots and a PASS/FAIL
+verdict per diagnostic (the library is ablations/diagnose.py; what each check does: docs/diagnostics.md).
+
+    python scripts/diagnose_run.py runs/demo
+    python scripts/diagnose_run.py runs/ablation-demo/fixed-seed1234 --corpus demo_corpus --out diag/report.md
+
+Reads the run's csv/metrics.csv, order_log/rank*.jsonl (train with --data.order_log true) and
+config.yaml; the corpus (the config's source globs, or --corpus DIR with DIR/<source>/*.parquet) for
+the checks that need each document's source and each source's size. Exit status 1 when a diagnostic
+fails, 0 otherwise (a skipped one does not fail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ablations.diagnose import FAIL, Thresholds, write_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="Markdown path (default RUN/diagnostics.md); plots beside it")
+    p.add_argument("--corpus", type=Path, default=None,
+                   help="corpus dir DIR/<source>/*.parquet (default: the config's)")
+    p.add_argument("--no-plots", action="store_true")
+    d = Thresholds()
+    p.add_argument("--max-batch-distance", type=float, default=d.max_batch_distance,
+                   help="default: the distance of batches whose rows each hold one random source")
+    p.add_argument("--max-cumulative-distance", type=float, default=d.max_cumulative_distance)
+    p.add_argument("--alpha", type=float, default=d.alpha, help="sawtooth test's false-alarm rate on white noise")
+    p.add_argument("--window", type=int, default=d.window, help="steps each side of an epoch boundary")
+    p.add_argument("--min-drop", type=float, default=d.min_drop, help="nats: a smaller drop at a boundary passes")
+    p.add_argument("--epoch-rtol", type=float, default=d.epoch_rtol)
+    args = p.parse_args(argv)
+    if not (args.run_dir / "csv" / "metrics.csv").is_file():
+        raise SystemExit(f"error: {args.run_dir}/csv/metrics.csv not found (a run directory of python -m train fit?)")
+    th = Thresholds(max_batch_distance=args.max_batch_distance, max_cumulative_distance=args.max_cumulative_distance,
+                    alpha=args.alpha, window=args.window, min_drop=args.min_drop, epoch_rtol=args.epoch_rtol)
+    out, checks = write_report(args.run_dir, args.out, args.corpus, th, plots=not args.no_plots)
+    for c in checks:
+        print(f"{c.status:4}  {c.name}: {c.summary}")
+    print(f"report: {out}")
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
