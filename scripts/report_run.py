@@ -61,14 +61,16 @@ def plot(rows, sources: list[str], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--corpus", type=Path, default=None, help="corpus dir (DIR/<source>/*.parquet) for the unigram entropy")
+    p.add_argument("--corpus", type=Path, default=None,
+                   help="corpus dir (DIR/<source>/*.parquet) for the unigram entropy")
     p.add_argument("--out", type=Path, default=None, help="PNG path (default RUN_DIR/loss_per_source.png)")
     args = p.parse_args(argv)
     try:
         rows = read_metrics(args.run_dir)
     except FileNotFoundError as e:
         raise SystemExit(f"error: {e}") from None
-    sources = sorted({k.split("/")[-1] for r in rows[:1] for k in r if k.startswith("val/loss/") or k.startswith("train/loss/")})
+    sources = sorted({k.split("/")[-1] for r in rows[:1] for k in r
+                      if k.startswith("val/loss/") or k.startswith("train/loss/")})
     lines = [f"{'source':<10} {'held-out start':>15} {'held-out end':>13} {'change':>8}"]
     for s in sources + ["all"]:
         va = series(rows, "val/loss" if s == "all" else f"val/loss/{s}")
