@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from data.files import write_json
 from train.metrics_csv import read_metrics, series
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,39 +78,35 @@ LM_EVAL_TASKS = os.environ.get("WELLMIXED_LM_EVAL_TASKS", "hellaswag,arc_easy,pi
 @register("lm_eval", higher_is_better=True,
           description=f"lm-evaluation-harness accuracy on the exported model ({LM_EVAL_TASKS})")
 def lm_eval_harness(run_dir: Path) -> dict[str, float]:
-    """Exports ``checkpoints/last.ckpt`` to HF format and runs ``lm_eval`` on it; cached per run.
+    """lm-evaluation-harness on the run's exported ``checkpoints/last.ckpt``, through the one-command
+    evaluation (train/evaluate.py: ``sys.executable -m lm_eval``, offline, datasets from the HF cache);
+    cached per run in ``<run>/evals/lm_eval/results.json``.
 
-    Needs ``pip install lm-eval`` and ``scripts/export_hf.py``; the tasks come from
-    ``$WELLMIXED_LM_EVAL_TASKS`` (comma-separated), extra flags from ``$WELLMIXED_LM_EVAL_ARGS``
-    (e.g. ``--device cuda:0 --batch_size 32``). Reports ``<task>/acc`` (and ``acc_norm`` where
-    the task has it). A 350M model at 2B tokens sits near chance on most of these: prefer tasks
-    with signal at that scale, or use held-out loss alone.
+    Checked first: without lm-eval installed this raises, naming the install command, before anything
+    is exported. Tasks from ``$WELLMIXED_LM_EVAL_TASKS`` (comma-separated), extra flags from
+    ``$WELLMIXED_LM_EVAL_ARGS`` (e.g. ``--device cuda:0 --batch_size 32``); ``$WELLMIXED_LM_EVAL_ONLINE=1``
+    lets the harness download datasets. Reports ``<task>/acc`` (and ``acc_norm`` where the task has it).
+    A 350M model at 2B tokens sits near chance on most of these: prefer tasks with signal at that scale,
+    or use held-out loss alone.
     """
+    from train.evaluate import INSTALL_HINT, find_checkpoint, lm_eval_available, run_lm_eval
+
     run_dir = Path(run_dir)
     out_dir = run_dir / "evals" / "lm_eval"
     results_file = out_dir / "results.json"
     if not results_file.is_file():
+        if not lm_eval_available():
+            raise RuntimeError(f"the lm_eval evaluation needs lm-evaluation-harness: {INSTALL_HINT}")
+        from train.export import export
+
+        ckpt, _ = find_checkpoint(run_dir)
         hf_dir = run_dir / "evals" / "hf"
         if not (hf_dir / "config.json").is_file():
-            _run([sys.executable, str(ROOT / "scripts" / "export_hf.py"),
-                  str(run_dir / "checkpoints" / "last.ckpt"), "--out", str(hf_dir)])
-        raw = out_dir / "raw"
-        _run(["lm_eval", "--model", "hf", "--model_args", f"pretrained={hf_dir}", "--tasks", LM_EVAL_TASKS,
-              "--output_path", str(raw), *shlex.split(os.environ.get("WELLMIXED_LM_EVAL_ARGS", ""))])
-        found = sorted(raw.rglob("results*.json"), key=lambda p: p.stat().st_mtime)
-        if not found:
-            raise RuntimeError(f"lm_eval wrote no results*.json under {raw}")
-        metrics = {}
-        for task, values in json.loads(found[-1].read_text())["results"].items():
-            for key, value in values.items():
-                name = key.split(",")[0]  # "acc,none" -> "acc"
-                if name in ("acc", "acc_norm") and isinstance(value, (int, float)):
-                    metrics[f"{task}/{name}"] = float(value)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        results_file.write_text(json.dumps(metrics, indent=1))
+            export(ckpt, hf_dir)
+        found = run_lm_eval(hf_dir, LM_EVAL_TASKS, out_dir, offline=os.environ.get("WELLMIXED_LM_EVAL_ONLINE") != "1",
+                            extra=os.environ.get("WELLMIXED_LM_EVAL_ARGS", ""))
+        metrics = {k: v for k, v in found.items() if k.rsplit("/", 1)[-1] in ("acc", "acc_norm")}
+        write_json(results_file, metrics, indent=1)
     return json.loads(results_file.read_text())
 
 
-def _run(cmd: list[str]) -> None:
-    print("$ " + shlex.join(cmd), flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT)

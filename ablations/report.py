@@ -532,6 +532,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in EVALUATIONS]
     if unknown:
         raise SystemExit(f"error: unknown evaluation(s) {unknown}; registered: {sorted(EVALUATIONS)}")
+    if "lm_eval" in names:  # checked before any run is exported or evaluated
+        from train.evaluate import INSTALL_HINT, lm_eval_available
+
+        if not lm_eval_available():
+            raise SystemExit(f"error: --suite lm_eval needs lm-evaluation-harness, which is not installed: "
+                             f"{INSTALL_HINT}")
     overridden = [f for f in ("improve", "guard", "min_improvement", "max_regression", "k_se")
                   if getattr(args, f) is not None]
     source = os.path.relpath(args.decision_rule, ROOT) if args.decision_rule.resolve().is_relative_to(ROOT) \
