@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main command: set up, build the embedded demo corpus, look at the plan and the order,
-# train the demo model on 2 CPU cores (a few minutes), and report held-out loss per source.
+# train the demo model on 2 CPU cores (a few minutes), report held-out loss per source, evaluate, diagnose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -26,7 +26,17 @@ for line in open(sys.argv[1]):
 PY
 
 echo "== 4. training (configs/demo.yaml; wandb offline in $RUN/wandb)"
-$PY -m train fit --config configs/demo.yaml --run.dir "$RUN"
+$PY -m train fit --config configs/demo.yaml --run.dir "$RUN" --data.order_log true
 
 echo "== 5. held-out loss per source"
 $PY scripts/report_run.py "$RUN" --corpus demo_corpus
+
+echo "== 6. evaluation in one command (held-out loss and perplexity per source; lm-eval when installed)"
+$PY scripts/evaluate.py "$RUN" --tasks ""
+
+echo "== 7. the order diagnostics of this run ($RUN/diagnostics.md)"
+set +e
+$PY scripts/diagnose_run.py "$RUN" --corpus demo_corpus
+rc=$?
+set -e
+if [ "$rc" -gt 1 ]; then exit "$rc"; fi   # 1: a diagnostic failed (reported above); anything else is an error
