@@ -12,9 +12,10 @@
   :func:`remove_stale_temp_files` clears the half-written temporary at the next start.
 - **A truncated or corrupt checkpoint**: :func:`resolve_checkpoint` checks the file ``--ckpt_path``
   names before Lightning loads it -- a clear error naming the file, or with ``run.ckpt_fallback``
-  the newest valid checkpoint of the run (logged). The check reads the archive's index, not every
-  tensor byte: torch's zip reader keeps no checksum of the data, so flipped bits inside a tensor are
-  not detected.
+  the newest valid checkpoint of the run (logged). Every checkpoint file has a sidecar ``NAME.sha256``
+  (train/callbacks.py) that is verified first: torch's zip reader checks no checksum, so a flipped bit
+  inside a tensor, or a corrupt zip member behind an intact index, is "corrupt" like a truncated file.
+  Sharded (FSDP) checkpoint folders have no checksum.
 - **A non-finite loss** and **a full disk** are handled where they happen (train/module.py:
   ``on_nonfinite``; train/callbacks.py: ``AtomicCheckpointIO``).
 """
@@ -33,6 +34,7 @@ import lightning as L
 import torch
 
 from data.errors import ConfigError
+from train.callbacks import CHECKSUM_SUFFIX, checksum_path, file_sha256, read_checksum
 from train.early_signals import EARLY as _EARLY
 from train.early_signals import STOP_SIGNALS, install_early_handlers  # noqa: F401 (re-exported for the CLI)
 
@@ -166,9 +168,18 @@ def error_lines(e: BaseException) -> str:
 
 
 def checkpoint_problem(path: Path) -> str | None:
-    """None if ``path`` opens as a checkpoint (index and pickled structure), else what is wrong."""
+    """None if ``path`` opens as a checkpoint (checksum, index and pickled structure), else what is wrong.
+
+    A file with a sidecar ``NAME.sha256`` is hashed first (streamed in 16 MB blocks; about the time of
+    reading the file once); a file without one (written before checksums existed, or a kill between
+    the rename and the sidecar) is only opened. A sharded checkpoint folder (FSDP) is not hashed: its
+    shards are written by every rank through torch.distributed.checkpoint, not by AtomicCheckpointIO.
+    """
     if path.is_dir():  # a sharded checkpoint (torch.distributed.checkpoint folder; train/parallel.py)
         return _sharded_checkpoint_problem(path)
+    problem = checksum_problem(path)
+    if problem is not None:
+        return problem
     try:
         # mmap: tensors are not read, so this costs milliseconds even for a multi-GB checkpoint;
         # a truncated file fails here (the zip index is at the end of the file).
@@ -179,6 +190,21 @@ def checkpoint_problem(path: Path) -> str | None:
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         return "not a Lightning checkpoint (no state_dict / global_step)"
     return None
+
+
+def checksum_problem(path: Path) -> str | None:
+    """None when ``path`` matches its sidecar checksum or has none; else the mismatch."""
+    want = read_checksum(path)
+    if want is None:
+        return None
+    try:
+        got = file_sha256(path)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"[:300]
+    if got == want:
+        return None
+    return (f"sha256 {got[:16]}... does not match {checksum_path(path).name} ({want[:16]}...): "
+            "bits changed after the write (disk, copy or memory error)")
 
 
 def _sharded_checkpoint_problem(path: Path) -> str | None:
@@ -269,8 +295,15 @@ def _newest_step_file(ckpt_dir: Path) -> str | None:
 
 def remove_stale_temp_files(ckpt_dir: Path) -> list[Path]:
     """Half-written ``.NAME.tmpPID`` files of a save that was killed (AtomicCheckpointIO); they can be
-    as large as a checkpoint. Called before training starts, when no save can be in progress."""
-    stale = sorted(ckpt_dir.glob(".*.ckpt.tmp*")) if ckpt_dir.is_dir() else []
+    as large as a checkpoint. Called before training starts, when no save can be in progress.
+
+    Also the temporaries of checksum sidecars, and sidecars whose checkpoint is gone (a kill between
+    keep_last_k's removal of a file and of its sidecar)."""
+    stale = []
+    if ckpt_dir.is_dir():
+        stale = sorted(ckpt_dir.glob(".*.ckpt.tmp*")) + sorted(ckpt_dir.glob(f".*.ckpt{CHECKSUM_SUFFIX}.*.tmp"))
+        stale += [p for p in sorted(ckpt_dir.glob(f"*.ckpt{CHECKSUM_SUFFIX}"))
+                  if not p.with_name(p.name[: -len(CHECKSUM_SUFFIX)]).exists()]
     for p in stale:
         p.unlink(missing_ok=True)
         log.warning("removed %s, left by a checkpoint write that did not finish", p)

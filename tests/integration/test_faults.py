@@ -202,6 +202,35 @@ def test_corrupt_last_checkpoint_is_named_then_fallback_resumes_identically(work
     assert_same_order(ref_lines, order_log(run_dir))
 
 
+def _flip_middle_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # the middle of a checkpoint is tensor bytes (the embedding, the moments)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+def test_bit_flip_in_last_checkpoint_is_named_then_fallback_resumes_identically(workdir, env, ref_single):
+    """One flipped bit inside a tensor of ``last.ckpt`` and of the newest step file: before, torch loaded
+    both silently (the zip index is intact). Now the sidecar checksum names the file; with
+    ``--run.ckpt_fallback true`` the run resumes from the newest intact checkpoint, identically."""
+    ref_dir, ref_lines = ref_single
+    run_dir = workdir / "bitflip"
+    shutil.copytree(ref_dir, run_dir)  # copies: last.ckpt is no longer a link of the step file
+    ckpts = run_dir / "checkpoints"
+    steps = checkpoint_steps(run_dir)
+    last, newest = ckpts / "last.ckpt", ckpts / f"step{steps[-1]:07d}.ckpt"
+    assert (ckpts / "last.ckpt.sha256").is_file() and (ckpts / f"{newest.name}.sha256").is_file()
+    for path in (last, newest):
+        _flip_middle_bit(path)
+        assert "state_dict" in torch.load(path, weights_only=True, map_location="cpu")  # loads silently
+    fail = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "refused", expect_rc=2)
+    assert (f"error: checkpoint {last} is unreadable (truncated or corrupt?): sha256 " in fail.log()
+            and "does not match last.ckpt.sha256" in fail.log()), fail.log()
+    ok = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last", "--run.ckpt_fallback", "true"], env, "fallback")
+    assert f"falling back to {ckpts / f'step{steps[-2]:07d}.ckpt'}" in ok.log(tail=10**6)
+    assert_same_order(ref_lines, order_log(run_dir))
+
+
 # -- preemption: SIGTERM / SIGUSR1 -------------------------------------------------------------------
 
 
@@ -377,11 +406,12 @@ def test_disk_full_while_saving_leaves_last_checkpoint_intact(tmp_path, monkeypa
         with pytest.raises(OSError, match=rf"could not write checkpoint {last}: .*{text}.*disk full.*partial file "
                                           "was removed$"):
             io.save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "global_step": 6}, last)
-        assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
+        assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]
     monkeypatch.setattr(torch, "save", real_save)
     assert last.read_bytes() == before
     assert torch.load(last, weights_only=True)["global_step"] == 3
-    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]
+    assert checkpoint_problem(last) is None  # the sidecar still matches the intact file
 
 
 def test_stale_temporaries_are_removed(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,3 +183,76 @@ def test_error_lines_prefix_each_problem_and_keep_continuations():
 
     got = error_lines(ConfigError("a: x; fix\nb: y; fix\n  detail of b"))
     assert got == "error: a: x; fix\nerror: b: y; fix\n  detail of b"
+
+
+# -- checkpoint checksums ------------------------------------------------------------------------------
+
+
+def _flip_tensor_byte(path: Path, marker: bytes) -> None:
+    """Flip one bit inside a tensor's bytes (a zip member's data): the index and the pickle stay intact."""
+    data = bytearray(path.read_bytes())
+    at = data.index(marker) + 5
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
+    """Before: torch's zip reader keeps no checksum, so a flipped bit inside a tensor (a corrupt zip member
+    of last.ckpt) passed the pre-check and loaded silently (or failed inside Lightning's load)."""
+    import hashlib
+
+    from train.callbacks import checksum_path, link_checkpoint
+
+    ckpts = tmp_path / "checkpoints"
+    io = AtomicCheckpointIO()
+    marker = bytes(range(7, 247))  # recognisable tensor bytes
+    for step in (3, 6):
+        w = torch.frombuffer(bytearray(marker * 64), dtype=torch.uint8).clone()
+        io.save_checkpoint({"state_dict": {"w": w}, "global_step": step}, ckpts / f"step{step:07d}.ckpt")
+        os.utime(ckpts / f"step{step:07d}.ckpt", (step, step))
+    link_checkpoint(ckpts / "step0000006.ckpt", ckpts / "last.ckpt")
+    last = ckpts / "last.ckpt"
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        "last.ckpt", "last.ckpt.sha256", "step0000003.ckpt", "step0000003.ckpt.sha256", "step0000006.ckpt",
+        "step0000006.ckpt.sha256"]
+    digest = hashlib.sha256(last.read_bytes()).hexdigest()
+    assert checksum_path(last).read_text() == f"{digest}  last.ckpt\n"  # `sha256sum -c` format
+    assert resolve_checkpoint("last", ckpts, fallback=False) == str(last)
+
+    os.unlink(last)  # break the hard link: only last.ckpt is damaged
+    shutil.copyfile(ckpts / "step0000006.ckpt", last)
+    os.utime(last, (7, 7))
+    _flip_tensor_byte(last, marker)
+    assert torch.load(last, weights_only=True)["global_step"] == 6  # the attack: it loads, with wrong weights
+    with pytest.raises(ConfigError) as info:
+        resolve_checkpoint("last", ckpts, fallback=False)
+    flipped = hashlib.sha256(last.read_bytes()).hexdigest()
+    assert str(info.value).startswith(
+        f"checkpoint {last} is unreadable (truncated or corrupt?): sha256 {flipped[:16]}"
+        f"... does not match last.ckpt.sha256 ({digest[:16]}...): bits changed after the write")
+    assert "--run.ckpt_fallback true" in str(info.value)
+    assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000006.ckpt")
+
+    checksum_path(last).unlink()  # no sidecar (an older run): only opened, as before
+    assert resolve_checkpoint("last", ckpts, fallback=False) == str(last)
+
+
+def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
+    """keep_last_k's removal takes the sidecar along; a kill's leftovers (sidecar temporaries, sidecars of
+    removed files) go at the next start; a rewrite never leaves the old checksum beside the new file."""
+    from train.callbacks import checksum_path, file_sha256, read_checksum
+    from train.faults import remove_stale_temp_files
+
+    io = AtomicCheckpointIO()
+    a, b = tmp_path / "step0000003.ckpt", tmp_path / "step0000006.ckpt"
+    io.save_checkpoint({"state_dict": {}, "global_step": 3}, a)
+    io.save_checkpoint({"state_dict": {}, "global_step": 6}, b)
+    io.remove_checkpoint(a)
+    assert not a.exists() and not checksum_path(a).exists()
+    io.save_checkpoint({"state_dict": {"x": torch.ones(3)}, "global_step": 6}, b)  # rewritten in place
+    assert read_checksum(b) == file_sha256(b)
+    (tmp_path / ".step0000006.ckpt.sha256.123.4.tmp").write_text("half")
+    (tmp_path / "step0000009.ckpt.sha256").write_text("0" * 64)  # its checkpoint is gone
+    removed = remove_stale_temp_files(tmp_path)
+    assert sorted(p.name for p in removed) == [".step0000006.ckpt.sha256.123.4.tmp", "step0000009.ckpt.sha256"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step0000006.ckpt", "step0000006.ckpt.sha256"]
