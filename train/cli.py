@@ -140,6 +140,17 @@ def version() -> str:
         return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
+def check_tokenizer() -> None:
+    """The cl100k file, loaded and hash-checked in the main process before the model is built (else a
+    corrupt cache file shows up as a DataLoader-worker traceback after it)."""
+    from data.tokenizer import TokenizerError, get_encoding
+
+    try:
+        get_encoding()
+    except TokenizerError as e:
+        raise ConfigError(str(e)) from None
+
+
 class WellMixedCLI(LightningCLI):
     def __init__(self, args=None, run: bool = True):
         super().__init__(
@@ -206,6 +217,7 @@ class WellMixedCLI(LightningCLI):
                               f"--run.loggers, e.g. '[csv, tensorboard]' (csv is always written)")
         run.loggers = run_loggers.resolve(run.loggers, run.wandb)  # the saved config shows what ran
         run.wandb = "wandb" in run.loggers
+        check_tokenizer()
 
     def _instantiate_trainer(self, config, callbacks):
         run: RunConfig = self._section().run

