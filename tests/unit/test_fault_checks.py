@@ -256,3 +256,76 @@ def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
     removed = remove_stale_temp_files(tmp_path)
     assert sorted(p.name for p in removed) == [".step0000006.ckpt.sha256.123.4.tmp", "step0000009.ckpt.sha256"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step0000006.ckpt", "step0000006.ckpt.sha256"]
+
+
+# -- cursor files: every integer range-checked on load --------------------------------------------------------
+
+
+@pytest.fixture
+def order_state(demo_corpus, tmp_path):
+    """A real dump_order-style cursor (2 ranks x 2 workers, 7 steps into the demo corpus), as JSON gives it."""
+    import json
+
+    from data.config import DataConfig, SourceConfig
+    from data.manifest import build_manifest
+    from data.simulate import OrderSimulator
+
+    names = ("web", "code", "books", "curated")
+    cfg = DataConfig(sources={n: SourceConfig(paths=[str(demo_corpus / n / "*.parquet")]) for n in names},
+                     weights={n: 0.25 for n in names}, manifest_cache=str(tmp_path / "cache"), batch_size=2,
+                     seq_len=64, buffer_size=16, open_shards=2)
+    m = build_manifest(cfg)
+    sim = OrderSimulator(m, cfg, 2, 2)
+    list(sim.order_lines(7))
+    return (lambda: OrderSimulator(m, cfg, 2, 2)), json.loads(json.dumps(sim.state_dict()))
+
+
+CURSOR_ATTACKS = [
+    (lambda c: c["sources"]["web"].__setitem__("taken", -5), r"sources\.web\.taken = -5 is out of range "
+                                                             r"\(an integer >= 0\)"),
+    (lambda c: c.__setitem__("next_step", -1), r"next_step = -1 is out of range"),
+    (lambda c: c.__setitem__("consumer", 7), r"consumer = 7 is out of range \(an integer >= 0 and < 4\)"),
+    (lambda c: c["sources"]["code"].__setitem__("open", [[3, -2]]), r"sources\.code\.open\[0\]\[1\] \(rows used\) "
+                                                                    r"= -2 is out of range"),
+    (lambda c: c["mixer"]["emitted"].__setitem__(0, -3), r"mixer\.emitted\[0\] = -3 is out of range"),
+    (lambda c: c["mixer"]["committed"].__setitem__(1, c["mixer"]["emitted"][1] - 1),
+     r"mixer\.committed\[1\] = -?\d+ is out of range \(>= mixer\.emitted\[1\]"),
+    (lambda c: c.__setitem__("rows", [[9, 0, 0, 0, 0]]), r"rows\[0\]\[0\] \(source\) = 9 is out of range "
+                                                         r"\(an integer >= 0 and < 4\)"),
+    (lambda c: c["sources"]["books"].__setitem__("taken", "3"), r"sources\.books\.taken = '3' is out of range"),
+    (lambda c: c.__delitem__("mixer"), r"malformed \(KeyError: 'mixer'\)"),
+]
+
+
+@pytest.mark.parametrize(("attack", "want"), CURSOR_ATTACKS, ids=[str(i) for i in range(len(CURSOR_ATTACKS))])
+def test_cursor_integers_are_range_checked_on_load(order_state, attack, want):
+    """Before: ``taken: -5`` was accepted and crashed later. Now each field is named on load, for the
+    dump_order cursor (OrderSimulator.load_state_dict) and the checkpoint's (ConsumerStream's)."""
+    import copy
+
+    fresh, state = order_state
+    bad = copy.deepcopy(state)
+    attack(bad["consumers"][0][0])
+    with pytest.raises(ConfigError, match=r"^data cursor \(consumer [-\d']+ of \d\): " + want +
+                       r".*the cursor is damaged or was edited: resume from another checkpoint \(or cursor file\)$"):
+        fresh().load_state_dict(bad)
+    fresh().load_state_dict(copy.deepcopy(state))  # the untouched cursor loads
+
+
+def test_a_step_the_consumers_disagree_with_is_named_not_an_assertion(order_state):
+    """Before: a top-level ``step`` edited in a cursor file loaded, then failed an ``assert`` in the
+    simulator's loop. check_order_state names the step and the consumer that disagrees."""
+    from data.cursor import check_order_state
+
+    _, state = order_state
+    check_order_state(state)
+    check_order_state({"next_step": state["step"], "cursors": state["consumers"], "num_workers": 2})  # ckpt layout
+    for step, worker, want in ((9, 0, 10), (5, 0, 6)):  # at step 7 the workers continue at 8 and 7
+        with pytest.raises(ConfigError, match=rf"^data order state: step = {step}, but the cursor of rank 0 worker "
+                                              rf"{worker} continues at step \d+ \(it must be {want}, the first step "
+                                              rf">= {step} that worker {worker} of 2 owns\); the cursor is damaged"):
+            check_order_state({**state, "step": step})
+    with pytest.raises(ConfigError, match=r"step = -1 is out of range"):
+        check_order_state({**state, "step": -1})
+    with pytest.raises(ConfigError, match=r"num_workers = 3 but the cursors are 2 rank\(s\) x 2 worker\(s\)"):
+        check_order_state({**state, "num_workers": 3})
