@@ -15,7 +15,8 @@
   the newest valid checkpoint of the run (logged). Every checkpoint file has a sidecar ``NAME.sha256``
   (train/callbacks.py) that is verified first: torch's zip reader checks no checksum, so a flipped bit
   inside a tensor, or a corrupt zip member behind an intact index, is "corrupt" like a truncated file.
-  Sharded (FSDP) checkpoint folders have no checksum.
+  Sharded (FSDP) checkpoint folders have no checksum. The data cursors inside are range-checked
+  (data/cursor.py ``check_order_state``): a damaged cursor makes the file unusable in the same way.
 - **A non-finite loss** and **a full disk** are handled where they happen (train/module.py:
   ``on_nonfinite``; train/callbacks.py: ``AtomicCheckpointIO``).
 """
@@ -189,6 +190,25 @@ def checkpoint_problem(path: Path) -> str | None:
         return f"{type(e).__name__}: {first_line}"[:300]
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         return "not a Lightning checkpoint (no state_dict / global_step)"
+    return _cursor_problem(ckpt)
+
+
+def _cursor_problem(ckpt: dict) -> str | None:
+    """The data cursors a checkpoint holds, range-checked and against its step (data/cursor.py): a damaged
+    cursor is refused here, naming the field, instead of crashing a DataLoader worker later."""
+    from data.cursor import CURSOR_VERSION, check_order_state
+
+    state = ckpt.get("WellMixedData")
+    if not isinstance(state, dict) or state.get("cursors") is None:
+        return None  # another datamodule, or a fresh data order (run.allow_changed_data)
+    cursors = state["cursors"]
+    if isinstance(cursors, list) and any(isinstance(c, dict) and c.get("version") != CURSOR_VERSION
+                                         for rank in cursors if isinstance(rank, list) for c in rank):
+        return None  # another version of the data path: the datamodule's own error says what to do
+    try:
+        check_order_state(state)
+    except ConfigError as e:
+        return str(e)
     return None
 
 

@@ -329,3 +329,36 @@ def test_a_step_the_consumers_disagree_with_is_named_not_an_assertion(order_stat
         check_order_state({**state, "step": -1})
     with pytest.raises(ConfigError, match=r"num_workers = 3 but the cursors are 2 rank\(s\) x 2 worker\(s\)"):
         check_order_state({**state, "num_workers": 3})
+
+
+def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it(order_state, tmp_path):
+    """The checkpoint's data cursors go through the same checks in the resume pre-check (train/faults.py):
+    an edited ``taken`` or ``next_step`` names the file and the field (or falls back), no worker crash."""
+    import copy
+
+    from train.faults import checkpoint_problem
+
+    _, state = order_state
+    io = AtomicCheckpointIO()
+
+    def save(dm_state: dict) -> Path:
+        path = tmp_path / "last.ckpt"
+        io.save_checkpoint({"state_dict": {}, "global_step": 7, "WellMixedData": dm_state}, path)
+        return path
+
+    good = {"next_step": 7, "cursors": state["consumers"], "num_workers": 2, "world_size": 2}
+    assert checkpoint_problem(save(good)) is None
+    assert checkpoint_problem(save({**good, "next_step": 9})).startswith(
+        "data order state: step = 9, but the cursor of rank 0 worker 0 continues at step 8")
+    bad = copy.deepcopy(good)
+    bad["cursors"][1][0]["sources"]["web"]["taken"] = -5
+    path = save(bad)
+    assert checkpoint_problem(path).startswith("data cursor (consumer 2 of 4): sources.web.taken = -5 is out of range")
+    with pytest.raises(ConfigError, match=rf"^checkpoint {path} is unreadable .*: data cursor \(consumer 2 of 4\): "
+                                          r"sources.web.taken = -5 is out of range .*--run.ckpt_fallback true"):
+        resolve_checkpoint(str(path), tmp_path, fallback=False)
+    old = copy.deepcopy(bad)
+    for rank in old["cursors"]:
+        for cur in rank:
+            cur["version"] = 1
+    assert checkpoint_problem(save(old)) is None  # another version: the datamodule's own error says what to do
