@@ -496,3 +496,56 @@ def test_token_count_x100_and_a_null_text_are_refused_before_compute(workdir, en
         assert len(errors) == 1 and re.fullmatch(want.format(first=re.escape(str(first))), errors[0]), fail.log()
         assert "Traceback" not in fail.log()
         assert not (run_dir / "checkpoints").exists() and not (run_dir / "order_log").exists()
+
+
+# -- a killed DataLoader worker (the OOM killer) ----------------------------------------------------------------
+
+
+def _loader_workers(pid: int) -> list[int]:
+    """The DataLoader worker processes of a training process: its forked children (same command line)."""
+    def cmdline(p: int) -> bytes:
+        return Path(f"/proc/{p}/cmdline").read_bytes()
+
+    kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return sorted(k for k in kids if cmdline(k) == cmdline(pid))
+
+
+@pytest.mark.slow
+def test_a_killed_dataloader_worker_names_it_checkpoints_the_last_step_and_resumes_identically(
+        workdir, env, ref_single, kill_rng):
+    """Before: torch's "DataLoader worker (pid N) is killed by signal" raised mid-step, no checkpoint, the
+    steps since the last one lost. Now: at the next step boundary ``last.ckpt`` holds the last trained
+    step's cursors, the error names the worker and its pid, exit 1; the resume continues the identical order."""
+    seed, r = kill_rng
+    ref_dir, ref_lines = ref_single
+    n = len(ref_lines[0])
+    at = r.randint(3, n - 5)
+    run_dir = workdir / "worker_killed"
+    run = Run(workdir, run_dir, TINY, env, "worker_killed")
+    victim = []
+
+    def kill_one_worker() -> bool:
+        if run.lines_done() < at:
+            return False
+        workers = _loader_workers(run.proc.pid)
+        if len(workers) < 2:
+            return False
+        victim.append(workers[r.randrange(len(workers))])
+        os.kill(victim[0], signal.SIGKILL)
+        return True
+
+    run.signal_when(kill_one_worker, sig=0)  # signal 0: the condition itself killed the worker
+    rc = run.wait()
+    log = run.log(tail=10**6)
+    assert rc == 1, f"seed {seed}: rc {rc}\n{log[-4000:]}"
+    done = run.lines_done()
+    line = next((ln for ln in log.splitlines() if "DataLoader worker" in ln and "died" in ln), None)
+    assert line is not None, log[-4000:]
+    assert re.search(rf"DataLoader worker [01] of 2 \(pid {victim[0]}\) of rank 0 died \(killed by SIGKILL\) \(the "
+                     r"OOM killer\? lower data.num_workers, data.buffer_size or data.open_shards\); checkpoint of "
+                     rf"step {done} \(data cursors of the last trained step\) written to "
+                     rf"{re.escape(str(run_dir / 'checkpoints' / 'last.ckpt'))}; resume with --ckpt_path last",
+                     line), (seed, line)
+    assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == done  # nothing trained after it, nothing lost
+    run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "resumed")
+    assert_same_order(ref_lines, order_log(run_dir))
