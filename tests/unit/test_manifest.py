@@ -575,3 +575,7 @@ def test_null_texts_are_counted_from_the_footers_and_cached(tmp_path, good_dir, 
                 "data.on_bad_shard: skip to leave those rows out") in caplog.text
         caplog.clear()
     assert len(scan_calls) == 2  # the second build came from the cache, null counts included
+    with caplog.at_level(logging.WARNING, logger="data.manifest"):
+        build_manifest(one_source_cfg(tmp_path, str(good_dir / "*.parquet"), on_bad_shard="skip"))
+    assert f"{path}: column 'text' has 8 null value(s) (row group 0: 2, row group 1: 2, row group 2: 2, row group 3: " \
+           "2); those rows are left out (data.on_bad_shard: skip)" in caplog.text
