@@ -63,9 +63,13 @@ def test_sigkill_during_checkpoint_write_keeps_the_previous_one(workdir, env, ki
     resumed = run_to_end(workdir, run_dir, args + ["--ckpt_path", "last"], env, "resumed")
     assert "left by a checkpoint write that did not finish" in resumed.log(tail=10**6)
     assert not list(ckpts.glob(".*.tmp*"))
-    assert sorted(p.name for p in ckpts.glob("last*")) == ["last.ckpt"]
+    assert sorted(p.name for p in ckpts.glob("last*.ckpt")) == ["last.ckpt"]
     steps = [ln["step"] for ln in order_log(run_dir)[0]]
     assert steps == list(range(_total_steps(resumed.log(tail=10**6))))
+    # checksums follow their files through keep_last_k's removals and last.ckpt's links: no orphan, none missing
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert [n for n in names if n.endswith(".ckpt.sha256")] == [f"{n}.sha256" for n in names if n.endswith(".ckpt")]
+    assert all(checkpoint_problem(ckpts / n) is None for n in names if n.endswith(".ckpt"))
 
 
 @pytest.mark.slow
@@ -105,7 +109,7 @@ def test_second_run_in_the_same_run_dir_is_refused_before_it_touches_anything(wo
         first.kill()
     steps = [ln["step"] for ln in order_log(run_dir)[0]]
     assert steps == list(range(len(steps))) and steps, steps  # one run's lines only, none dropped
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*")) == ["last.ckpt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*.ckpt")) == ["last.ckpt"]
     assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == len(steps)
 
 
