@@ -17,6 +17,8 @@
   inside a tensor, or a corrupt zip member behind an intact index, is "corrupt" like a truncated file.
   Sharded (FSDP) checkpoint folders have no checksum. The data cursors inside are range-checked
   (data/cursor.py ``check_order_state``): a damaged cursor makes the file unusable in the same way.
+- **A killed DataLoader worker** (the OOM killer): :class:`StopOnSignal` again -- a checkpoint at the step
+  boundary with the last trained cursors, then :class:`DataLoaderWorkerDied` naming the worker (exit 1).
 - **A non-finite loss** and **a full disk** are handled where they happen (train/module.py:
   ``on_nonfinite``; train/callbacks.py: ``AtomicCheckpointIO``).
 """
