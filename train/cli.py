@@ -140,6 +140,17 @@ def version() -> str:
         return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
+def check_tokenizer() -> None:
+    """The cl100k file, loaded and hash-checked in the main process before the model is built (else a
+    corrupt cache file shows up as a DataLoader-worker traceback after it)."""
+    from data.tokenizer import TokenizerError, get_encoding
+
+    try:
+        get_encoding()
+    except TokenizerError as e:
+        raise ConfigError(str(e)) from None
+
+
 class WellMixedCLI(LightningCLI):
     def __init__(self, args=None, run: bool = True):
         super().__init__(
@@ -206,6 +217,7 @@ class WellMixedCLI(LightningCLI):
                               f"--run.loggers, e.g. '[csv, tensorboard]' (csv is always written)")
         run.loggers = run_loggers.resolve(run.loggers, run.wandb)  # the saved config shows what ran
         run.wandb = "wandb" in run.loggers
+        check_tokenizer()
 
     def _instantiate_trainer(self, config, callbacks):
         run: RunConfig = self._section().run
@@ -252,6 +264,10 @@ class WellMixedCLI(LightningCLI):
         dm.elastic, dm.allow_changed_data = run.elastic, run.allow_changed_data
         dm.allow_changed_schedule = run.allow_changed_schedule
         dm.prepare(self.trainer.accumulate_grad_batches)
+        if dm.manifest.null_texts and dm.on_bad_shard == "error":  # not hours in, when the reader gets there
+            from data.manifest import null_text_problems
+
+            raise ConfigError("\n".join(null_text_problems(dm.manifest.null_texts, dm)))
         model_ctx = self.model.model_config.max_seq_len
         if dm.steps.schedule is not None:
             from data.plan import check_epochs, plan_table

@@ -12,9 +12,13 @@
   :func:`remove_stale_temp_files` clears the half-written temporary at the next start.
 - **A truncated or corrupt checkpoint**: :func:`resolve_checkpoint` checks the file ``--ckpt_path``
   names before Lightning loads it -- a clear error naming the file, or with ``run.ckpt_fallback``
-  the newest valid checkpoint of the run (logged). The check reads the archive's index, not every
-  tensor byte: torch's zip reader keeps no checksum of the data, so flipped bits inside a tensor are
-  not detected.
+  the newest valid checkpoint of the run (logged). Every checkpoint file has a sidecar ``NAME.sha256``
+  (train/callbacks.py) that is verified first: torch's zip reader checks no checksum, so a flipped bit
+  inside a tensor, or a corrupt zip member behind an intact index, is "corrupt" like a truncated file.
+  Sharded (FSDP) checkpoint folders have no checksum. The data cursors inside are range-checked
+  (data/cursor.py ``check_order_state``): a damaged cursor makes the file unusable in the same way.
+- **A killed DataLoader worker** (the OOM killer): :class:`StopOnSignal` again -- a checkpoint at the step
+  boundary with the last trained cursors, then :class:`DataLoaderWorkerDied` naming the worker (exit 1).
 - **A non-finite loss** and **a full disk** are handled where they happen (train/module.py:
   ``on_nonfinite``; train/callbacks.py: ``AtomicCheckpointIO``).
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import signal
 import threading
 from pathlib import Path
@@ -33,6 +38,7 @@ import lightning as L
 import torch
 
 from data.errors import ConfigError
+from train.callbacks import CHECKSUM_SUFFIX, checksum_path, file_sha256, read_checksum
 from train.early_signals import EARLY as _EARLY
 from train.early_signals import STOP_SIGNALS, install_early_handlers  # noqa: F401 (re-exported for the CLI)
 
@@ -40,17 +46,44 @@ log = logging.getLogger("wellmixed")
 
 
 
+WORKER_DIED = 1 << 10  # StopOnSignal's all-reduced stop code for "a DataLoader worker died" (above any signal)
+_WORKER_DEATH = re.compile(r"DataLoader worker \(pid")
+
+
+class DataLoaderWorkerDied(RuntimeError):
+    """A DataLoader worker process died (the OOM killer, a segfault); the message says which and what was saved."""
+
+
 class StopOnSignal(L.Callback):
-    """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly."""
+    """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly.
+
+    Also a **killed DataLoader worker** (the OOM killer): torch's SIGCHLD handler raised its error at
+    whatever bytecode the main thread was running, mid-step, so no consistent checkpoint could be made.
+    During training that handler is replaced by one that only sets a flag; at the next optimizer-step
+    boundary the workers are looked at and, if one died, ``last.ckpt`` is written (the cursors of the
+    last trained step, as for a signal; collectively, every rank agreeing through the same all-reduce)
+    and the run ends with :class:`DataLoaderWorkerDied` naming the worker, its pid and how it died
+    (exit 1). If torch notices first (its 5 s liveness poll while waiting for that worker's batch,
+    which happens between steps), the same checkpoint is written from ``on_exception`` -- on a single
+    process only: other ranks cannot join a collective save from there. In the middle of a gradient
+    accumulation no checkpoint is written (the last one stands) and the error says so.
+    """
 
     def __init__(self, ckpt_dir: str):
         self.ckpt_dir = Path(ckpt_dir)
         self.received: int | None = None
         self._previous: dict[int, object] = {}
         self._last_step = -1
+        self._child_exited = False
+        self._in_step = False  # between on_train_batch_start and on_train_batch_end
+        self._partial = False  # micro-batches trained since the last optimizer step
+        self._died_saved = False
 
     def _handler(self, signum, frame) -> None:
         self.received = signum  # nothing else: a signal can arrive in the middle of anything
+
+    def _on_child_exit(self, signum, frame) -> None:
+        self._child_exited = True  # looked at at the next step boundary (torch's handler raised mid-step)
 
     def on_train_start(self, trainer, pl_module) -> None:
         # Installed here, after Lightning registered its own (trainer._run), so these replace them.
@@ -62,26 +95,68 @@ class StopOnSignal(L.Callback):
             self.received = _EARLY[0]
         self._last_step = trainer.global_step
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._in_step = True
+        # torch sets its SIGCHLD handler when the DataLoader's workers start (after on_train_start)
+        if signal.SIGCHLD not in self._previous and threading.current_thread() is threading.main_thread():
+            self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self._on_child_exit)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._in_step = False
         if trainer.global_step == self._last_step:  # accumulating: no optimizer step yet
+            self._partial = True
             return
+        self._partial = False
         self._last_step = trainer.global_step
-        signum = 0 if self.received is None else int(self.received)
+        code = 0 if self.received is None else int(self.received)
+        dead = []
+        if self._child_exited:
+            dead = dead_loader_workers(trainer)
+            self._child_exited = bool(dead)  # another child (not a worker) ended: nothing to do
+            code = WORKER_DIED if dead else code
         if trainer.world_size > 1:
             # Every rank must take the same decision (the save is collective); a signal that reached
             # one rank's process is enough. One 4-byte all-reduce per step.
-            flag = torch.tensor([signum], device=pl_module.device)
-            signum = int(trainer.strategy.reduce(flag, reduce_op="max").item())
-        if not signum:
+            flag = torch.tensor([code], device=pl_module.device)
+            code = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        if not code:
             return
         path = self.ckpt_dir / "last.ckpt"
         # DataStateCallback.on_train_batch_end ran before this (callback order), so the cursor of the
         # batch just trained is the one written.
         trainer.save_checkpoint(str(path))
+        if code == WORKER_DIED:
+            self._died_saved = True
+            msg = worker_death_message(dead, trainer.global_step, path, rank=trainer.global_rank)
+            log.error("%s", msg)
+            raise DataLoaderWorkerDied(msg)
         trainer.should_stop = True
         if trainer.is_global_zero:
             log.warning("received %s: checkpoint of step %d (data cursors included) written to %s; stopping. "
-                        "Resume with --ckpt_path last", signal.Signals(signum).name, trainer.global_step, path)
+                        "Resume with --ckpt_path last", signal.Signals(code).name, trainer.global_step, path)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """torch's own report of a dead worker (raised while fetching the next batch, between steps)."""
+        if isinstance(exception, DataLoaderWorkerDied) or not _WORKER_DEATH.search(str(exception)):
+            return
+        dead = dead_loader_workers(trainer)
+        path = None
+        if self._in_step or self._partial:
+            why = "it died in the middle of a step or gradient accumulation"
+        elif trainer.world_size > 1:
+            why = "the other ranks cannot join a checkpoint from here"
+        elif self._last_step < 0 or self._died_saved:
+            why = "training had not started" if self._last_step < 0 else ""
+        else:
+            path = self.ckpt_dir / "last.ckpt"
+            try:
+                trainer.save_checkpoint(str(path))
+                why = ""
+            except Exception as e:  # noqa: BLE001 -- report the worker's death, not this
+                path, why = None, f"the checkpoint failed: {e}"
+        msg = worker_death_message(dead, trainer.global_step, path, rank=trainer.global_rank, reason=why,
+                                   torch_said=str(exception).strip().splitlines()[0])
+        log.error("%s", msg)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -90,6 +165,43 @@ class StopOnSignal(L.Callback):
             if previous is not None:  # None: the handler was not installed from Python
                 signal.signal(sig, previous)
         self._previous = {}
+
+
+def dead_loader_workers(trainer) -> list[tuple[int, int, int | None, int]]:
+    """``(worker index, pid, exit code, workers)`` of the training DataLoader's worker processes that
+    ended (best effort: found through Lightning's data fetcher; empty when not found)."""
+    fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+    combined = getattr(fetcher, "iterator", None)
+    inner = getattr(combined, "_iterator", None)
+    out = []
+    for it in getattr(inner, "iterators", None) or []:
+        workers = list(getattr(it, "_workers", None) or [])
+        for i, w in enumerate(workers):
+            if not w.is_alive():
+                out.append((i, w.pid, w.exitcode, len(workers)))
+    return out
+
+
+def worker_death_message(dead: list, step: int, saved: Path | None, rank: int = 0, reason: str = "",
+                         torch_said: str = "") -> str:
+    """One line: which worker died and how, what was saved, what to do."""
+    if dead:
+        parts = []
+        for i, pid, code, n in dead:
+            how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+                   else f"exit code {code}")
+            parts.append(f"DataLoader worker {i} of {n} (pid {pid}) of rank {rank} died ({how})")
+        what = "; ".join(parts)
+    elif torch_said:
+        what = f"a DataLoader worker of rank {rank} died ({torch_said})"
+    else:
+        what = "a DataLoader worker on another rank died"
+    hint = " (the OOM killer? lower data.num_workers, data.buffer_size or data.open_shards)"
+    if saved is not None:
+        return (f"{what}{hint}; checkpoint of step {step} (data cursors of the last trained step) written to "
+                f"{saved}; resume with --ckpt_path last")
+    return f"{what}{hint}; no checkpoint written{f' ({reason})' if reason else ''}: resume from the last one " \
+           "with --ckpt_path last"
 
 
 def schedule_fingerprint(schedule: Any, weights: dict[str, float] | None) -> str:
@@ -166,9 +278,18 @@ def error_lines(e: BaseException) -> str:
 
 
 def checkpoint_problem(path: Path) -> str | None:
-    """None if ``path`` opens as a checkpoint (index and pickled structure), else what is wrong."""
+    """None if ``path`` opens as a checkpoint (checksum, index and pickled structure), else what is wrong.
+
+    A file with a sidecar ``NAME.sha256`` is hashed first (streamed in 16 MB blocks; about the time of
+    reading the file once); a file without one (written before checksums existed, or a kill between
+    the rename and the sidecar) is only opened. A sharded checkpoint folder (FSDP) is not hashed: its
+    shards are written by every rank through torch.distributed.checkpoint, not by AtomicCheckpointIO.
+    """
     if path.is_dir():  # a sharded checkpoint (torch.distributed.checkpoint folder; train/parallel.py)
         return _sharded_checkpoint_problem(path)
+    problem = checksum_problem(path)
+    if problem is not None:
+        return problem
     try:
         # mmap: tensors are not read, so this costs milliseconds even for a multi-GB checkpoint;
         # a truncated file fails here (the zip index is at the end of the file).
@@ -178,7 +299,41 @@ def checkpoint_problem(path: Path) -> str | None:
         return f"{type(e).__name__}: {first_line}"[:300]
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         return "not a Lightning checkpoint (no state_dict / global_step)"
+    return _cursor_problem(ckpt)
+
+
+def _cursor_problem(ckpt: dict) -> str | None:
+    """The data cursors a checkpoint holds, range-checked and against its step (data/cursor.py): a damaged
+    cursor is refused here, naming the field, instead of crashing a DataLoader worker later."""
+    from data.cursor import CURSOR_VERSION, check_order_state
+
+    state = ckpt.get("WellMixedData")
+    if not isinstance(state, dict) or state.get("cursors") is None:
+        return None  # another datamodule, or a fresh data order (run.allow_changed_data)
+    cursors = state["cursors"]
+    if isinstance(cursors, list) and any(isinstance(c, dict) and c.get("version") != CURSOR_VERSION
+                                         for rank in cursors if isinstance(rank, list) for c in rank):
+        return None  # another version of the data path: the datamodule's own error says what to do
+    try:
+        check_order_state(state)
+    except ConfigError as e:
+        return str(e)
     return None
+
+
+def checksum_problem(path: Path) -> str | None:
+    """None when ``path`` matches its sidecar checksum or has none; else the mismatch."""
+    want = read_checksum(path)
+    if want is None:
+        return None
+    try:
+        got = file_sha256(path)
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"[:300]
+    if got == want:
+        return None
+    return (f"sha256 {got[:16]}... does not match {checksum_path(path).name} ({want[:16]}...): "
+            "bits changed after the write (disk, copy or memory error)")
 
 
 def _sharded_checkpoint_problem(path: Path) -> str | None:
@@ -269,8 +424,15 @@ def _newest_step_file(ckpt_dir: Path) -> str | None:
 
 def remove_stale_temp_files(ckpt_dir: Path) -> list[Path]:
     """Half-written ``.NAME.tmpPID`` files of a save that was killed (AtomicCheckpointIO); they can be
-    as large as a checkpoint. Called before training starts, when no save can be in progress."""
-    stale = sorted(ckpt_dir.glob(".*.ckpt.tmp*")) if ckpt_dir.is_dir() else []
+    as large as a checkpoint. Called before training starts, when no save can be in progress.
+
+    Also the temporaries of checksum sidecars, and sidecars whose checkpoint is gone (a kill between
+    keep_last_k's removal of a file and of its sidecar)."""
+    stale = []
+    if ckpt_dir.is_dir():
+        stale = sorted(ckpt_dir.glob(".*.ckpt.tmp*")) + sorted(ckpt_dir.glob(f".*.ckpt{CHECKSUM_SUFFIX}.*.tmp"))
+        stale += [p for p in sorted(ckpt_dir.glob(f"*.ckpt{CHECKSUM_SUFFIX}"))
+                  if not p.with_name(p.name[: -len(CHECKSUM_SUFFIX)]).exists()]
     for p in stale:
         p.unlink(missing_ok=True)
         log.warning("removed %s, left by a checkpoint write that did not finish", p)

@@ -508,7 +508,9 @@ def verify(spec: ShuffleSpec) -> dict:
     if src_rows_in != src_rows_out:
         problems.append("rows per source differ between input and output")
     shares = source_share_check(stats_in, per_bucket)
-    if not shares["within_sampling_error"]:
+    if shares.get("untested"):
+        problems.append(shares["untested"])
+    elif not shares["within_sampling_error"]:
         w = shares["worst"]
         problems.append(f"bucket {w['bucket']} source {w['source']}: {w['z']:+.1f} sigma from a uniform assignment")
 
@@ -542,6 +544,10 @@ def source_share_check(stats_in: RowStats, per_bucket: list[RowStats], min_expec
     bound for a 1% false-alarm rate over all tested cells when there are many (about 4.8 sigma for
     200 buckets x 30 sub-sources). Share deviations (rows and tokens, in absolute share points) are
     reported for every cell.
+
+    With more than one bucket and no cell large enough to test, the check could not fail: it fails
+    (``untested`` says why and what to do) instead of passing with 0 cells. One bucket has nothing to
+    test (its shares are the input's by construction) and passes.
     """
     B = len(per_bucket)
     total_rows = stats_in.rows or 1
@@ -567,14 +573,22 @@ def source_share_check(stats_in: RowStats, per_bucket: list[RowStats], min_expec
     limit = 4.0
     if cells:
         limit = max(limit, statistics.NormalDist().inv_cdf(1 - 0.01 / (2 * cells)))
+    untested = None
+    if not cells and B > 1:
+        largest = max((n for n, _ in stats_in.sources.values()), default=0)
+        untested = (f"source shares untested: no (bucket, source) cell expects >= {min_expected:g} rows ({skipped} "
+                    f"too small: {B} buckets for {stats_in.rows:,} rows), so a clustered output would pass; use at "
+                    f"most {max(1, int(largest // min_expected))} --buckets (the largest source has {largest:,} "
+                    "rows) or check a larger corpus")
     return {
+        "untested": untested,
         "max_abs_share_dev_rows": round(max_row_dev, 6),
         "max_abs_share_dev_tokens": round(max_tok_dev, 6),
         "max_abs_z": abs(worst["z"]) if worst else 0.0,
         "z_limit": round(limit, 3),
         "cells_tested": cells,
         "cells_too_small": skipped,
-        "within_sampling_error": worst is None or abs(worst["z"]) <= limit,
+        "within_sampling_error": untested is None and (worst is None or abs(worst["z"]) <= limit),
         "worst": worst,
     }
 

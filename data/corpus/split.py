@@ -8,7 +8,8 @@ Streams the inputs a row group at a time and appends every row to ``OUT/<source>
 ``--map NAME=PAT,PAT`` takes fnmatch patterns on ``--column`` (Dolma3's ``source`` sub-source, or
 ``category``); the first mapping that matches a row wins. Rows that match none are counted and
 printed, or kept in ``OUT/<--unmapped>/``. ``OUT/split_report.json`` has the counts. Exit status 2
-for bad arguments, 1 with ``--strict`` when some rows matched no mapping.
+for bad arguments and when no row matched any mapping (nothing is written then), 1 with ``--strict``
+when some rows matched no mapping.
 
 The alternative: leave the corpus mixed and give each mixture source a ``filter:`` in the data config
 (``data/config.py``), all sources pointing at the same files. That works, at a read cost: building the
@@ -165,6 +166,16 @@ def split_by_source(
                     if piece is not None:
                         writers[names[i]].add(piece)
                         rows_of[names[i]] += piece.num_rows
+        if rows_in and not any(rows_of[name] for name in mapping):
+            for w in writers.values():  # nothing of what was asked for: leave no output at all
+                w.abort()
+                for part in w.parts:
+                    Path(part).unlink(missing_ok=True)
+            seen = ", ".join(f"{v} {n:,}" for v, n in sorted(unmapped_values.items(), key=lambda kv: -kv[1])[:8])
+            raise ConfigError(
+                f"--map: none of the {rows_in:,} rows of {len(inputs)} file(s) matched any pattern on column "
+                f"{column!r} (values there: {seen}); fix the patterns (fnmatch, case-sensitive) or --column"
+            )
         for w in writers.values():
             w.close()
     except BaseException:

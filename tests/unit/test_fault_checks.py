@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,3 +183,182 @@ def test_error_lines_prefix_each_problem_and_keep_continuations():
 
     got = error_lines(ConfigError("a: x; fix\nb: y; fix\n  detail of b"))
     assert got == "error: a: x; fix\nerror: b: y; fix\n  detail of b"
+
+
+# -- checkpoint checksums ------------------------------------------------------------------------------
+
+
+def _flip_tensor_byte(path: Path, marker: bytes) -> None:
+    """Flip one bit inside a tensor's bytes (a zip member's data): the index and the pickle stay intact."""
+    data = bytearray(path.read_bytes())
+    at = data.index(marker) + 5
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
+    """Before: torch's zip reader keeps no checksum, so a flipped bit inside a tensor (a corrupt zip member
+    of last.ckpt) passed the pre-check and loaded silently (or failed inside Lightning's load)."""
+    import hashlib
+
+    from train.callbacks import checksum_path, link_checkpoint
+
+    ckpts = tmp_path / "checkpoints"
+    io = AtomicCheckpointIO()
+    marker = bytes(range(7, 247))  # recognisable tensor bytes
+    for step in (3, 6):
+        w = torch.frombuffer(bytearray(marker * 64), dtype=torch.uint8).clone()
+        io.save_checkpoint({"state_dict": {"w": w}, "global_step": step}, ckpts / f"step{step:07d}.ckpt")
+        os.utime(ckpts / f"step{step:07d}.ckpt", (step, step))
+    link_checkpoint(ckpts / "step0000006.ckpt", ckpts / "last.ckpt")
+    last = ckpts / "last.ckpt"
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        "last.ckpt", "last.ckpt.sha256", "step0000003.ckpt", "step0000003.ckpt.sha256", "step0000006.ckpt",
+        "step0000006.ckpt.sha256"]
+    digest = hashlib.sha256(last.read_bytes()).hexdigest()
+    assert checksum_path(last).read_text() == f"{digest}  last.ckpt\n"  # `sha256sum -c` format
+    assert resolve_checkpoint("last", ckpts, fallback=False) == str(last)
+
+    os.unlink(last)  # break the hard link: only last.ckpt is damaged
+    shutil.copyfile(ckpts / "step0000006.ckpt", last)
+    os.utime(last, (7, 7))
+    _flip_tensor_byte(last, marker)
+    assert torch.load(last, weights_only=True)["global_step"] == 6  # the attack: it loads, with wrong weights
+    with pytest.raises(ConfigError) as info:
+        resolve_checkpoint("last", ckpts, fallback=False)
+    flipped = hashlib.sha256(last.read_bytes()).hexdigest()
+    assert str(info.value).startswith(
+        f"checkpoint {last} is unreadable (truncated or corrupt?): sha256 {flipped[:16]}"
+        f"... does not match last.ckpt.sha256 ({digest[:16]}...): bits changed after the write")
+    assert "--run.ckpt_fallback true" in str(info.value)
+    assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000006.ckpt")
+
+    checksum_path(last).unlink()  # no sidecar (an older run): only opened, as before
+    assert resolve_checkpoint("last", ckpts, fallback=False) == str(last)
+
+
+def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
+    """keep_last_k's removal takes the sidecar along; a kill's leftovers (sidecar temporaries, sidecars of
+    removed files) go at the next start; a rewrite never leaves the old checksum beside the new file."""
+    from train.callbacks import checksum_path, file_sha256, read_checksum
+    from train.faults import remove_stale_temp_files
+
+    io = AtomicCheckpointIO()
+    a, b = tmp_path / "step0000003.ckpt", tmp_path / "step0000006.ckpt"
+    io.save_checkpoint({"state_dict": {}, "global_step": 3}, a)
+    io.save_checkpoint({"state_dict": {}, "global_step": 6}, b)
+    io.remove_checkpoint(a)
+    assert not a.exists() and not checksum_path(a).exists()
+    io.save_checkpoint({"state_dict": {"x": torch.ones(3)}, "global_step": 6}, b)  # rewritten in place
+    assert read_checksum(b) == file_sha256(b)
+    (tmp_path / ".step0000006.ckpt.sha256.123.4.tmp").write_text("half")
+    (tmp_path / "step0000009.ckpt.sha256").write_text("0" * 64)  # its checkpoint is gone
+    removed = remove_stale_temp_files(tmp_path)
+    assert sorted(p.name for p in removed) == [".step0000006.ckpt.sha256.123.4.tmp", "step0000009.ckpt.sha256"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step0000006.ckpt", "step0000006.ckpt.sha256"]
+
+
+# -- cursor files: every integer range-checked on load --------------------------------------------------------
+
+
+@pytest.fixture
+def order_state(demo_corpus, tmp_path):
+    """A real dump_order-style cursor (2 ranks x 2 workers, 7 steps into the demo corpus), as JSON gives it."""
+    import json
+
+    from data.config import DataConfig, SourceConfig
+    from data.manifest import build_manifest
+    from data.simulate import OrderSimulator
+
+    names = ("web", "code", "books", "curated")
+    cfg = DataConfig(sources={n: SourceConfig(paths=[str(demo_corpus / n / "*.parquet")]) for n in names},
+                     weights={n: 0.25 for n in names}, manifest_cache=str(tmp_path / "cache"), batch_size=2,
+                     seq_len=64, buffer_size=16, open_shards=2)
+    m = build_manifest(cfg)
+    sim = OrderSimulator(m, cfg, 2, 2)
+    list(sim.order_lines(7))
+    return (lambda: OrderSimulator(m, cfg, 2, 2)), json.loads(json.dumps(sim.state_dict()))
+
+
+CURSOR_ATTACKS = [
+    (lambda c: c["sources"]["web"].__setitem__("taken", -5), r"sources\.web\.taken = -5 is out of range "
+                                                             r"\(an integer >= 0\)"),
+    (lambda c: c.__setitem__("next_step", -1), r"next_step = -1 is out of range"),
+    (lambda c: c.__setitem__("consumer", 7), r"consumer = 7 is out of range \(an integer >= 0 and < 4\)"),
+    (lambda c: c["sources"]["code"].__setitem__("open", [[3, -2]]), r"sources\.code\.open\[0\]\[1\] \(rows used\) "
+                                                                    r"= -2 is out of range"),
+    (lambda c: c["mixer"]["emitted"].__setitem__(0, -3), r"mixer\.emitted\[0\] = -3 is out of range"),
+    (lambda c: c["mixer"]["committed"].__setitem__(1, c["mixer"]["emitted"][1] - 1),
+     r"mixer\.committed\[1\] = -?\d+ is out of range \(>= mixer\.emitted\[1\]"),
+    (lambda c: c.__setitem__("rows", [[9, 0, 0, 0, 0]]), r"rows\[0\]\[0\] \(source\) = 9 is out of range "
+                                                         r"\(an integer >= 0 and < 4\)"),
+    (lambda c: c["sources"]["books"].__setitem__("taken", "3"), r"sources\.books\.taken = '3' is out of range"),
+    (lambda c: c.__delitem__("mixer"), r"malformed \(KeyError: 'mixer'\)"),
+]
+
+
+@pytest.mark.parametrize(("attack", "want"), CURSOR_ATTACKS, ids=[str(i) for i in range(len(CURSOR_ATTACKS))])
+def test_cursor_integers_are_range_checked_on_load(order_state, attack, want):
+    """Before: ``taken: -5`` was accepted and crashed later. Now each field is named on load, for the
+    dump_order cursor (OrderSimulator.load_state_dict) and the checkpoint's (ConsumerStream's)."""
+    import copy
+
+    fresh, state = order_state
+    bad = copy.deepcopy(state)
+    attack(bad["consumers"][0][0])
+    with pytest.raises(ConfigError, match=r"^data cursor \(consumer [-\d']+ of \d\): " + want +
+                       r".*the cursor is damaged or was edited: resume from another checkpoint \(or cursor file\)$"):
+        fresh().load_state_dict(bad)
+    fresh().load_state_dict(copy.deepcopy(state))  # the untouched cursor loads
+
+
+def test_a_step_the_consumers_disagree_with_is_named_not_an_assertion(order_state):
+    """Before: a top-level ``step`` edited in a cursor file loaded, then failed an ``assert`` in the
+    simulator's loop. check_order_state names the step and the consumer that disagrees."""
+    from data.cursor import check_order_state
+
+    _, state = order_state
+    check_order_state(state)
+    check_order_state({"next_step": state["step"], "cursors": state["consumers"], "num_workers": 2})  # ckpt layout
+    for step, worker, want in ((9, 0, 10), (5, 0, 6)):  # at step 7 the workers continue at 8 and 7
+        with pytest.raises(ConfigError, match=rf"^data order state: step = {step}, but the cursor of rank 0 worker "
+                                              rf"{worker} continues at step \d+ \(it must be {want}, the first step "
+                                              rf">= {step} that worker {worker} of 2 owns\); the cursor is damaged"):
+            check_order_state({**state, "step": step})
+    with pytest.raises(ConfigError, match=r"step = -1 is out of range"):
+        check_order_state({**state, "step": -1})
+    with pytest.raises(ConfigError, match=r"num_workers = 3 but the cursors are 2 rank\(s\) x 2 worker\(s\)"):
+        check_order_state({**state, "num_workers": 3})
+
+
+def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it(order_state, tmp_path):
+    """The checkpoint's data cursors go through the same checks in the resume pre-check (train/faults.py):
+    an edited ``taken`` or ``next_step`` names the file and the field (or falls back), no worker crash."""
+    import copy
+
+    from train.faults import checkpoint_problem
+
+    _, state = order_state
+    io = AtomicCheckpointIO()
+
+    def save(dm_state: dict) -> Path:
+        path = tmp_path / "last.ckpt"
+        io.save_checkpoint({"state_dict": {}, "global_step": 7, "WellMixedData": dm_state}, path)
+        return path
+
+    good = {"next_step": 7, "cursors": state["consumers"], "num_workers": 2, "world_size": 2}
+    assert checkpoint_problem(save(good)) is None
+    assert checkpoint_problem(save({**good, "next_step": 9})).startswith(
+        "data order state: step = 9, but the cursor of rank 0 worker 0 continues at step 8")
+    bad = copy.deepcopy(good)
+    bad["cursors"][1][0]["sources"]["web"]["taken"] = -5
+    path = save(bad)
+    assert checkpoint_problem(path).startswith("data cursor (consumer 2 of 4): sources.web.taken = -5 is out of range")
+    with pytest.raises(ConfigError, match=rf"^checkpoint {path} is unreadable .*: data cursor \(consumer 2 of 4\): "
+                                          r"sources.web.taken = -5 is out of range .*--run.ckpt_fallback true"):
+        resolve_checkpoint(str(path), tmp_path, fallback=False)
+    old = copy.deepcopy(bad)
+    for rank in old["cursors"]:
+        for cur in rank:
+            cur["version"] = 1
+    assert checkpoint_problem(save(old)) is None  # another version: the datamodule's own error says what to do

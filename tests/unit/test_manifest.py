@@ -328,10 +328,10 @@ def test_processes_starting_at_once_scan_each_file_once(tmp_path, good_dir, monk
     scans: list[str] = []
     real_scan = manifest_mod._scan_file
 
-    def slow_scan(path, needed, filt):
+    def slow_scan(path, *args):
         scans.append(path)
         time.sleep(0.05)  # a cold read on a shared filesystem
-        return real_scan(path, needed, filt)
+        return real_scan(path, *args)
 
     monkeypatch.setattr(manifest_mod, "_scan_file", slow_scan)
     prints: list[str] = []
@@ -514,3 +514,97 @@ def test_same_stem_in_different_folders_gets_distinct_readable_ids(tmp_path):
     assert stems == ["de/part-0", "en/part-0", "solo"]
     ids = {m.doc_id(i, 0) for i in range(len(m.shards))}
     assert ids == {"de/part-0:0", "en/part-0:0", "solo:0"}
+
+
+# -- token_count and text sanity at start-up (issue 17) ----------------------------------------------------
+
+
+def _rewrite(path: Path, **columns) -> Path:
+    """The same parquet file (row groups kept) with some columns replaced by ``f(old column)``."""
+    pf = pq.ParquetFile(path)
+    groups = [pf.read_row_group(i) for i in range(pf.num_row_groups)]
+    with pq.ParquetWriter(path.with_suffix(".new"), pf.schema_arrow) as w:
+        for t in groups:
+            for name, f in columns.items():
+                t = t.set_column(t.schema.get_field_index(name), name, f(t.column(name)))
+            w.write_table(t)
+    os.replace(path.with_suffix(".new"), path)
+    return path
+
+
+def _scaled(factor: float):
+    return lambda col: pa.array([int(v * factor) for v in col.to_pylist()], pa.int64())
+
+
+def test_negative_token_count_is_a_bad_file(tmp_path, good_dir):
+    """Before: accepted, giving a wrong plan (and "inf" epochs when a source summed to <= 0)."""
+    path = sorted(good_dir.glob("*.parquet"))[0]
+    _rewrite(path, token_count=lambda col: pa.array([-5] + col.to_pylist()[1:], pa.int64()))
+    with pytest.raises(ConfigError) as err:
+        build_manifest(one_source_cfg(tmp_path, str(good_dir / "*.parquet")))
+    assert f"{path}: row group 0: token_count has 1 negative value(s) (min -5); it must be each document's " \
+           "cl100k token count" in str(err.value)
+
+
+@pytest.mark.parametrize("factor", [100, 1 / 1000])
+def test_token_count_off_by_a_factor_names_the_file(tmp_path, good_dir, factor, scan_calls):
+    """Before: a x100 or /1000 column planned silently wrong epochs and hold-outs. A seeded sample of 16
+    rows per source is tokenized; outside x0.5..x2 the file is named. The outcome is cached with the
+    scan, so a cached start-up refuses it too, without reading text."""
+    bad, good = sorted(good_dir.glob("*.parquet"))
+    _rewrite(bad, token_count=_scaled(factor))
+    cfg = one_source_cfg(tmp_path, str(good_dir / "*.parquet"))
+    for attempt in range(2):
+        with pytest.raises(ConfigError) as err:
+            build_manifest(cfg)
+        msg = str(err.value)
+        assert msg.startswith(f"data.sources.web: token_count does not match the text ({bad}: token_count "), msg
+        assert str(good) not in msg and "the sample of 16 row(s) must be within x0.5..x2 of the real cl100k " \
+                                        "count: recompute the column" in msg
+        assert f"(x{factor:.3g})" in msg or factor < 1
+    assert sorted(scan_calls) == sorted(str(p) for p in (bad, good))  # scanned once: the second start was cached
+
+
+def test_token_count_sample_is_deterministic_and_accepts_true_counts(tmp_path, good_dir, monkeypatch):
+    from data import tokenizer
+
+    seen = []
+    real = tokenizer.count_tokens
+    monkeypatch.setattr(tokenizer, "count_tokens", lambda texts, **kw: seen.append(list(texts)) or real(texts, **kw))
+    for i in range(2):
+        build_manifest(one_source_cfg(tmp_path / str(i), str(good_dir / "*.parquet")))  # fresh caches
+    n = sum(len(t) for t in seen) // 2
+    assert n == manifest_mod.SAMPLE_ROWS and seen[: len(seen) // 2] == seen[len(seen) // 2:]
+
+
+def test_a_source_of_empty_documents_is_refused(tmp_path, good_dir):
+    """Before: trained on EOT tokens only, with no warning."""
+    for path in good_dir.glob("*.parquet"):
+        _rewrite(path, text=lambda col: pa.array([""] * len(col), pa.string()),
+                 token_count=lambda col: pa.array([0] * len(col), pa.int64()))
+    with pytest.raises(ConfigError, match=r"^data.sources.web: all [\d,]+ document\(s\) are empty \(token_count 0 "
+                                          r"and empty `text` in the sample\); it would train on EOT tokens only"):
+        build_manifest(one_source_cfg(tmp_path, str(good_dir / "*.parquet")))
+
+
+def test_null_texts_are_counted_from_the_footers_and_cached(tmp_path, good_dir, caplog, scan_calls):
+    """Before: one null text killed the run when its chunk was first read, hours in. The footers' null
+    counts are read at start-up (no text) into manifest.null_texts, named in a warning (``train fit``
+    refuses them unless on_bad_shard: skip), and kept in the cache."""
+    path = sorted(good_dir.glob("*.parquet"))[1]
+    _rewrite(path, text=lambda col: pa.array([None if i in (3, 5) else t for i, t in enumerate(col.to_pylist())],
+                                             pa.string()))
+    cfg = one_source_cfg(tmp_path, str(good_dir / "*.parquet"))
+    for _ in range(2):
+        with caplog.at_level(logging.WARNING, logger="data.manifest"):
+            m = build_manifest(cfg)
+        assert m.null_texts == {str(path): [[g, 2] for g in range(4)]}  # rows 3 and 5 of each row group
+        assert (f"{path}: column 'text' has 8 null value(s) (row group 0: 2, row group 1: 2, row group 2: 2, "
+                "row group 3: 2); fix the file, or set "
+                "data.on_bad_shard: skip to leave those rows out") in caplog.text
+        caplog.clear()
+    assert len(scan_calls) == 2  # the second build came from the cache, null counts included
+    with caplog.at_level(logging.WARNING, logger="data.manifest"):
+        build_manifest(one_source_cfg(tmp_path, str(good_dir / "*.parquet"), on_bad_shard="skip"))
+    assert f"{path}: column 'text' has 8 null value(s) (row group 0: 2, row group 1: 2, row group 2: 2, row group 3: " \
+           "2); those rows are left out (data.on_bad_shard: skip)" in caplog.text
