@@ -19,6 +19,7 @@ import json
 from typing import Callable, Iterator
 
 from data.config import DataConfig
+from data.cursor import check_order_state
 from data.errors import ConfigError
 from data.manifest import Manifest
 from data.packer import ConsumerStream
@@ -66,6 +67,7 @@ class OrderSimulator:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        check_order_state(state)  # every integer in range, the step the consumers agree on: named errors
         if (state["world_size"], state["num_workers"]) != (self.world_size, self.workers):
             raise ConfigError(
                 f"cursor was saved with --world-size {state['world_size']} --num-workers {state['num_workers']}; "

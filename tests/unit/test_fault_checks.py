@@ -329,6 +329,9 @@ def test_a_step_the_consumers_disagree_with_is_named_not_an_assertion(order_stat
         check_order_state({**state, "step": -1})
     with pytest.raises(ConfigError, match=r"num_workers = 3 but the cursors are 2 rank\(s\) x 2 worker\(s\)"):
         check_order_state({**state, "num_workers": 3})
+    fresh, _ = order_state
+    with pytest.raises(ConfigError, match=r"^data order state: step = 9"):  # dump_order --resume-from's path
+        fresh().load_state_dict({**state, "step": 9})
 
 
 def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it(order_state, tmp_path):
