@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--resume-from {args.resume_from}: unreadable cursor file: {e}") from None
             try:
                 sim.load_state_dict(state)
-            except ConfigError:
-                raise
+            except ConfigError as e:  # a damaged or edited cursor: say which file
+                raise ConfigError(f"--resume-from {args.resume_from}: {e}") from None
             except Exception as e:  # valid JSON, but not a cursor (wrong keys, types, or packed buffers)
                 raise ConfigError(f"--resume-from {args.resume_from}: not a cursor written by dump_order "
                                   f"({type(e).__name__}: {e})") from None
