@@ -3,32 +3,7 @@
     python scripts/split_by_source.py 'shuffled/*.parquet' --out by_source --column source \\
         --map 'web=common_crawl*,cc*' --map 'code=stack_edu*' --map 'books=books*' --map 'curated=wiki*,arxiv*'
 
-Streams the inputs a row group at a time and appends every row to ``OUT/<source>/part-NNNNN.parquet``
-(the input schema; row order kept; each part written under a temp name and renamed when complete).
-``--map NAME=PAT,PAT`` takes fnmatch patterns on ``--column`` (Dolma3's ``source`` sub-source, or
-``category``); the first mapping that matches a row wins. Rows that match none are counted and
-printed, or kept in ``OUT/<--unmapped>/``. ``OUT/split_report.json`` has the counts. Exit status 2
-for bad arguments, 1 with ``--strict`` when some rows matched no mapping.
-
-The alternative: leave the corpus mixed and give each mixture source a ``filter:`` in the data config
-(``data/config.py``), all sources pointing at the same files. That works, at a read cost: building the
-manifest reads the filter and token_count columns of every row group once per source, and reading a
-chunk decodes the whole row group's text and filter columns for each source that shares it, then
-drops the other sources' rows. With S filtered sources over the same files, every row group is decoded
-S times instead of once. ``--compare-filter`` measures it after the split: manifest build (cold cache)
-plus decoding every chunk of every source, filtered over the inputs vs plain over the split output,
-with chunk = row group (``min_chunks_per_source: 1``, which isolates the filter) and with the default
-64 chunks per source (the reader decodes a whole row group for every sub-row-group chunk, so that
-re-reading adds to both routes). Tokenizing every document once is timed too: it is the same work on
-both routes and, on CPU, far larger than the decoding.
-
-Measured on the demo corpus shuffled into 8 buckets (row groups of 64 rows), 4 sources, 2 busy cores:
-with chunk = row group the filter route decodes 3.48x the rows and 3.60x the bytes and takes 3.3x the
-time (up to S = 4x: a row group holding no row of a source is skipped for it); with the default 64
-chunks per source the ratio falls to 1.4-1.5x in time because both routes re-decode row groups. The
-extra time is 11-13% of tokenizing the same documents once. So per-source filters serve, at a read
-cost that grows with the number of sources sharing the files; splitting pays off when many sources
-share them or decoding (not tokenizing) is the bottleneck, e.g. with pre-tokenized data.
+What it does, the options' meaning and the measurements: the library, ``data/corpus/split.py``.
 """
 
 import argparse
