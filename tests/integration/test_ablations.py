@@ -375,14 +375,14 @@ def test_csv_history_survives_a_resume(tmp_path):
 def test_the_lm_eval_suite_without_the_harness_is_refused_before_any_export(tmp_path):
     """Without lm-eval installed, `--suite heldout,lm_eval` names the install command and writes nothing
     (it used to export 66 MB into each run and then crash)."""
-    import importlib.util
     import subprocess
     import sys
 
-    if importlib.util.find_spec("lm_eval") is not None:
-        pytest.skip("lm-eval is installed here")
+    # lm-eval hidden even where it is installed (a None entry in sys.modules: find_spec says absent)
+    hide = ("import runpy, sys; sys.modules['lm_eval'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
     before = sorted(p for p in (ROOT / "ablations" / "sample").rglob("*"))
-    r = subprocess.run([sys.executable, "ablations/report.py", "ablations/sample", "--suite", "heldout,lm_eval"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", hide, "ablations/report.py", "ablations/sample", "--suite",
+                        "heldout,lm_eval"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "pip install -e '.[eval]'" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p for p in (ROOT / "ablations" / "sample").rglob("*")) == before
