@@ -21,8 +21,9 @@ wandb account is needed. Writes:
 
 Tokens drawn are equal "up to the documents in flight": each batch row is in the middle of a
 document when the run stops, and the mixer balances sources to within about a document. A source
-passes when the arms differ by at most ``--token-rtol`` of its planned tokens plus ``--token-atol``
-tokens (default: one step's tokens, global batch x final sequence length). The planned tokens (from
+passes when the arms differ by at most ``--token-rtol`` (0.5%) of its planned tokens or, where that is
+less, ``--token-atol`` tokens (default: one step's tokens, global batch x final sequence length: the
+documents in flight at the end can hold that much). The planned tokens (from
 each run's saved config) must agree to 1e-6.
 
 Exit status: 0, or 1 when a check fails (tokens not equal, a run unfinished, an arm missing), so a
@@ -125,7 +126,7 @@ def check_tokens(seed: int, runs: dict[str, Path], rtol: float, atol: float | No
     for s in sources:
         final = [None if mixers[a] is None or mixers[a].step != steps[a] else mixers[a] for a in ARMS]
         rows.append(TokenRow(s, planned["scheduled"][s], drawn["scheduled"].get(s, 0), drawn["fixed"].get(s, 0),
-                             rtol * planned["scheduled"][s] + atol,
+                             max(rtol * planned["scheduled"][s], atol),
                              tuple(None if m is None else m.in_flight.get(s) for m in final),
                              tuple(None if m is None else m.target.get(s) for m in final)))
     return TokenCheck(seed, rows, planned_equal, (planned["scheduled"], planned["fixed"]),
@@ -279,7 +280,7 @@ def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verd
     md.append("")
     all_ok = all(c.ok for c in checks)
     md.append(("Equal: both arms drew the same tokens per source, up to the documents in flight at the end "
-               f"(tolerance per source: {rtol:g} of its planned tokens + "
+               f"(tolerance per source: {rtol:g} of its planned tokens, or where that is less, "
                f"{'one step of tokens' if atol is None else fmt_tokens(atol) + ' tokens'})."
                if all_ok else "**MISMATCH — FLAGGED**: the arms did not draw the same tokens per source (see above)."))
     md.append("")
@@ -510,9 +511,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k-se", type=float, default=None, help="overrides the rule: the multiple of the standard error")
     p.add_argument("--suite", default="heldout", help="evaluations, comma-separated (ablations/evals.py)")
     p.add_argument("--plugin", action="append", default=[], help="module to import first (registers evaluations)")
-    p.add_argument("--token-rtol", type=float, default=0.02, help="tolerance per source: share of its planned tokens")
+    p.add_argument("--token-rtol", type=float, default=0.005,
+                   help="tolerance per source: share of its planned tokens (default 0.5%%)")
     p.add_argument("--token-atol", type=float, default=None,
-                   help="plus this many tokens (default: one step, global batch x final seq len)")
+                   help="the tolerance in tokens where the share gives less (default: one step, global batch x "
+                        "final seq len)")
     args = p.parse_args(argv)
 
     rule = DecisionRule.load(args.decision_rule)
