@@ -290,16 +290,16 @@ class WellMixedCLI(LightningCLI):
         """On a GPU, the estimated peak of one step at the longest sequence (train/memory.py) against the
         device's memory: a micro-batch that cannot fit is refused before compute, naming the knob to turn."""
         root = self.trainer.strategy.root_device
-        precision = str(self.trainer.precision)
         if root.type != "cuda" or not run.memory_check:
+            return
+        precision = str(self.trainer.precision)
+        if precision != "bf16-mixed":
+            log.warning("memory estimate: only bf16-mixed is modelled (precision %s); not checked", precision)
             return
         from train.memory import check_fits, memory_table
 
         seq = dm.steps.schedule.config.seq_len.end if dm.steps.schedule is not None else dm.seq_len
         total = torch.cuda.get_device_properties(root).total_memory
-        if precision != "bf16-mixed":
-            log.info("memory estimate: only bf16-mixed is modelled (precision %s); not checked", precision)
-            return
         try:
             parts = check_fits(self.model.model_config, dm.batch_size, seq, total)
         except ValueError as e:

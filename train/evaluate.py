@@ -61,7 +61,7 @@ def heldout_loss(ckpt: Path, device: str = "cpu") -> dict[str, float]:
     from train.datamodule import WellMixedData
     from train.module import PretrainModule
 
-    saved = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=False)
+    saved = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True)  # plain types only
     if "datamodule_hyper_parameters" not in saved or "sources" not in saved["datamodule_hyper_parameters"]:
         raise ValueError(f"{ckpt} holds no data config (written by a version before checkpoints carried it); "
                          "evaluate a checkpoint of a run trained with this version")

@@ -53,3 +53,27 @@ def test_a_model_too_large_for_the_device_names_the_knobs_and_the_table():
 def test_only_bf16_mixed_is_modelled():
     with pytest.raises(ValueError, match="bf16-mixed"):
         estimate_peak_memory(real(), 1, 128, precision="32-true")
+
+
+def test_the_start_up_check_on_a_gpu_refuses_what_cannot_fit(monkeypatch):
+    """The CLI's GPU-only branch (train/cli.py _check_memory), run here with a stand-in H200: the real
+    shape passes and prints its plan; the plain loss is refused as a ConfigError naming the knobs."""
+    from types import SimpleNamespace
+
+    import torch
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from data.errors import ConfigError
+    from train.cli import RunConfig, WellMixedCLI
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=H200))
+    strategy = DDPStrategy()
+    monkeypatch.setattr(DDPStrategy, "root_device", property(lambda self: torch.device("cuda", 0)))
+    trainer = SimpleNamespace(strategy=strategy, precision="bf16-mixed", is_global_zero=True)
+    dm = SimpleNamespace(steps=SimpleNamespace(schedule=None), seq_len=2048, batch_size=32)
+    cli = SimpleNamespace(trainer=trainer, model=SimpleNamespace(model_config=real()))
+    WellMixedCLI._check_memory(cli, dm, RunConfig())  # 86.6 GB: fits
+    cli.model.model_config.loss_impl = "plain"
+    with pytest.raises(ConfigError, match=r"(?s)model.loss_impl chunked .* run.memory_check false"):
+        WellMixedCLI._check_memory(cli, dm, RunConfig())
+    WellMixedCLI._check_memory(cli, dm, RunConfig(memory_check=False))  # the documented way around it
