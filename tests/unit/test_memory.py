@@ -74,6 +74,6 @@ def test_the_start_up_check_on_a_gpu_refuses_what_cannot_fit(monkeypatch):
     cli = SimpleNamespace(trainer=trainer, model=SimpleNamespace(model_config=real()))
     WellMixedCLI._check_memory(cli, dm, RunConfig())  # 86.6 GB: fits
     cli.model.model_config.loss_impl = "plain"
-    with pytest.raises(ConfigError, match=r"(?s)model.loss_impl chunked .* run.memory_check false"):
+    with pytest.raises(ConfigError, match=r"(?s)model.loss_impl chunked.*run.memory_check false"):
         WellMixedCLI._check_memory(cli, dm, RunConfig())
     WellMixedCLI._check_memory(cli, dm, RunConfig(memory_check=False))  # the documented way around it
