@@ -10,6 +10,12 @@ decodes the rows before its position. Nothing is tokenized here: the stream toke
 it leaves the shuffle buffer (data/stream.py), so filling a buffer or restoring one
 (:meth:`ShardReader.read_texts`, each row group scanned once in the same slices) costs decoding only.
 
+A buffered document is held as its UTF-8 bytes, zstd-compressed straight from Arrow's buffer
+(:class:`HeldText`; never a Python ``str``, which takes 1-4 bytes per character): a buffer of 10,000
+Dolma3-length documents per source is the largest thing a consumer holds, and this holds it in
+about a third of the memory for ~1% of the tokenizer's time (docs/benchmarks.md). Files are opened
+without pre-buffering, which would hold each open chunk's whole compressed column chunk.
+
 A null ``text`` is named ``file:row group:row``; with ``data.on_bad_shard: skip`` it is left out
 (logged and counted in ``ShardReader.bad_rows``), the same rows on every read, so the document
 counts a cursor relies on do not change between a run and its resume. Text that cannot be decoded is
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict, defaultdict, deque
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +46,25 @@ READ_BUFFER = 1 << 20
 """Bytes of a column chunk read at a time, so a slice does not pull in the whole row group."""
 
 
+class HeldText(NamedTuple):
+    """A document's text while it waits in a buffer: its UTF-8 bytes, zstd-compressed."""
+
+    size: int  # UTF-8 bytes
+    data: bytes
+
+    @staticmethod
+    def of(utf8: pa.Buffer | bytes) -> "HeldText":
+        return HeldText(len(utf8), pa.compress(utf8, HELD_CODEC, asbytes=True) if HELD_CODEC else bytes(utf8))
+
+    def text(self) -> str:
+        raw = pa.decompress(self.data, self.size, HELD_CODEC, asbytes=True) if HELD_CODEC else self.data
+        return raw.decode("utf-8")  # validated when read (ShardReader._texts_of_rows)
+
+
+HELD_CODEC = "zstd" if pa.Codec.is_available("zstd") else None
+"""How buffered texts are compressed (level 1: ~200 MB/s in, ~400 MB/s out, ~2.7x on natural text)."""
+
+
 class ShardReader:
     def __init__(self, manifest: Manifest, cfg: DataConfig, max_open_files: int = 32):
         self.manifest = manifest
@@ -55,7 +80,8 @@ class ShardReader:
         pf = self._files.pop(shard, None)
         if pf is None:
             try:
-                pf = pq.ParquetFile(self.manifest.shards[shard].path, buffer_size=READ_BUFFER)
+                pf = pq.ParquetFile(self.manifest.shards[shard].path, buffer_size=READ_BUFFER,
+                                    pre_buffer=False)  # pre-buffering holds whole column chunks
             except Exception as e:
                 raise RuntimeError(f"{self.manifest.shards[shard].path}: cannot open parquet file: {e}") from e
             if len(self._files) >= self._max_open:
@@ -154,38 +180,38 @@ class ShardReader:
         """All of a chunk's documents at once (the held-out set; tests): rows and tokens."""
         lazy = self.open_chunk(source, chunk, skip)
         docs = [lazy.take() for _ in range(lazy.left)]
-        return [r for r, _ in docs], encode_docs([t for _, t in docs], self.threads)
+        return [r for r, _ in docs], encode_docs([t.text() for _, t in docs], self.threads)
 
     def read_docs(self, source: int, addrs: list[tuple[int, int]]) -> list[np.ndarray]:
         """Tokens of documents given as (shard, row), in the given order (see :meth:`read_texts`)."""
-        return encode_docs(self.read_texts(source, addrs), self.threads)
+        return encode_docs([t.text() for t in self.read_texts(source, addrs)], self.threads)
 
-    def read_texts(self, source: int, addrs: list[tuple[int, int]]) -> list[str]:
+    def read_texts(self, source: int, addrs: list[tuple[int, int]]) -> list[HeldText]:
         """Texts of documents given as (shard, row), in the given order; each row group they touch is
         scanned once in bounded slices."""
         by_group: dict[tuple[int, int, int], set[int]] = defaultdict(set)
         for shard, row in addrs:
             rg, first = self._row_group(shard, row)
             by_group[(shard, rg, first)].add(row)
-        texts: dict[tuple[int, int], str] = {}
+        texts: dict[tuple[int, int], HeldText] = {}
         for (shard, rg, first), rows in by_group.items():
             wanted = np.array(sorted(rows))
             for row, text in zip(wanted, self._texts_of_rows(shard, rg, wanted, self._scan(shard, rg), [first])):
                 texts[(shard, int(row))] = text
         return [texts[(shard, row)] for shard, row in addrs]
 
-    def encode(self, text: str) -> np.ndarray:
+    def encode(self, held: HeldText) -> np.ndarray:
         """One document's tokens, EOT last (the stream tokenizes a document when it leaves the buffer)."""
-        return encode_docs([text], self.threads)[0]
+        return encode_docs([held.text()], self.threads)[0]
 
     def _texts_of_rows(self, shard: int, rg: int, rows: np.ndarray, scan: Iterator[pa.Array],
-                       state: list) -> list[str]:
+                       state: list) -> list[HeldText]:
         """Texts of ``rows`` (ascending, at or after the scan's position) read from ``scan``.
 
         ``state`` is ``[first row of the current slice, current slice or None]``, carried between calls
         so a lazy chunk keeps its place in the row group.
         """
-        texts: list[str] = []
+        texts: list[HeldText] = []
         for row in rows:
             while len(state) < 2 or state[1] is None or row >= state[0] + len(state[1]):
                 if len(state) == 2 and state[1] is not None:
@@ -194,28 +220,43 @@ class ShardReader:
                 if nxt is None:
                     raise RuntimeError(f"{self._where(shard, rg, int(row))}: row missing (file changed since the "
                                        "manifest was built?)")
+                self._check_utf8(nxt, shard, rg, state[0])
                 state[1:] = [nxt]
             texts.append(self._text(state[1], int(row) - state[0], shard, rg, int(row)))
         return texts
 
-    def _text(self, col: pa.Array, i: int, shard: int, rg: int, row: int) -> str:
+    def _check_utf8(self, col: pa.Array, shard: int, rg: int, first: int) -> None:
+        """A slice's texts are valid UTF-8 (one vectorized pass), or the first bad row is named."""
         try:
-            text = col[i].as_py()
-        except Exception as e:  # e.g. invalid UTF-8 behind an intact footer
-            raise ConfigError(f"{self._where(shard, rg, row)}: `{self.text_column}` cannot be decoded: {e}") from e
-        if text is None:  # the footer's null count said none (or the file changed): always an error here
+            col.validate(full=True)
+        except pa.ArrowInvalid as e:
+            bad = next((i for i in range(len(col)) if not _utf8(col[i])), None)
+            where = self._where(shard, rg) if bad is None else self._where(shard, rg, first + bad)
+            raise ConfigError(f"{where}: `{self.text_column}` cannot be decoded: {e}") from e
+
+    def _text(self, col: pa.Array, i: int, shard: int, rg: int, row: int) -> HeldText:
+        value = col[i]
+        if not value.is_valid:  # the footer's null count said none (or the file changed): always an error here
             raise ConfigError(f"{self._where(shard, rg, row)}: `{self.text_column}` is null")
-        return text
+        return HeldText.of(value.as_buffer())
+
+
+def _utf8(value: pa.Scalar) -> bool:
+    try:
+        value.as_py()
+        return True
+    except (UnicodeDecodeError, ValueError):
+        return False
 
 
 class LazyChunk:
-    """A chunk's documents in row order, decoded SLICE_ROWS rows at a time (texts; tokenized later)."""
+    """A chunk's documents in row order, decoded SLICE_ROWS rows at a time (held texts; tokenized later)."""
 
     def __init__(self, reader: ShardReader, chunk: Chunk, rows: np.ndarray):
         self.reader, self.shard = reader, chunk.shard
         self.rg, first = reader._row_group(chunk.shard, chunk.start)
         self.rows, self.pos = rows, 0
-        self.ready: deque[tuple[int, str]] = deque()
+        self.ready: deque[tuple[int, HeldText]] = deque()
         self._scan: Iterator[pa.Array] | None = None
         self._state: list = [first]
 
@@ -224,7 +265,7 @@ class LazyChunk:
         """Documents not taken yet."""
         return len(self.rows) - self.pos
 
-    def take(self) -> tuple[int, str]:
+    def take(self) -> tuple[int, HeldText]:
         """(row, text) of the next document."""
         if not self.ready:
             self._read_ahead()

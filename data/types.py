@@ -8,9 +8,12 @@ numpy here; the DataLoader turns them into tensors on the way (``train/datamodul
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from data.reader import HeldText
 
 
 @dataclass
@@ -22,7 +25,7 @@ class Doc:
     row: int
     epoch: int  # the source-epoch this read belongs to
     tokens: np.ndarray | None  # uint32 token ids, EOT last (None while only the text is held, in a buffer)
-    text: str | None = None  # the text, until the stream tokenizes it on the way out of its buffer
+    text: HeldText | None = None  # compressed text, until the stream tokenizes it on leaving its buffer
 
 
 @dataclass

@@ -298,8 +298,10 @@ def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], b
         }
         if not buffered:
             docs = [d for src in runner.sim.consumers[0][0].sources for d in src.buffer]
-            held = sum(len(d.text.encode()) if d.tokens is None else d.tokens.nbytes for d in docs)
-            buffered = f"{len(docs):,} docs, {held / 2**20:.1f} MB (texts until a document leaves the buffer)"
+            held = sum(len(d.text.data) if d.tokens is None else d.tokens.nbytes for d in docs)
+            text = sum(d.text.size for d in docs if d.tokens is None)
+            buffered = (f"{len(docs):,} docs, {held / 2**20:.1f} MB held ({text / 2**20:.1f} MB of UTF-8 text, "
+                        "compressed until a document leaves the buffer)")
         lines.append(f"    {threads:>7}  {human(results[threads]['bare']):>10}  {human(results[threads]['path']):>10}  "
                      f"{ratio:>5.2f}  {' '.join(f'{r:.2f}' for r in ratios):<22} {runner.first_batch_s:.2f} s")
         del runner

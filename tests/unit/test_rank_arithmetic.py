@@ -196,6 +196,8 @@ def test_simulated_consumers_emit_each_document_once_per_epoch_at_512_ranks(monk
     """The real consumers of 64 x 8 ranks x 2 workers (ConsumerStream -> SourceStream: open chunks,
     shuffle buffer), with the parquet read replaced by the chunk's row addresses (no text read):
     across all 1024 consumers no (source, epoch, document) is emitted twice."""
+    from data.reader import HeldText
+
     nodes, gpus, workers = 64, 8, 2
     world = nodes * gpus
     cfg = make_cfg(num_workers=workers, buffer_size=3, open_shards=2)
@@ -213,7 +215,7 @@ def test_simulated_consumers_emit_each_document_once_per_epoch_at_512_ranks(monk
 
         def take(self):
             self.pos += 1
-            return self.rows[self.pos - 1], ""
+            return self.rows[self.pos - 1], HeldText.of(b"")
 
     def load_addresses(self, g, skip=0):
         chunk = self.chunk_at(g)[1]
