@@ -40,6 +40,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from data.errors import ConfigError
+from train import faults
 from train import loggers as run_loggers
 from train.callbacks import (
     AtomicCheckpointIO,
@@ -318,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("WANDB_SILENT", "true")
     install_early_handlers()
+    faults.FATAL_EXIT_AFTER_S = 60.0  # a fatal error ends this process within a minute (train/faults.py)
     try:
         WellMixedCLI(args=argv)
     except (ConfigError, ModelConfigError) as e:

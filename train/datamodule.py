@@ -163,6 +163,24 @@ class WellMixedData(DataConfig, L.LightningDataModule):
 
             check_global_batch(self.steps.schedule.config.global_batch_size, self.batch_size,
                                self.trainer.world_size, self.accumulate)
+        if stage == "fit" and self.rank == 0:
+            self._report_capped_streams()
+
+    def _report_capped_streams(self) -> None:
+        """Say at start-up where ranks x workers x open chunks (or the buffer) ask more of a source than
+        one epoch gives a consumer: the epoch barrier (data/stream.py) keeps every document once per
+        source-epoch, but those consumers then read fewer chunks at once (a weaker shuffle) than the
+        config says."""
+        from data.plan import effective_streams, stream_table
+
+        consumers = self.world_size * max(1, self.num_workers)
+        eff = effective_streams(self.manifest, self, consumers)
+        capped = [name for name, e in eff.items() if e["open"] < self.open_shards or e["buffer"] < self.buffer_size]
+        if capped:
+            log.warning("%s: fewer documents or chunks per consumer-epoch than data.open_shards %d / data.buffer_size "
+                        "%d ask (%d consumers = ranks x workers); each document is still read once per epoch, "
+                        "from fewer chunks at once:\n%s", ", ".join(capped), self.open_shards, self.buffer_size,
+                        consumers, stream_table(self.manifest, self, consumers))
 
     @property
     def rank(self) -> int:

@@ -19,6 +19,10 @@
   (data/cursor.py ``check_order_state``): a damaged cursor makes the file unusable in the same way.
 - **A killed DataLoader worker** (the OOM killer): :class:`StopOnSignal` again -- a checkpoint at the step
   boundary with the last trained cursors, then :class:`DataLoaderWorkerDied` naming the worker (exit 1).
+- **Any other fatal error** in a ``python -m train`` process (:func:`arm_fatal_exit`, from
+  ``StopOnSignal.on_exception``, before Lightning's teardown): the DataLoader workers are ended at
+  once, and if the process is still alive ``FATAL_EXIT_AFTER_S`` later, every thread's stack is
+  printed (where it waits) and it exits 1 -- a crash never holds a SLURM allocation to its time limit.
 - **A non-finite loss** and **a full disk** are handled where they happen (train/module.py:
   ``on_nonfinite``; train/callbacks.py: ``AtomicCheckpointIO``).
 """
@@ -28,9 +32,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import signal
+import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +51,38 @@ from train.early_signals import STOP_SIGNALS, install_early_handlers  # noqa: F4
 
 log = logging.getLogger("wellmixed")
 
+
+
+FATAL_EXIT_AFTER_S: float | None = None
+"""Set by the CLI (train/cli.py ``main``): after a fatal error the process ends within this many seconds,
+whatever Lightning's teardown waits on. None in library use, where a caller may catch the error."""
+_ARMED = threading.Event()
+
+
+def arm_fatal_exit(exception: BaseException) -> None:
+    """After a fatal error, in a CLI process: end the DataLoader workers now (teardown then has none to
+    wait on), and exit 1 with every thread's stack if the process has not ended ``FATAL_EXIT_AFTER_S``
+    later. Before: the run directory removed under a running demo made the CSV logger fail, and the
+    main process sat in ``waitpid`` on a worker for 20+ minutes."""
+    if FATAL_EXIT_AFTER_S is None or _ARMED.is_set():
+        return
+    _ARMED.set()
+    pids = end_worker_processes()
+    if pids:
+        print(f"fatal {type(exception).__name__}: ended its DataLoader worker(s) {pids}", file=sys.stderr, flush=True)
+
+    def exit_now() -> None:
+        print(f"fatal {type(exception).__name__}: {exception}\nthe process did not end within "
+              f"{FATAL_EXIT_AFTER_S:.0f} s of it; exiting 1. Where each thread waited:", file=sys.stderr, flush=True)
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            print(f"Thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+
+    timer = threading.Timer(FATAL_EXIT_AFTER_S, exit_now)
+    timer.daemon = True
+    timer.start()
 
 
 WORKER_DIED = 1 << 10  # StopOnSignal's all-reduced stop code for "a DataLoader worker died" (above any signal)
@@ -136,9 +175,15 @@ class StopOnSignal(L.Callback):
                         "Resume with --ckpt_path last", signal.Signals(code).name, trainer.global_step, path)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        """torch's own report of a dead worker (raised while fetching the next batch, between steps)."""
-        if isinstance(exception, DataLoaderWorkerDied) or not _WORKER_DEATH.search(str(exception)):
-            return
+        """torch's own report of a dead worker (raised while fetching the next batch, between steps);
+        then, for any fatal error, :func:`arm_fatal_exit`."""
+        try:
+            if not isinstance(exception, DataLoaderWorkerDied) and _WORKER_DEATH.search(str(exception)):
+                self._checkpoint_after_worker_death(trainer, exception)
+        finally:
+            arm_fatal_exit(exception)
+
+    def _checkpoint_after_worker_death(self, trainer, exception: BaseException) -> None:
         dead = dead_loader_workers(trainer)
         path = None
         if self._in_step or self._partial:

@@ -222,3 +222,24 @@ def test_cursor_resumes_exactly_across_tiny_epochs(corpora, commit):
     resumed = OrderSimulator(m, cfg, 2, 2)
     resumed.load_state_dict(first.state_dict())
     assert head + list(resumed.order_lines(24)) == lines
+
+
+def test_fit_says_at_start_up_where_consumers_ask_more_of_a_source_than_an_epoch_gives(make_cfg, caplog):
+    """Issue 17: ranks x workers x open chunks above a source's chunks was said only by the dry run.
+    ``train fit`` now warns at start-up, naming the capped sources and showing the effective streams."""
+    import dataclasses
+    import logging
+
+    from train.datamodule import WellMixedData
+
+    def datamodule(**kw) -> WellMixedData:
+        cfg = make_cfg(**kw)
+        return WellMixedData(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+
+    with caplog.at_level(logging.WARNING, logger="train.datamodule"):
+        datamodule(num_workers=1, open_shards=1, buffer_size=4).setup("fit")
+    assert "data.open_shards" not in caplog.text  # nothing capped: nothing said
+    with caplog.at_level(logging.WARNING, logger="train.datamodule"):
+        datamodule(num_workers=10, open_shards=8, buffer_size=64).setup("fit")
+    assert "books" in caplog.text and "data.open_shards 8 / data.buffer_size 64" in caplog.text
+    assert "10 consumers" in caplog.text and "epochs in flight" in caplog.text

@@ -365,3 +365,30 @@ def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it
         for cur in rank:
             cur["version"] = 1
     assert checkpoint_problem(save(old)) is None  # another version: the datamodule's own error says what to do
+
+
+def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(monkeypatch, capsys):
+    """The watchdog armed after a fatal error: if the process is still alive FATAL_EXIT_AFTER_S later,
+    it prints the error and every thread's stack, and exits 1. Unarmed in library use."""
+    import threading
+
+    from train import faults
+
+    exits = []
+    fired = threading.Event()
+
+    def fake_exit(code):
+        exits.append(code)
+        fired.set()
+
+    monkeypatch.setattr(faults.os, "_exit", fake_exit)
+    monkeypatch.setattr(faults, "_ARMED", threading.Event())
+    monkeypatch.setattr(faults, "FATAL_EXIT_AFTER_S", None)
+    faults.arm_fatal_exit(FileNotFoundError("metrics.csv"))  # library use: nothing armed
+    assert not faults._ARMED.is_set()
+    monkeypatch.setattr(faults, "FATAL_EXIT_AFTER_S", 0.2)
+    faults.arm_fatal_exit(FileNotFoundError("metrics.csv"))
+    assert fired.wait(10) and exits == [1]
+    err = capsys.readouterr().err
+    assert "fatal FileNotFoundError: metrics.csv" in err and "did not end within 0 s" in err
+    assert "Thread" in err  # faulthandler's stack dump of every thread
