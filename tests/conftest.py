@@ -152,6 +152,9 @@ def _restore_environ():
     saved = dict(os.environ)
     rank = _rank_zero_only_rank()
     yield
+    from train.faults import disarm_fatal_exit
+
+    disarm_fatal_exit()  # a test that ran the CLI's main() in-process must not leave its fatal-exit watchdog
     os.environ.clear()
     os.environ.update(saved)
     if rank is not None:  # a Trainer built under an injected SLURM rank 5 leaves rank_zero_only.rank = 5:

@@ -57,6 +57,7 @@ FATAL_EXIT_AFTER_S: float | None = None
 """Set by the CLI (train/cli.py ``main``): after a fatal error the process ends within this many seconds,
 whatever Lightning's teardown waits on. None in library use, where a caller may catch the error."""
 _ARMED = threading.Event()
+_TIMER: list[threading.Timer] = []
 
 
 def arm_fatal_exit(exception: BaseException) -> None:
@@ -83,6 +84,16 @@ def arm_fatal_exit(exception: BaseException) -> None:
     timer = threading.Timer(FATAL_EXIT_AFTER_S, exit_now)
     timer.daemon = True
     timer.start()
+    _TIMER.append(timer)
+
+
+def disarm_fatal_exit() -> None:
+    """Library use again (tests call the CLI's ``main`` in-process): no watchdog, none pending."""
+    global FATAL_EXIT_AFTER_S
+    FATAL_EXIT_AFTER_S = None
+    while _TIMER:
+        _TIMER.pop().cancel()
+    _ARMED.clear()
 
 
 WORKER_DIED = 1 << 10  # StopOnSignal's all-reduced stop code for "a DataLoader worker died" (above any signal)

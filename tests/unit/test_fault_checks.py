@@ -382,8 +382,7 @@ def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(
         fired.set()
 
     monkeypatch.setattr(faults.os, "_exit", fake_exit)
-    monkeypatch.setattr(faults, "_ARMED", threading.Event())
-    monkeypatch.setattr(faults, "FATAL_EXIT_AFTER_S", None)
+    faults.disarm_fatal_exit()
     faults.arm_fatal_exit(FileNotFoundError("metrics.csv"))  # library use: nothing armed
     assert not faults._ARMED.is_set()
     monkeypatch.setattr(faults, "FATAL_EXIT_AFTER_S", 0.2)
@@ -391,4 +390,8 @@ def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(
     assert fired.wait(10) and exits == [1]
     err = capsys.readouterr().err
     assert "fatal FileNotFoundError: metrics.csv" in err and "did not end within 0 s" in err
-    assert "Thread" in err  # faulthandler's stack dump of every thread
+    assert "Thread MainThread:" in err  # where every thread waited
+    faults.FATAL_EXIT_AFTER_S = 60.0
+    faults.arm_fatal_exit(RuntimeError("again"))
+    faults.disarm_fatal_exit()  # what the test suite does after each test: nothing fires later
+    assert faults.FATAL_EXIT_AFTER_S is None and not faults._ARMED.is_set() and not faults._TIMER
