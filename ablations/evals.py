@@ -6,7 +6,10 @@ The report runs every evaluation of ``--suite`` on every arm and seed, takes the
 
 - ``heldout`` (default): the final held-out loss per source and overall, from the run's CSV log (no
   model needed; the held-out chunks are the same for every seed and arm). Lower is better.
-- ``lm_eval``: lm-evaluation-harness on the exported model (``scripts/export_hf.py``), opt-in.
+- ``local``: the offline downstream tasks built from the held-out chunks (train/evaluate.py: a 4-way
+  cloze per source), through lm-evaluation-harness on the exported model; accuracy, higher is better.
+- ``lm_eval``: lm-evaluation-harness on the exported model (``scripts/export_hf.py``), opt-in: the
+  standard suite, its datasets from the HF cache.
 
 Adding one::
 
@@ -70,6 +73,34 @@ def heldout_loss(run_dir: Path) -> dict[str, float]:
     if not out:
         raise ValueError(f"{run_dir}: no val/loss in csv/metrics.csv (data.val_tokens_per_source is 0?)")
     return out
+
+
+@register("local", higher_is_better=True,
+          description="4-way cloze accuracy per source on held-out text (offline lm-eval tasks; chance 0.25)")
+def local_tasks(run_dir: Path) -> dict[str, float]:
+    """``cloze_<source>`` accuracy of the run's ``checkpoints/last.ckpt`` on the offline tasks built from
+    the held-out chunks (train/evaluate.py ``write_local_tasks``: the same items for every arm and seed
+    of one corpus and data seed); cached in ``<run>/evals/lm_eval/local/metrics.json``. Needs lm-eval,
+    checked before anything is exported."""
+    from train.evaluate import INSTALL_HINT, LOCAL, find_checkpoint, lm_eval_available, load_data, run_local_tasks
+
+    run_dir = Path(run_dir)
+    cached = run_dir / "evals" / "lm_eval" / LOCAL / "metrics.json"
+    if not cached.is_file():
+        if not lm_eval_available():
+            raise RuntimeError(f"the local evaluation needs lm-evaluation-harness: {INSTALL_HINT}")
+        from train.export import export
+
+        ckpt, _ = find_checkpoint(run_dir)
+        hf_dir = run_dir / "evals" / "hf"
+        if not (hf_dir / "config.json").is_file():
+            export(ckpt, hf_dir)
+        extra = os.environ.get("WELLMIXED_LM_EVAL_ARGS", "")
+        found = run_local_tasks(load_data(ckpt), hf_dir, run_dir / "evals", extra)
+        write_json(cached, {task.removeprefix("wellmixed_"): v for k, v in found.items()
+                            for task, metric in [k.split("/", 1)] if task.startswith("wellmixed_cloze_")
+                            and metric == "acc"})
+    return json.loads(cached.read_text())
 
 
 LM_EVAL_TASKS = os.environ.get("WELLMIXED_LM_EVAL_TASKS", "hellaswag,arc_easy,piqa,lambada_openai")

@@ -509,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--guard", default=None, help="overrides the rule: metric patterns that must not worsen")
     p.add_argument("--max-regression", type=float, default=None, help="tolerance of the guard (metric units)")
     p.add_argument("--k-se", type=float, default=None, help="overrides the rule: the multiple of the standard error")
-    p.add_argument("--suite", default="heldout", help="evaluations, comma-separated (ablations/evals.py)")
+    p.add_argument("--suite", default=None,
+                   help="evaluations, comma-separated (ablations/evals.py; default: heldout,local where lm-eval is "
+                        "installed, else heldout)")
     p.add_argument("--plugin", action="append", default=[], help="module to import first (registers evaluations)")
     p.add_argument("--token-rtol", type=float, default=0.005,
                    help="tolerance per source: share of its planned tokens (default 0.5%%)")
@@ -531,16 +533,23 @@ def main(argv: list[str] | None = None) -> int:
         rule.k_se = args.k_se
     for module in args.plugin:
         importlib.import_module(module)
+    if args.suite is None:
+        from train.evaluate import INSTALL_HINT, lm_eval_available
+
+        args.suite = "heldout,local" if lm_eval_available() else "heldout"
+        if args.suite == "heldout":
+            print(f"note: the offline downstream tasks (--suite local) need lm-eval: {INSTALL_HINT}", file=sys.stderr)
     names = [n for n in args.suite.split(",") if n]
     unknown = [n for n in names if n not in EVALUATIONS]
     if unknown:
         raise SystemExit(f"error: unknown evaluation(s) {unknown}; registered: {sorted(EVALUATIONS)}")
-    if "lm_eval" in names:  # checked before any run is exported or evaluated
+    harness = [n for n in names if n in ("lm_eval", "local")]
+    if harness:  # checked before any run is exported or evaluated
         from train.evaluate import INSTALL_HINT, lm_eval_available
 
         if not lm_eval_available():
-            raise SystemExit(f"error: --suite lm_eval needs lm-evaluation-harness, which is not installed: "
-                             f"{INSTALL_HINT}")
+            raise SystemExit(f"error: --suite {','.join(harness)} needs lm-evaluation-harness, which is not "
+                             f"installed: {INSTALL_HINT}")
     overridden = [f for f in ("improve", "guard", "min_improvement", "max_regression", "k_se")
                   if getattr(args, f) is not None]
     source = os.path.relpath(args.decision_rule, ROOT) if args.decision_rule.resolve().is_relative_to(ROOT) \

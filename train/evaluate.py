@@ -1,7 +1,7 @@
 """Evaluate a run or a checkpoint in one command: held-out loss per source, the HF export, lm-eval.
 
     python scripts/evaluate.py runs/demo                          # = runs/demo/checkpoints/last.ckpt
-    python scripts/evaluate.py runs/demo/checkpoints/step0000300.ckpt --tasks hellaswag,arc_easy
+    python scripts/evaluate.py runs/demo/checkpoints/step0000300.ckpt --tasks local,hellaswag
 
 Steps, each written under ``<run>/evals/`` (or ``--out``):
 
@@ -10,13 +10,22 @@ Steps, each written under ``<run>/evals/`` (or ``--out``):
    never reads (``data.val_tokens_per_source``), in nats/token with perplexities. Needs only the corpus.
 2. **Export** to the Hugging Face format (train/export.py) into ``evals/hf``, with a logits check
    against ``transformers`` when it is installed.
-3. **lm-evaluation-harness** (``lm_eval``), when importable, on the exported model:
-   ``sys.executable -m lm_eval`` (never a PATH lookup), offline by default (``HF_DATASETS_OFFLINE``,
-   ``HF_HUB_OFFLINE``), so the tasks must be cached or local (``--include-path``). Without lm-eval
-   the step is skipped with the command that installs it (``pip install -e '.[eval]'``) -- checked
-   first, before anything is exported.
+3. **lm-evaluation-harness** (``lm_eval``), when importable, on the exported model, through
+   ``sys.executable -m lm_eval`` (never a PATH lookup) and offline by default (``HF_DATASETS_OFFLINE``,
+   ``HF_HUB_OFFLINE``):
+   - ``local`` (always works offline): tasks written into ``evals/tasks/`` from the run's held-out
+     chunks, per source -- ``wellmixed_cloze_<source>``, a 4-way multiple choice (a 64-token context,
+     its true 24-token continuation against three from other held-out text of the source; chance
+     0.25; ``acc``/``acc_norm``), and ``wellmixed_ppl_<source>``, rolling perplexity over held-out
+     documents (``bits_per_byte``, ``word_perplexity``: lm-eval's own units, a cross-check of step 1);
+   - any other name is an lm-eval task (the standard suite: hellaswag, arc_easy, piqa,
+     lambada_openai), run one at a time: a task whose dataset is not in the local HF cache is
+     recorded as skipped with lm-eval's reason (``--online`` lets it download).
+   Without lm-eval this step is skipped with the command that installs it (``pip install -e
+   '.[eval]'``) -- checked first, before anything is exported.
 
-Everything lands in ``evals/results.json`` and is printed as a table.
+Everything lands in ``evals/results.json`` (lm-eval's logs in ``evals/lm_eval/``) and is printed as
+a table.
 """
 
 from __future__ import annotations
@@ -26,14 +35,26 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from data.files import write_json
+
 INSTALL_HINT = "pip install -e '.[eval]'   (lm-eval[hf]: the harness with its transformers backend)"
 STANDARD_TASKS = "hellaswag,arc_easy,piqa,lambada_openai"
+DEFAULT_TASKS = f"local,{STANDARD_TASKS}"
+LOCAL = "local"
+"""The name that stands for the tasks built from the run's held-out chunks (:func:`write_local_tasks`)."""
+CLOZE_CONTEXT, CLOZE_CONTINUATION, CLOZE_CHOICES, CLOZE_ITEMS = 64, 24, 4, 50
+"""Tokens of context and of each continuation, choices per item, items per source."""
+PPL_DOCS, PPL_TOKENS = 20, 1024
+"""Held-out documents per source in the perplexity task, and tokens kept of each."""
 
 
 def find_checkpoint(target: str | Path) -> tuple[Path, Path]:
@@ -54,21 +75,31 @@ def lm_eval_available() -> bool:
     return importlib.util.find_spec("lm_eval") is not None
 
 
-def heldout_loss(ckpt: Path, device: str = "cpu") -> dict[str, float]:
-    """Mean loss per source (and ``all``) of the checkpoint's model on its run's held-out chunks."""
+def load_data(ckpt: Path):
+    """The checkpoint's DataModule with its manifest built (the same held-out split as training)."""
     import torch
 
     from train.datamodule import WellMixedData
-    from train.module import PretrainModule
 
     saved = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True)  # plain types only
     if "datamodule_hyper_parameters" not in saved or "sources" not in saved["datamodule_hyper_parameters"]:
         raise ValueError(f"{ckpt} holds no data config (written by a version before checkpoints carried it); "
                          "evaluate a checkpoint of a run trained with this version")
     del saved
-    dm = WellMixedData.load_from_checkpoint(ckpt)  # builds the manifest (same held-out split as training)
+    dm = WellMixedData.load_from_checkpoint(ckpt)
     if dm.val_tokens_per_source <= 0:
-        raise ValueError("the run held out no data (data.val_tokens_per_source: 0): no held-out loss to compute")
+        raise ValueError("the run held out no data (data.val_tokens_per_source: 0): nothing to evaluate on")
+    dm.prepare()
+    return dm
+
+
+def heldout_loss(ckpt: Path, device: str = "cpu", dm=None) -> dict[str, float]:
+    """Mean loss per source (and ``all``) of the checkpoint's model on its run's held-out chunks."""
+    import torch
+
+    from train.module import PretrainModule
+
+    dm = dm if dm is not None else load_data(ckpt)
     module = PretrainModule.load_from_checkpoint(ckpt, map_location=device).eval()
     module.source_names = dm.manifest.source_names
     names = module.source_names
@@ -85,29 +116,114 @@ def heldout_loss(ckpt: Path, device: str = "cpu") -> dict[str, float]:
     return out
 
 
-def run_lm_eval(hf_dir: Path, tasks: str, out_dir: Path, offline: bool = True, extra: str = "") -> dict[str, float]:
-    """``<task>/<metric>`` from lm-eval's results (acc, acc_norm, perplexity, word_perplexity, ...)."""
+def held_out_documents(dm) -> dict[str, list[np.ndarray]]:
+    """Tokens (EOT dropped) of every held-out document, per source, in the manifest's order."""
+    from data.reader import ShardReader
+
+    reader = ShardReader(dm.manifest, dm)
+    return {name: [t[:-1] for chunk in info.val_chunks for t in reader.read_chunk(s, chunk)[1]]
+            for s, (name, info) in enumerate(dm.manifest.sources.items())}
+
+
+def write_local_tasks(dm, tasks_dir: Path) -> list[str]:
+    """lm-eval tasks from the run's held-out chunks (never trained on), per source: a cloze multiple
+    choice and a rolling perplexity (module docstring). Deterministic: the same files for the same
+    corpus and ``data.seed``. Returns the task names (a source too small for a task has none)."""
+    import yaml
+
+    from data.order import source_key
+    from data.tokenizer import get_encoding
+
+    enc = get_encoding()
+    tasks_dir.mkdir(parents=True, exist_ok=True)
+    names = []
+    window = CLOZE_CONTEXT + CLOZE_CONTINUATION
+    for source, docs in held_out_documents(dm).items():
+        rng = np.random.default_rng([dm.seed, source_key(source), 17])
+        # windows round-robin over the documents: window 0 of each, then window 1, ...
+        spans = [(d, w * window) for w in range(max((len(t) // window for t in docs), default=0))
+                 for d, t in enumerate(docs) if (w + 1) * window <= len(t)][:CLOZE_ITEMS]
+        conts = [enc.decode(docs[d][o + CLOZE_CONTEXT:o + window].tolist()) for d, o in spans]
+        items = []
+        for i, (d, o) in enumerate(spans):
+            others = [j for j in range(len(spans)) if conts[j] != conts[i]]
+            if len(others) < CLOZE_CHOICES - 1:
+                continue
+            picks = [conts[j] for j in rng.choice(others, CLOZE_CHOICES - 1, replace=False)]
+            gold = int(rng.integers(CLOZE_CHOICES))
+            picks.insert(gold, conts[i])
+            items.append({"context": enc.decode(docs[d][o:o + CLOZE_CONTEXT].tolist()), "choices": picks, "gold": gold})
+        if items:
+            names.append(_write_task(tasks_dir, f"wellmixed_cloze_{source}", items, {
+                "output_type": "multiple_choice", "doc_to_text": "context", "doc_to_choice": "choices",
+                "doc_to_target": "gold", "target_delimiter": "",
+                "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
+                                for m in ("acc", "acc_norm")]}, yaml))
+        texts = [{"text": enc.decode(t[:PPL_TOKENS].tolist())} for t in docs[:PPL_DOCS] if len(t)]
+        if texts:
+            names.append(_write_task(tasks_dir, f"wellmixed_ppl_{source}", texts, {
+                "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
+                "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]},
+                yaml))  # lm-eval's own (weighted) aggregations, as its wikitext task
+    return names
+
+
+def run_local_tasks(dm, hf_dir: Path, out_dir: Path, extra: str = "") -> dict[str, float]:
+    """The ``local`` tasks of the run (written to ``out_dir/tasks``) through lm-eval, offline."""
+    names = write_local_tasks(dm, out_dir / "tasks")
+    return run_lm_eval(hf_dir, ",".join(names), out_dir / "lm_eval" / LOCAL, True, extra, out_dir / "tasks")
+
+
+def _write_task(tasks_dir: Path, name: str, rows: list[dict], spec: dict, yaml) -> str:
+    data = tasks_dir / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
+            "test_split": "test", **spec, "metadata": {"version": 1.0}}
+    (tasks_dir / f"{name}.yaml").write_text(yaml.safe_dump(task, sort_keys=False))
+    return name
+
+
+def run_lm_eval(hf_dir: Path, tasks: str, out_dir: Path, offline: bool = True, extra: str = "",
+                include_path: Path | None = None) -> dict[str, float]:
+    """``<task>/<metric>`` from lm-eval's results (acc, acc_norm, perplexity, bits_per_byte, ...).
+
+    lm-eval's output goes to ``out_dir/lm_eval.log``; a failure raises :class:`LmEvalFailed` with the
+    log's last line (offline, a task whose dataset is not cached ends that way)."""
     raw = out_dir / "raw"
+    out_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={hf_dir},dtype=float32",
            "--tasks", tasks, "--output_path", str(raw), *shlex.split(extra)]
+    if include_path is not None:
+        cmd += ["--include_path", str(include_path)]
     env = dict(os.environ)
     if offline:
         env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    print("$ " + shlex.join(cmd), flush=True)
-    subprocess.run(cmd, check=True, env=env)
+    log_file = out_dir / "lm_eval.log"
+    print(f"$ {shlex.join(cmd)}\n  (log: {log_file})", flush=True)
+    with open(log_file, "w") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        lines = [ln for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
+        raise LmEvalFailed(f"lm_eval --tasks {tasks} exited {proc.returncode}: "
+                           f"{lines[-1].strip() if lines else 'no output'} (log: {log_file})")
     found = sorted(raw.rglob("results*.json"), key=lambda p: p.stat().st_mtime)
     if not found:
-        raise RuntimeError(f"lm_eval wrote no results*.json under {raw}")
+        raise LmEvalFailed(f"lm_eval wrote no results*.json under {raw} (log: {log_file})")
     metrics = {}
     for task, values in json.loads(found[-1].read_text())["results"].items():
         for key, value in values.items():
             name = key.split(",")[0]  # "acc,none" -> "acc"
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and not name.endswith("_stderr"):
+            if (isinstance(value, (int, float)) and not isinstance(value, bool) and not name.endswith("_stderr")
+                    and name != "sample_len"):
                 metrics[f"{task}/{name}"] = float(value)
     return metrics
 
 
-def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | None = STANDARD_TASKS,
+class LmEvalFailed(RuntimeError):
+    """lm_eval exited non-zero or wrote no results; the message has its last log line."""
+
+
+def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | None = DEFAULT_TASKS,
              device: str = "cpu", offline: bool = True, lm_eval_args: str = "") -> dict[str, Any]:
     """Run the steps of the module docstring; returns (and writes) the results."""
     ckpt, run_dir = find_checkpoint(target)
@@ -117,16 +233,31 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
 
     step = int(torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
     results: dict[str, Any] = {"checkpoint": str(ckpt), "step": step}
-    results["heldout"] = heldout_loss(ckpt, device)
-    if tasks:
+    dm = load_data(ckpt)
+    results["heldout"] = heldout_loss(ckpt, device, dm)
+    names = [t.strip() for t in (tasks or "").split(",") if t.strip()]
+    if names:
         if not lm_eval_available():  # checked before the export: nothing is written for nothing
             results["lm_eval"] = {"skipped": f"lm-eval is not installed: {INSTALL_HINT}"}
         else:
             from train.export import export
 
             hf_dir = export(ckpt, out_dir / "hf")
-            results["lm_eval"] = run_lm_eval(hf_dir, tasks, out_dir / "lm_eval", offline, lm_eval_args)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+            lm: dict[str, float] = {}
+            skipped: dict[str, str] = {}
+            if LOCAL in names:
+                lm.update(run_local_tasks(dm, hf_dir, out_dir, lm_eval_args))
+            for task in (n for n in names if n != LOCAL):  # one at a time: an uncached dataset skips only its task
+                try:
+                    lm.update(run_lm_eval(hf_dir, task, out_dir / "lm_eval" / task, offline, lm_eval_args))
+                except LmEvalFailed as e:
+                    cached = offline and re.search(r"offline|couldn't reach|connection", str(e), re.IGNORECASE)
+                    skipped[task] = str(e) + ("; offline, the dataset must be in the HF cache (--online downloads "
+                                              "it)" if cached else "")
+            results["lm_eval"] = lm
+            if skipped:
+                results["lm_eval_skipped"] = skipped
+    write_json(out_dir / "results.json", results)
     return results
 
 
@@ -141,6 +272,8 @@ def format_results(results: dict[str, Any]) -> str:
     elif lm:
         lines += ["", "| lm-eval task/metric | value |", "|---|---:|"]
         lines += [f"| {k} | {v:.4f} |" for k, v in sorted(lm.items())]
+    for task, why in results.get("lm_eval_skipped", {}).items():
+        lines += [f"lm-eval {task} skipped: {why}"]
     return "\n".join(lines)
 
 
@@ -149,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", help="run directory (uses checkpoints/last.ckpt) or a .ckpt file")
     p.add_argument("--out", help="output directory (default: <run>/evals)")
-    p.add_argument("--tasks", default=STANDARD_TASKS,
-                   help=f"lm-eval tasks, comma-separated (default: {STANDARD_TASKS}); '' skips lm-eval")
+    p.add_argument("--tasks", default=DEFAULT_TASKS,
+                   help=f"lm-eval tasks, comma-separated (default: {DEFAULT_TASKS}); 'local' = the offline tasks "
+                        "built from the run's held-out chunks; '' skips lm-eval")
     p.add_argument("--device", default="cpu", help="device for the held-out loss (default: cpu)")
     p.add_argument("--online", action="store_true", help="let lm-eval download datasets (default: offline)")
     p.add_argument("--lm-eval-args", default="", help="extra lm_eval flags, e.g. '--device cuda:0 --batch_size 32'")
@@ -162,9 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except subprocess.CalledProcessError as e:
-        print(f"error: lm_eval failed (exit {e.returncode}); offline, its tasks must be cached or local "
-              "(--include-path), or pass --online", file=sys.stderr)
+    except LmEvalFailed as e:  # the local tasks (the standard ones are skipped one by one)
+        print(f"error: {e}", file=sys.stderr)
         return 1
     print(format_results(results))
     return 0

@@ -200,7 +200,7 @@ TINY = [*SMALL, "--data.num_workers", "1", "--run.ckpt_every_n_steps", "10"]
 # 4k tokens over 4 rows while single demo documents run to 14k tokens: the documents in flight at
 # the end are a large share of each source's tokens, so the realised counts get a wide tolerance
 # here (planned tokens and the mixers' targets are still compared to 1e-6).
-TINY_REPORT = ["--token-rtol", "0.5"]
+TINY_REPORT = ["--token-rtol", "0.5", "--suite", "heldout"]
 
 
 SEEDS = (1234, 1235)
@@ -231,9 +231,15 @@ def test_demo_ablation_end_to_end(ablation_out, capsys):
     for d in runs.values():  # last.ckpt holds the final model, although step checkpoints came before it
         assert torch.load(d / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)["global_step"] == steps_s
 
-    assert report.main([str(ablation_out), *TINY_REPORT]) == 0
+    assert report.main([str(ablation_out), *TINY_REPORT, "--suite", "heldout,local"]) == 0
     md = (ablation_out / "report.md").read_text()
     assert "CHECKS FAILED" not in md and "MISMATCH" not in md
+    # the offline downstream tasks, per arm and seed through lm-eval (cached in each run's evals/)
+    assert "| local/cloze_web |" in md and "| higher |" in md
+    for arm in run.ARMS:
+        for s in SEEDS:
+            cached = json.loads((ablation_out / f"{arm}-seed{s}" / "evals/lm_eval/local/metrics.json").read_text())
+            assert cached and all(0 <= v <= 1 for v in cached.values())
     assert "Equal: both arms drew the same tokens per source" in md
     assert "Planned tokens (each run's saved config): equal. Mixer targets" in md and "checkpoint): equal." in md
     assert any(h in md for h in ("KEEP the schedule", "DROP the schedule", "NO CLEAR GAIN"))

@@ -231,6 +231,47 @@ def test_evaluate_reproduces_the_final_held_out_loss(tiny_run, tmp_path, monkeyp
 
 
 @pytest.mark.slow
+def test_evaluate_runs_the_offline_local_tasks_through_lm_eval(tiny_run, tmp_path, capsys):
+    """The one-command evaluation with lm-eval, offline: the local tasks built from the held-out chunks
+    run end to end, and lm-eval's cloze accuracy per source equals the one our own model gives on the
+    same items (so the export, the HF tokenizer and the harness agree with training's model); an
+    unknown task is skipped with lm-eval's reason while the rest stand."""
+    from data.tokenizer import get_encoding
+    from train import evaluate
+    from train.module import PretrainModule
+
+    out = tmp_path / "evals"
+    assert evaluate.main([str(tiny_run), "--out", str(out), "--tasks", "local,no_such_task_xyz"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    lm = results["lm_eval"]
+    assert "Tasks not found: no_such_task_xyz" in results["lm_eval_skipped"]["no_such_task_xyz"]
+    assert {k.split("/")[0] for k in lm} >= {f"wellmixed_ppl_{s}" for s in ("web", "code", "books", "curated")}
+    assert all(v > 0 for k, v in lm.items() if k.endswith("/bits_per_byte"))
+
+    enc = get_encoding()
+    model = PretrainModule.load_from_checkpoint(tiny_run / "checkpoints" / "last.ckpt", map_location="cpu").eval()
+    cloze = sorted(out.glob("tasks/wellmixed_cloze_*.jsonl"))
+    assert cloze
+    for path in cloze:
+        items = [json.loads(line) for line in path.read_text().splitlines()]
+        assert all(len(it["choices"]) == evaluate.CLOZE_CHOICES and 0 <= it["gold"] < 4 for it in items)
+        right = 0
+        for it in items:
+            ctx = enc.encode_ordinary(it["context"])
+            scores = []
+            for choice in it["choices"]:
+                whole = enc.encode_ordinary(it["context"] + choice)
+                cont = whole[len(ctx):]
+                ids = torch.tensor([whole])
+                with torch.no_grad():
+                    logp = torch.log_softmax(model.model(ids).float(), -1)[0]
+                scores.append(sum(logp[len(ctx) - 1 + i, t].item() for i, t in enumerate(cont)))
+            right += int(max(range(len(scores)), key=scores.__getitem__) == it["gold"])
+        assert lm[f"{path.stem}/acc"] == pytest.approx(right / len(items), abs=1e-9), path.stem
+    assert "wellmixed_cloze_" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_export_writes_a_generation_config(tiny_run, tmp_path):
     from train.export import export
 
