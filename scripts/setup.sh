@@ -19,3 +19,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 # torch==2.13.0 is now satisfied by the installed build: this adds only its pure-Python deps.
 $PIP install -q "$TORCH" -e ".[dev]"
+# A dependency that wants another torch would have swapped in a (CUDA) build: refuse that here.
+.venv/bin/python -c "import torch, sys; v = torch.__version__; sys.exit(0 if v.startswith('2.13.0') else \
+  f'setup: torch {v} was installed by a dependency (expected 2.13.0); check the extras')"
