@@ -40,6 +40,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -223,17 +224,40 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
     schedule = schedule_of(configs["scheduled"])
 
     plots = write_plots(out, runs, seeds, diffs, rule, schedule.decay_start, verdict)
-    md = render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol, atol,
-                rule_source)
+    md = render(Comparison(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots,
+                           rtol, atol, rule_source))
     return md, not flags
+
+
+@dataclass
+class Comparison:
+    """Everything the report shows, gathered by :func:`build_report` and written out by :func:`render`."""
+
+    out: Path
+    seeds: list[int]
+    runs: dict[str, dict[int, Path]]  # arm -> seed -> run directory
+    configs: dict[str, dict]  # arm -> its first seed's saved config
+    schedule: Any
+    flags: list[str]  # failed checks, one line each
+    checks: list  # TokenCheck per seed
+    diffs: dict[str, Difference]
+    rule: DecisionRule
+    verdict: Verdict
+    suite: list[Evaluation]
+    plots: dict[str, str]
+    rtol: float
+    atol: float | None
+    rule_source: str = "ablations/decision_rule.yaml"
 
 
 def _short(tokens: dict[str, float]) -> str:
     return "{" + ", ".join(f"{s}: {fmt_tokens(v)}" for s, v in tokens.items()) + "}"
 
 
-def render(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots, rtol, atol,
-           rule_source: str = "ablations/decision_rule.yaml") -> str:
+def render(c: Comparison) -> str:
+    out, seeds, runs, configs, schedule, flags = c.out, c.seeds, c.runs, c.configs, c.schedule, c.flags
+    checks, diffs, rule, verdict, suite, plots = c.checks, c.diffs, c.rule, c.verdict, c.suite, c.plots
+    rtol, atol, rule_source = c.rtol, c.atol, c.rule_source
     name = configs["scheduled"]["run"].get("wandb_group") or out.name
     md = [f"# Ablation report: {name}", ""]
     shown = os.path.relpath(out) if Path(out).resolve().is_relative_to(Path.cwd()) else str(out)

@@ -31,8 +31,8 @@ $PY -m train fit --config configs/demo.yaml --run.dir "$RUN" --data.order_log tr
 echo "== 5. held-out loss per source"
 $PY scripts/report_run.py "$RUN" --corpus demo_corpus
 
-echo "== 6. evaluation in one command (held-out loss and perplexity per source; lm-eval when installed)"
-$PY scripts/evaluate.py "$RUN" --tasks ""
+echo "== 6. evaluation in one command (held-out loss per source; lm-eval's offline tasks from the held-out chunks)"
+$PY scripts/evaluate.py "$RUN" --tasks local
 
 echo "== 7. the order diagnostics of this run ($RUN/diagnostics.md)"
 set +e
