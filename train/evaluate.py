@@ -51,8 +51,9 @@ STANDARD_TASKS = "hellaswag,arc_easy,piqa,lambada_openai"
 DEFAULT_TASKS = f"local,{STANDARD_TASKS}"
 LOCAL = "local"
 """The name that stands for the tasks built from the run's held-out chunks (:func:`write_local_tasks`)."""
-CLOZE_CONTEXT, CLOZE_CONTINUATION, CLOZE_CHOICES, CLOZE_ITEMS = 64, 24, 4, 50
-"""Tokens of context and of each continuation, choices per item, items per source."""
+CLOZE_CONTEXT, CLOZE_CONTINUATION, CLOZE_CHOICES, CLOZE_ITEMS = 64, 24, 4, 200
+"""Tokens of context and of each continuation, choices per item, items per source (at most: 200 give a
+standard error of ~0.03 on an accuracy; a small held-out set gives fewer)."""
 PPL_DOCS, PPL_TOKENS = 20, 1024
 """Held-out documents per source in the perplexity task, and tokens kept of each."""
 
