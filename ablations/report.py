@@ -144,6 +144,25 @@ def discover(out: Path) -> dict[str, dict[int, Path]]:
     return runs
 
 
+def default_suite(out: Path) -> str:
+    """``heldout,local`` where lm-eval is installed and every run has its final checkpoint (or the local
+    tasks' cached results), else ``heldout`` with a note saying why."""
+    from train.evaluate import INSTALL_HINT, LOCAL, lm_eval_available
+
+    if not lm_eval_available():
+        print(f"note: the offline downstream tasks (--suite heldout,local) need lm-eval: {INSTALL_HINT}",
+              file=sys.stderr)
+        return "heldout"
+    dirs = [d for arm in discover(out).values() for d in arm.values()]
+    missing = [d.name for d in dirs if not (d / "checkpoints" / "last.ckpt").is_file()
+               and not (d / "evals" / "lm_eval" / LOCAL / "metrics.json").is_file()]
+    if missing:
+        print(f"note: no checkpoints/last.ckpt in {', '.join(missing)}: the offline downstream tasks are left out "
+              "(--suite heldout)", file=sys.stderr)
+        return "heldout"
+    return "heldout,local"
+
+
 def evaluate(suite: list[Evaluation], runs: dict[str, dict[int, Path]], seeds: list[int]) -> dict[str, Difference]:
     diffs: dict[str, Difference] = {}
     for ev in suite:
@@ -558,11 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     for module in args.plugin:
         importlib.import_module(module)
     if args.suite is None:
-        from train.evaluate import INSTALL_HINT, lm_eval_available
-
-        args.suite = "heldout,local" if lm_eval_available() else "heldout"
-        if args.suite == "heldout":
-            print(f"note: the offline downstream tasks (--suite local) need lm-eval: {INSTALL_HINT}", file=sys.stderr)
+        args.suite = default_suite(args.out)
     names = [n for n in args.suite.split(",") if n]
     unknown = [n for n in names if n not in EVALUATIONS]
     if unknown:

@@ -298,7 +298,7 @@ def test_report_flags_arms_configured_for_different_tokens(ablation_out, tmp_pat
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["data"]["schedule"]["mixture"] = {"weights": {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}}
     cfg_path.write_text(yaml.safe_dump(cfg))
-    assert report.main([str(out), "--token-rtol", "100"]) == 1  # realised counts pass; the plan does not
+    assert report.main([str(out), "--token-rtol", "100", "--suite", "heldout"]) == 1  # the plan differs
     md = (out / "report.md").read_text()
     assert "configured for DIFFERENT tokens per source" in md
     assert "Planned tokens (each run's saved config): **NOT equal**" in md
@@ -306,7 +306,7 @@ def test_report_flags_arms_configured_for_different_tokens(ablation_out, tmp_pat
 
     cfg["data"]["schedule"]["lr"]["peak"] = 3e-3  # and a different learning rate
     cfg_path.write_text(yaml.safe_dump(cfg))
-    assert report.main([str(out), "--token-rtol", "100"]) == 1
+    assert report.main([str(out), "--token-rtol", "100", "--suite", "heldout"]) == 1
     md = (out / "report.md").read_text()
     assert "the arms' configs differ in more than the mixture: `data.schedule.lr.peak`" in md
 
@@ -392,3 +392,12 @@ def test_the_lm_eval_suite_without_the_harness_is_refused_before_any_export(tmp_
                         "heldout,lm_eval"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "pip install -e '.[eval]'" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p for p in (ROOT / "ablations" / "sample").rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_the_default_suite_adds_the_local_tasks_only_where_they_can_run(ablation_out, tmp_path, capsys):
+    """With lm-eval and every run's final checkpoint: heldout,local. Logs only (no checkpoints): heldout,
+    and a note saying why, instead of a FileNotFoundError half-way through the report."""
+    assert report.default_suite(ablation_out) == "heldout,local"
+    assert report.default_suite(copy_runs(ablation_out, tmp_path / "logs_only")) == "heldout"
+    assert "no checkpoints/last.ckpt in scheduled-seed1234, " in capsys.readouterr().err
