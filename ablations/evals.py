@@ -75,6 +75,21 @@ def heldout_loss(run_dir: Path) -> dict[str, float]:
     return out
 
 
+def _exported(run_dir: Path, evaluation: str) -> tuple[Path, Path]:
+    """(final checkpoint, its Hugging Face export under ``<run>/evals/hf``, written once); lm-eval's
+    presence is checked first, so nothing is exported for an evaluation that cannot run."""
+    from train.evaluate import INSTALL_HINT, find_checkpoint, lm_eval_available
+    from train.export import export
+
+    if not lm_eval_available():
+        raise RuntimeError(f"the {evaluation} evaluation needs lm-evaluation-harness: {INSTALL_HINT}")
+    ckpt, _ = find_checkpoint(run_dir)
+    hf_dir = run_dir / "evals" / "hf"
+    if not (hf_dir / "config.json").is_file():
+        export(ckpt, hf_dir)
+    return ckpt, hf_dir
+
+
 @register("local", higher_is_better=True,
           description="4-way cloze accuracy per source on held-out text (offline lm-eval tasks; chance 0.25)")
 def local_tasks(run_dir: Path) -> dict[str, float]:
@@ -82,19 +97,12 @@ def local_tasks(run_dir: Path) -> dict[str, float]:
     the held-out chunks (train/evaluate.py ``write_local_tasks``: the same items for every arm and seed
     of one corpus and data seed); cached in ``<run>/evals/lm_eval/local/metrics.json``. Needs lm-eval,
     checked before anything is exported."""
-    from train.evaluate import INSTALL_HINT, LOCAL, find_checkpoint, lm_eval_available, load_data, run_local_tasks
+    from train.evaluate import LOCAL, load_data, run_local_tasks
 
     run_dir = Path(run_dir)
     cached = run_dir / "evals" / "lm_eval" / LOCAL / "metrics.json"
     if not cached.is_file():
-        if not lm_eval_available():
-            raise RuntimeError(f"the local evaluation needs lm-evaluation-harness: {INSTALL_HINT}")
-        from train.export import export
-
-        ckpt, _ = find_checkpoint(run_dir)
-        hf_dir = run_dir / "evals" / "hf"
-        if not (hf_dir / "config.json").is_file():
-            export(ckpt, hf_dir)
+        ckpt, hf_dir = _exported(run_dir, "local")
         extra = os.environ.get("WELLMIXED_LM_EVAL_ARGS", "")
         found = run_local_tasks(load_data(ckpt), hf_dir, run_dir / "evals", extra)
         write_json(cached, {task.removeprefix("wellmixed_"): v for k, v in found.items()
@@ -120,20 +128,13 @@ def lm_eval_harness(run_dir: Path) -> dict[str, float]:
     A 350M model at 2B tokens sits near chance on most of these: prefer tasks with signal at that scale,
     or use held-out loss alone.
     """
-    from train.evaluate import INSTALL_HINT, find_checkpoint, lm_eval_available, run_lm_eval
+    from train.evaluate import run_lm_eval
 
     run_dir = Path(run_dir)
     out_dir = run_dir / "evals" / "lm_eval"
     results_file = out_dir / "results.json"
     if not results_file.is_file():
-        if not lm_eval_available():
-            raise RuntimeError(f"the lm_eval evaluation needs lm-evaluation-harness: {INSTALL_HINT}")
-        from train.export import export
-
-        ckpt, _ = find_checkpoint(run_dir)
-        hf_dir = run_dir / "evals" / "hf"
-        if not (hf_dir / "config.json").is_file():
-            export(ckpt, hf_dir)
+        _, hf_dir = _exported(run_dir, "lm_eval")
         found = run_lm_eval(hf_dir, LM_EVAL_TASKS, out_dir, offline=os.environ.get("WELLMIXED_LM_EVAL_ONLINE") != "1",
                             extra=os.environ.get("WELLMIXED_LM_EVAL_ARGS", ""))
         metrics = {k: v for k, v in found.items() if k.rsplit("/", 1)[-1] in ("acc", "acc_norm")}
