@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -124,20 +125,30 @@ def lm_eval_harness(run_dir: Path) -> dict[str, float]:
     Checked first: without lm-eval installed this raises, naming the install command, before anything
     is exported. Tasks from ``$WELLMIXED_LM_EVAL_TASKS`` (comma-separated), extra flags from
     ``$WELLMIXED_LM_EVAL_ARGS`` (e.g. ``--device cuda:0 --batch_size 32``); ``$WELLMIXED_LM_EVAL_ONLINE=1``
-    lets the harness download datasets. Reports ``<task>/acc`` (and ``acc_norm`` where the task has it).
+    lets the harness download datasets. Each task runs on its own: one whose dataset is not cached is
+    skipped with a note (an error only when none runs). Reports ``<task>/acc`` (and ``acc_norm`` where the task has it).
     A 350M model at 2B tokens sits near chance on most of these: prefer tasks with signal at that scale,
     or use held-out loss alone.
     """
-    from train.evaluate import run_lm_eval
+    from train.evaluate import LmEvalFailed, run_lm_eval
 
     run_dir = Path(run_dir)
     out_dir = run_dir / "evals" / "lm_eval"
     results_file = out_dir / "results.json"
     if not results_file.is_file():
         _, hf_dir = _exported(run_dir, "lm_eval")
-        found = run_lm_eval(hf_dir, LM_EVAL_TASKS, out_dir, offline=os.environ.get("WELLMIXED_LM_EVAL_ONLINE") != "1",
-                            extra=os.environ.get("WELLMIXED_LM_EVAL_ARGS", ""))
+        found: dict[str, float] = {}
+        for task in (t for t in LM_EVAL_TASKS.split(",") if t):  # one at a time: an uncached dataset skips its task
+            try:
+                found |= run_lm_eval(hf_dir, task, out_dir / task, extra=os.environ.get("WELLMIXED_LM_EVAL_ARGS", ""),
+                                     offline=os.environ.get("WELLMIXED_LM_EVAL_ONLINE") != "1")
+            except LmEvalFailed as e:
+                print(f"note: {run_dir.name}: lm-eval task {task} skipped: {e}", file=sys.stderr)
+        if not found:
+            raise RuntimeError(f"{run_dir.name}: no lm-eval task of {LM_EVAL_TASKS} ran (offline, their datasets "
+                               "must be in the HF cache; WELLMIXED_LM_EVAL_ONLINE=1 downloads them)")
         metrics = {k: v for k, v in found.items() if k.rsplit("/", 1)[-1] in ("acc", "acc_norm")}
+        out_dir.mkdir(parents=True, exist_ok=True)
         write_json(results_file, metrics, indent=1)
     return json.loads(results_file.read_text())
 

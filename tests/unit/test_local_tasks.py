@@ -42,3 +42,27 @@ def test_local_tasks_are_one_item_set_for_every_seed_and_come_from_held_out_text
         task = yaml.safe_load((tmp_path / "a" / f"wellmixed_cloze_{source}.yaml").read_text())
         assert task["output_type"] == "multiple_choice" and task["dataset_kwargs"]["data_files"]["test"] == str(path)
     assert {n.split("_", 2)[1] for n in names} == {"cloze", "ppl"}
+
+
+def test_the_report_lm_eval_suite_skips_an_uncached_task_and_keeps_the_others(tmp_path, monkeypatch, capsys):
+    """The standard suite where cached: each task runs on its own; one lm-eval cannot load offline is
+    skipped with a note, the others' accuracies stand; none at all is an error."""
+    import pytest
+
+    import ablations.evals as evals
+    import train.evaluate as ev
+
+    def fake_run(hf_dir, task, out_dir, offline=True, extra=""):
+        if task == "hellaswag":
+            raise ev.LmEvalFailed("lm_eval --tasks hellaswag exited 1: Couldn't reach 'Rowan/hellaswag'")
+        return {f"{task}/acc": 0.5, f"{task}/acc_norm": 0.25, f"{task}/perplexity": 9.0}
+
+    monkeypatch.setattr(ev, "run_lm_eval", fake_run)
+    monkeypatch.setattr(evals, "_exported", lambda run_dir, what: (run_dir / "last.ckpt", run_dir / "hf"))
+    monkeypatch.setattr(evals, "LM_EVAL_TASKS", "hellaswag,arc_easy")
+    got = evals.lm_eval_harness(tmp_path / "run")
+    assert got == {"arc_easy/acc": 0.5, "arc_easy/acc_norm": 0.25}
+    assert "lm-eval task hellaswag skipped: " in capsys.readouterr().err
+    monkeypatch.setattr(evals, "LM_EVAL_TASKS", "hellaswag")
+    with pytest.raises(RuntimeError, match="no lm-eval task of hellaswag ran"):
+        evals.lm_eval_harness(tmp_path / "other")
