@@ -206,11 +206,11 @@ def run_lm_eval(hf_dir: Path, tasks: str, out_dir: Path, offline: bool = True, e
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         lines = [ln for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
-        raise LmEvalFailed(f"lm_eval --tasks {tasks} exited {proc.returncode}: "
-                           f"{lines[-1].strip() if lines else 'no output'} (log: {log_file})")
+        reason = lines[-1].strip() if lines else "no output"
+        raise LmEvalFailed(f"lm_eval --tasks {tasks} exited {proc.returncode}: {reason} (log: {log_file})", reason)
     found = sorted(raw.rglob("results*.json"), key=lambda p: p.stat().st_mtime)
     if not found:
-        raise LmEvalFailed(f"lm_eval wrote no results*.json under {raw} (log: {log_file})")
+        raise LmEvalFailed(f"lm_eval wrote no results*.json under {raw} (log: {log_file})", "no results")
     metrics = {}
     for task, values in json.loads(found[-1].read_text())["results"].items():
         for key, value in values.items():
@@ -222,7 +222,11 @@ def run_lm_eval(hf_dir: Path, tasks: str, out_dir: Path, offline: bool = True, e
 
 
 class LmEvalFailed(RuntimeError):
-    """lm_eval exited non-zero or wrote no results; the message has its last log line."""
+    """lm_eval exited non-zero or wrote no results; ``reason`` is the last line of its log."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason
 
 
 def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | None = DEFAULT_TASKS,
@@ -253,7 +257,7 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
                 try:
                     lm.update(run_lm_eval(hf_dir, task, out_dir / "lm_eval" / task, offline, lm_eval_args))
                 except LmEvalFailed as e:
-                    cached = offline and re.search(r"offline|couldn't reach|connection", str(e), re.IGNORECASE)
+                    cached = offline and re.search(r"offline|couldn't reach|connection", e.reason, re.IGNORECASE)
                     skipped[task] = str(e) + ("; offline, the dataset must be in the HF cache (--online downloads "
                                               "it)" if cached else "")
             results["lm_eval"] = lm

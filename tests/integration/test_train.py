@@ -244,7 +244,8 @@ def test_evaluate_runs_the_offline_local_tasks_through_lm_eval(tiny_run, tmp_pat
     assert evaluate.main([str(tiny_run), "--out", str(out), "--tasks", "local,no_such_task_xyz"]) == 0
     results = json.loads((out / "results.json").read_text())
     lm = results["lm_eval"]
-    assert "Tasks not found: no_such_task_xyz" in results["lm_eval_skipped"]["no_such_task_xyz"]
+    skipped = results["lm_eval_skipped"]["no_such_task_xyz"]
+    assert "Tasks not found: no_such_task_xyz" in skipped and "HF cache" not in skipped  # not a download problem
     assert {k.split("/")[0] for k in lm} >= {f"wellmixed_ppl_{s}" for s in ("web", "code", "books", "curated")}
     assert all(v > 0 for k, v in lm.items() if k.endswith("/bits_per_byte"))
 
@@ -255,19 +256,27 @@ def test_evaluate_runs_the_offline_local_tasks_through_lm_eval(tiny_run, tmp_pat
     for path in cloze:
         items = [json.loads(line) for line in path.read_text().splitlines()]
         assert all(len(it["choices"]) == evaluate.CLOZE_CHOICES and 0 <= it["gold"] < 4 for it in items)
-        right = 0
+        right = near_ties = 0
         for it in items:
-            ctx = enc.encode_ordinary(it["context"])
             scores = []
             for choice in it["choices"]:
-                whole = enc.encode_ordinary(it["context"] + choice)
+                # lm-eval's HFLM._encode_pair: trailing whitespace of the context moves to the continuation
+                context = it["context"].rstrip()
+                choice = it["context"][len(context):] + choice
+                ctx = enc.encode_ordinary(context)
+                whole = enc.encode_ordinary(context + choice)
                 cont = whole[len(ctx):]
                 ids = torch.tensor([whole])
                 with torch.no_grad():
                     logp = torch.log_softmax(model.model(ids).float(), -1)[0]
                 scores.append(sum(logp[len(ctx) - 1 + i, t].item() for i, t in enumerate(cont)))
-            right += int(max(range(len(scores)), key=scores.__getitem__) == it["gold"])
-        assert lm[f"{path.stem}/acc"] == pytest.approx(right / len(items), abs=1e-9), path.stem
+            best = max(range(len(scores)), key=scores.__getitem__)
+            runner_up = max(v for i, v in enumerate(scores) if i != best)
+            if scores[best] - runner_up < 1e-3:  # a near-tie: the HF model's float rounding may pick either
+                near_ties += int(it["gold"] in (best, scores.index(runner_up)))
+            else:
+                right += int(best == it["gold"])
+        assert right <= lm[f"{path.stem}/acc"] * len(items) + 1e-6 <= right + near_ties + 2e-6, path.stem
     assert "wellmixed_cloze_" in capsys.readouterr().out
 
 
