@@ -13,7 +13,7 @@ it leaves the shuffle buffer (data/stream.py), so filling a buffer or restoring 
 A buffered document is held as its UTF-8 bytes, zstd-compressed straight from Arrow's buffer
 (:class:`HeldText`; never a Python ``str``, which takes 1-4 bytes per character): a buffer of 10,000
 Dolma3-length documents per source is the largest thing a consumer holds, and this holds it in
-about a third of the memory for ~1% of the tokenizer's time (docs/benchmarks.md). Files are opened
+about a third of the memory, at 0.89x the steady tokens/s and a slower restore (docs/benchmarks.md). Files are opened
 without pre-buffering, which would hold each open chunk's whole compressed column chunk.
 
 A null ``text`` is named ``file:row group:row``; with ``data.on_bad_shard: skip`` it is left out
@@ -62,7 +62,7 @@ class HeldText(NamedTuple):
 
 
 HELD_CODEC = "zstd" if pa.Codec.is_available("zstd") else None
-"""How buffered texts are compressed (level 1: ~200 MB/s in, ~400 MB/s out, ~2.7x on natural text)."""
+"""How buffered texts are compressed (level 1: ~200 MB/s in, ~400 MB/s out, 2.7-2.9x on the demo's text)."""
 
 
 class ShardReader:
@@ -245,7 +245,7 @@ def _utf8(value: pa.Scalar) -> bool:
     try:
         value.as_py()
         return True
-    except (UnicodeDecodeError, ValueError):
+    except ValueError:  # UnicodeDecodeError included
         return False
 
 
