@@ -130,20 +130,18 @@ def lm_eval_harness(run_dir: Path) -> dict[str, float]:
     A 350M model at 2B tokens sits near chance on most of these: prefer tasks with signal at that scale,
     or use held-out loss alone.
     """
-    from train.evaluate import LmEvalFailed, run_lm_eval
+    from train.evaluate import run_each_task
 
     run_dir = Path(run_dir)
     out_dir = run_dir / "evals" / "lm_eval"
     results_file = out_dir / "results.json"
     if not results_file.is_file():
         _, hf_dir = _exported(run_dir, "lm_eval")
-        found: dict[str, float] = {}
-        for task in (t for t in LM_EVAL_TASKS.split(",") if t):  # one at a time: an uncached dataset skips its task
-            try:
-                found |= run_lm_eval(hf_dir, task, out_dir / task, extra=os.environ.get("WELLMIXED_LM_EVAL_ARGS", ""),
-                                     offline=os.environ.get("WELLMIXED_LM_EVAL_ONLINE") != "1")
-            except LmEvalFailed as e:
-                print(f"note: {run_dir.name}: lm-eval task {task} skipped: {e}", file=sys.stderr)
+        tasks = [t for t in LM_EVAL_TASKS.split(",") if t]
+        found, skipped = run_each_task(tasks, hf_dir, out_dir, os.environ.get("WELLMIXED_LM_EVAL_ONLINE") != "1",
+                                       os.environ.get("WELLMIXED_LM_EVAL_ARGS", ""))
+        for task, why in skipped.items():
+            print(f"note: {run_dir.name}: lm-eval task {task} skipped: {why}", file=sys.stderr)
         if not found:
             raise RuntimeError(f"{run_dir.name}: no lm-eval task of {LM_EVAL_TASKS} ran (offline, their datasets "
                                "must be in the HF cache; WELLMIXED_LM_EVAL_ONLINE=1 downloads them)")

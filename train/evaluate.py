@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from data.files import write_json
+from data.files import write_json, write_text
 
 INSTALL_HINT = "pip install -e '.[eval]'   (lm-eval[hf]: the harness with its transformers backend)"
 STANDARD_TASKS = "hellaswag,arc_easy,piqa,lambada_openai"
@@ -178,10 +178,10 @@ def run_local_tasks(dm, hf_dir: Path, out_dir: Path, extra: str = "") -> dict[st
 
 def _write_task(tasks_dir: Path, name: str, rows: list[dict], spec: dict, yaml) -> str:
     data = tasks_dir / f"{name}.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_text(data, "".join(json.dumps(r) + "\n" for r in rows))
     task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
             "test_split": "test", **spec, "metadata": {"version": 1.0}}
-    (tasks_dir / f"{name}.yaml").write_text(yaml.safe_dump(task, sort_keys=False))
+    write_text(tasks_dir / f"{name}.yaml", yaml.safe_dump(task, sort_keys=False))
     return name
 
 
@@ -221,6 +221,22 @@ def run_lm_eval(hf_dir: Path, tasks: str, out_dir: Path, offline: bool = True, e
     return metrics
 
 
+def run_each_task(tasks: list[str], hf_dir: Path, out_dir: Path, offline: bool = True,
+                  extra: str = "") -> tuple[dict[str, float], dict[str, str]]:
+    """lm-eval tasks one at a time (logs in ``out_dir/<task>/``): their metrics, and why each task that
+    could not run was skipped (offline, a dataset missing from the HF cache skips only its task)."""
+    found: dict[str, float] = {}
+    skipped: dict[str, str] = {}
+    for task in tasks:
+        try:
+            found.update(run_lm_eval(hf_dir, task, out_dir / task, offline, extra))
+        except LmEvalFailed as e:
+            cached = offline and re.search(r"offline|couldn't reach|connection", e.reason, re.IGNORECASE)
+            skipped[task] = str(e) + ("; offline, the dataset must be in the HF cache (--online downloads it)"
+                                      if cached else "")
+    return found, skipped
+
+
 class LmEvalFailed(RuntimeError):
     """lm_eval exited non-zero or wrote no results; ``reason`` is the last line of its log."""
 
@@ -250,16 +266,11 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
 
             hf_dir = export(ckpt, out_dir / "hf")
             lm: dict[str, float] = {}
-            skipped: dict[str, str] = {}
             if LOCAL in names:
                 lm.update(run_local_tasks(dm, hf_dir, out_dir, lm_eval_args))
-            for task in (n for n in names if n != LOCAL):  # one at a time: an uncached dataset skips only its task
-                try:
-                    lm.update(run_lm_eval(hf_dir, task, out_dir / "lm_eval" / task, offline, lm_eval_args))
-                except LmEvalFailed as e:
-                    cached = offline and re.search(r"offline|couldn't reach|connection", e.reason, re.IGNORECASE)
-                    skipped[task] = str(e) + ("; offline, the dataset must be in the HF cache (--online downloads "
-                                              "it)" if cached else "")
+            found, skipped = run_each_task([n for n in names if n != LOCAL], hf_dir, out_dir / "lm_eval", offline,
+                                           lm_eval_args)
+            lm.update(found)
             results["lm_eval"] = lm
             if skipped:
                 results["lm_eval_skipped"] = skipped
