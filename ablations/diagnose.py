@@ -34,7 +34,6 @@ from, documents and tokens per source. Each diagnostic gets a verdict:
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from typing import Callable
 
 import numpy as np
 
-from train.metrics_csv import read_metrics, series
+from train.rundir import read_config, read_metrics, read_order_log, series
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 
@@ -95,18 +94,6 @@ class Corpus:
 
 
 # -- reading -------------------------------------------------------------------------------------
-def read_order_log(run_dir: Path) -> list[dict]:
-    """Every (step, rank) line of the order logs, sorted; a resumed run's rewrite of a step wins."""
-    files = sorted((Path(run_dir) / "order_log").glob("rank*.jsonl"))
-    lines: dict[tuple[int, int], dict] = {}
-    for path in files:
-        for text in path.read_text().splitlines():
-            if text.strip():
-                d = json.loads(text)
-                lines[(int(d["step"]), int(d["rank"]))] = d
-    return [lines[k] for k in sorted(lines)]
-
-
 def per_step_tokens(lines: list[dict], sources: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(steps, tokens [steps, sources], target weights [steps, sources]) summed over ranks."""
     by_step: dict[int, list] = {}
@@ -503,7 +490,7 @@ def diagnose(run_dir: Path, corpus: Corpus | None = None, th: Thresholds | None 
     th = th or Thresholds()
     rows = read_metrics(run_dir)
     sources = sorted({k.split("/", 2)[2] for r in rows[:1] for k in r if k.startswith("train/loss/")})
-    lines = read_order_log(run_dir)
+    lines = read_order_log(run_dir, required=False)
     if lines:
         sources = list(lines[0]["source_tokens"]) or sources
     losses = {s: series(rows, f"train/loss/{s}") for s in sources}
@@ -609,7 +596,7 @@ def render(run_dir: Path, checks: list[Check], plots: dict[str, str], corpus_not
 def write_report(run_dir: Path, out: Path | None = None, corpus_dir: Path | None = None,
                  th: Thresholds | None = None, plots: bool = True) -> tuple[Path, list[Check]]:
     """Diagnose ``run_dir`` and write ``out`` (default RUN/diagnostics.md) atomically, plots beside it."""
-    from ablations.runs import planned_tokens, read_config
+    from ablations.runs import planned_tokens
     from data.files import write_text
 
     run_dir = Path(run_dir)

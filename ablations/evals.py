@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable
 
 from data.files import write_json
-from train.metrics_csv import read_metrics, series
+from train.rundir import RunDir, read_metrics, series
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,7 @@ def _exported(run_dir: Path, evaluation: str) -> tuple[Path, Path]:
     if not lm_eval_available():
         raise RuntimeError(f"the {evaluation} evaluation needs lm-evaluation-harness: {INSTALL_HINT}")
     ckpt, _ = find_checkpoint(run_dir)
-    hf_dir = run_dir / "evals" / "hf"
+    hf_dir = RunDir(run_dir).evals / "hf"
     if not (hf_dir / "config.json").is_file():
         export(ckpt, hf_dir)
     return ckpt, hf_dir
@@ -101,11 +101,11 @@ def local_tasks(run_dir: Path) -> dict[str, float]:
     from train.evaluate import LOCAL, load_data, run_local_tasks
 
     run_dir = Path(run_dir)
-    cached = run_dir / "evals" / "lm_eval" / LOCAL / "metrics.json"
+    cached = RunDir(run_dir).evals / "lm_eval" / LOCAL / "metrics.json"
     if not cached.is_file():
         ckpt, hf_dir = _exported(run_dir, "local")
         extra = os.environ.get("WELLMIXED_LM_EVAL_ARGS", "")
-        found = run_local_tasks(load_data(ckpt), hf_dir, run_dir / "evals", extra)
+        found = run_local_tasks(load_data(ckpt), hf_dir, RunDir(run_dir).evals, extra)
         write_json(cached, {task.removeprefix("wellmixed_"): v for k, v in found.items()
                             for task, metric in [k.split("/", 1)] if task.startswith("wellmixed_cloze_")
                             and metric == "acc"})
@@ -133,7 +133,7 @@ def lm_eval_harness(run_dir: Path) -> dict[str, float]:
     from train.evaluate import run_each_task
 
     run_dir = Path(run_dir)
-    out_dir = run_dir / "evals" / "lm_eval"
+    out_dir = RunDir(run_dir).evals / "lm_eval"
     results_file = out_dir / "results.json"
     if not results_file.is_file():
         _, hf_dir = _exported(run_dir, "lm_eval")

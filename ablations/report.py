@@ -52,11 +52,10 @@ from ablations.runs import (
     final_mixer_state,
     is_complete,
     planned_tokens,
-    read_config,
     schedule_of,
 )
 from data.files import write_text
-from train.metrics_csv import read_metrics, series
+from train.rundir import RunDir, read_config, read_metrics, series, tokens_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("scheduled", "fixed")
@@ -139,7 +138,7 @@ def discover(out: Path) -> dict[str, dict[int, Path]]:
     runs: dict[str, dict[int, Path]] = {arm: {} for arm in ARMS}
     for d in sorted(out.iterdir()) if out.is_dir() else []:
         m = RUN_DIR.match(d.name)
-        if m and (d / "csv" / "metrics.csv").is_file():
+        if m and RunDir(d).metrics_csv.is_file():
             runs[m.group(1)][int(m.group(2))] = d
     return runs
 
@@ -154,8 +153,8 @@ def default_suite(out: Path) -> str:
               file=sys.stderr)
         return "heldout"
     dirs = [d for arm in discover(out).values() for d in arm.values()]
-    missing = [d.name for d in dirs if not (d / "checkpoints" / "last.ckpt").is_file()
-               and not (d / "evals" / "lm_eval" / LOCAL / "metrics.json").is_file()]
+    missing = [d.name for d in dirs if not RunDir(d).last_ckpt.is_file()
+               and not (RunDir(d).evals / "lm_eval" / LOCAL / "metrics.json").is_file()]
     if missing:
         print(f"note: no checkpoints/last.ckpt in {', '.join(missing)}: the offline downstream tasks are left out "
               "(--suite heldout)", file=sys.stderr)
@@ -516,16 +515,7 @@ def _diff_series(rows, key: str, n: int):
 
 
 def _cumulative_tokens(run_dir: Path) -> dict[str, np.ndarray]:
-    import json
-
-    per_step: dict[int, dict[str, int]] = {}
-    for path in sorted((run_dir / "order_log").glob("rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line:
-                d = json.loads(line)
-                acc = per_step.setdefault(d["step"], {})
-                for s, n in d["source_tokens"].items():
-                    acc[s] = acc.get(s, 0) + n
+    per_step = tokens_per_step(run_dir)
     steps = sorted(per_step)
     sources = list(per_step[steps[0]]) if steps else []
     return {s: np.cumsum([per_step[st].get(s, 0) for st in steps]) for s in sources}

@@ -44,6 +44,7 @@ from pathlib import Path
 import yaml
 
 from ablations.runs import is_complete
+from train.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("scheduled", "fixed")
@@ -117,7 +118,7 @@ def task_args(job: Job, resume: bool = True) -> list[str] | None:
     run_dir = ROOT / job.run_dir  # relative to the repository root, where training runs
     if is_complete(run_dir):
         return None
-    if resume and (run_dir / "checkpoints" / "last.ckpt").is_file():
+    if resume and RunDir(run_dir).last_ckpt.is_file():
         return job.args + ["--ckpt_path", "last"]
     return job.args
 

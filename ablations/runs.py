@@ -1,33 +1,15 @@
-"""Reading one finished (or unfinished) run directory: no wandb, no model, only the files it wrote.
-
-A run directory of ``python -m train fit`` holds::
-
-    csv/metrics.csv        step, train/loss[/<source>], val/loss[/<source>], train/share/<source>, ...
-    config.yaml            the full resolved config of the latest launch (config-NNN.yaml: each launch's)
-    order_log/rank<r>.jsonl  with data.order_log: one line per step and rank, ``source_tokens`` per source
-    checkpoints/last.ckpt  the newest checkpoint; its data cursors hold each consumer's mixer counters
+"""What an ablation needs to know of one finished (or unfinished) run: its plan, what it drew, whether
+it is complete, the mixer's final counters. The run directory's paths and file readers are
+train/rundir.py's; no wandb, no model here.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from data.schedules import Schedule, build_schedule, tokens_per_source
-from train.metrics_csv import read_metrics, series
-
-
-def read_config(run_dir: Path) -> dict:
-    """The run's saved config (``fit`` section): what it actually trained with, overrides included."""
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file() and (Path(run_dir) / "csv" / "config.yaml").is_file():  # runs before config-NNN.yaml
-        path = Path(run_dir) / "csv" / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: the run did not start")
-    return yaml.safe_load(path.read_text())
+from train.rundir import RunDir, read_config, read_metrics, series, tokens_per_step
 
 
 def config_differences(a: dict, b: dict, allowed: tuple[str, ...]) -> list[str]:
@@ -58,20 +40,12 @@ def planned_tokens(config: dict) -> dict[str, float]:
 
 def drawn_tokens(run_dir: Path) -> tuple[dict[str, int], int]:
     """Tokens per source actually trained (order logs summed over ranks) and the number of steps."""
-    files = sorted((Path(run_dir) / "order_log").glob("rank*.jsonl"))
-    if not files:
-        raise FileNotFoundError(f"{run_dir}/order_log/rank*.jsonl not found: run with --data.order_log true")
+    per_step = tokens_per_step(run_dir)
     totals: dict[str, int] = {}
-    steps: set[int] = set()
-    for path in files:
-        for line in path.read_text().splitlines():
-            if not line:
-                continue
-            d = json.loads(line)
-            steps.add(d["step"])
-            for source, n in d["source_tokens"].items():
-                totals[source] = totals.get(source, 0) + int(n)
-    return totals, len(steps)
+    for tokens in per_step.values():
+        for source, n in tokens.items():
+            totals[source] = totals.get(source, 0) + n
+    return totals, len(per_step)
 
 
 @dataclass
@@ -88,7 +62,7 @@ class MixerState:
 
 def final_mixer_state(run_dir: Path, sources: list[str]) -> MixerState | None:
     """The mixer counters in ``checkpoints/last.ckpt``, or None without one (mmap: weights stay on disk)."""
-    path = Path(run_dir) / "checkpoints" / "last.ckpt"
+    path = RunDir(run_dir).last_ckpt
     if not path.is_file():
         return None
     import torch

@@ -7,6 +7,7 @@ numpy here; the DataLoader turns them into tensors on the way (``train/datamodul
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -14,6 +15,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from data.reader import HeldText
+    from data.schedules import Schedule
 
 
 @dataclass
@@ -69,3 +71,19 @@ class EvalBatch(TypedDict):
 
 TENSOR_KEYS = ("input_ids", "targets", "target_source", "doc_index")
 """The keys the model and the loss read; everything else in a batch is bookkeeping."""
+
+
+@dataclass(frozen=True)
+class TrainingContext:
+    """What the training side (the LightningModule, the throughput and progress callbacks) needs to know
+    of the data, handed over in one piece by ``WellMixedData.context()`` instead of attribute reaches."""
+
+    source_names: tuple[str, ...]
+    """The mixture's sources, in manifest order: the index ``target_source`` holds."""
+    schedule: Schedule | None
+    """The pure schedules of the global (optimizer) step: ``lr(step)``, ``tokens_at(step)``,
+    ``total_steps``, ... None without ``data.schedule``."""
+    held_out: Callable[[], Iterable[EvalBatch]] | None
+    """A fresh iterable of this rank's held-out batches (tensors); None when the run holds none out."""
+    num_workers: int
+    """DataLoader workers per rank (each one a consumer of the data order)."""

@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from train.malloc import keep_freed_memory
 
@@ -34,6 +33,7 @@ keep_freed_memory()  # the same allocator setting as python -m train
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
+from data.types import TrainingContext  # noqa: E402
 from train.callbacks import default_peak_flops  # noqa: E402
 from train.model import GPT, load_model_config  # noqa: E402
 
@@ -92,13 +92,14 @@ def plain_loop(model: GPT, batches: list[dict], schedule) -> float:
 
 
 class _Batches(L.LightningDataModule):
-    """The minimum of WellMixedData the module reads: source names, the schedule, the batches."""
+    """Pre-built batches behind the contract the module reads (data/types.py TrainingContext)."""
 
     def __init__(self, batches: list[dict], schedule):
         super().__init__()
-        self.batches, self.val_tokens_per_source, self.accumulate = batches, 0, 1
-        self.manifest = SimpleNamespace(source_names=SOURCES)
-        self.steps = SimpleNamespace(lr=schedule.lr, schedule=schedule)
+        self.batches, self.schedule = batches, schedule
+
+    def context(self) -> TrainingContext:
+        return TrainingContext(source_names=tuple(SOURCES), schedule=self.schedule, held_out=None, num_workers=0)
 
     def train_dataloader(self):
         return torch.utils.data.DataLoader(self.batches, batch_size=None)

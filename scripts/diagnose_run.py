@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ablations.diagnose import FAIL, Thresholds, write_report
+from train.rundir import RunDir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-drop", type=float, default=d.min_drop, help="nats: a smaller drop at a boundary passes")
     p.add_argument("--epoch-rtol", type=float, default=d.epoch_rtol)
     args = p.parse_args(argv)
-    if not (args.run_dir / "csv" / "metrics.csv").is_file():
+    if not RunDir(args.run_dir).metrics_csv.is_file():
         raise SystemExit(f"error: {args.run_dir}/csv/metrics.csv not found (a run directory of python -m train fit?)")
     th = Thresholds(max_batch_distance=args.max_batch_distance, max_cumulative_distance=args.max_cumulative_distance,
                     alpha=args.alpha, window=args.window, min_drop=args.min_drop, epoch_rtol=args.epoch_rtol)

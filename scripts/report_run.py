@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from train.metrics_csv import read_metrics, series
+from train.rundir import read_metrics, series
 
 
 def unigram_entropy(corpus: Path) -> float:

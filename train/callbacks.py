@@ -22,6 +22,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from data import files
+from train.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class DataStateCallback(L.Callback):
         self._resumed_data_step = state.get("next_step")
 
     def _path(self, trainer) -> Path:
-        return self.run_dir / "order_log" / f"rank{trainer.global_rank}.jsonl"
+        return RunDir(self.run_dir).order_log(trainer.global_rank)
 
     def on_train_start(self, trainer, pl_module) -> None:
         _align_accumulation_phase(trainer)
@@ -167,7 +168,7 @@ class ThroughputCallback(L.Callback):
         self._tokens = 0  # this rank's tokens since this (re)start
         self._flops = 0.0  # this rank's FLOPs since the last meter update
         self._baseline = False
-        schedule = trainer.datamodule.steps.schedule  # tokens before a resume, from the pure schedule
+        schedule = trainer.datamodule.context().schedule  # tokens before a resume, from the pure schedule
         self.tokens_before = sum(schedule.tokens_at(s) for s in range(trainer.global_step)) if schedule else 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
@@ -209,9 +210,8 @@ class ProgressLog(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self._t0, self._step0 = time.perf_counter(), trainer.global_step
         if trainer.global_step and trainer.is_global_zero:
-            dm = trainer.datamodule
             log.info("resumed at step %d (data cursors of %d ranks x %d workers)", trainer.global_step,
-                     trainer.world_size, max(1, getattr(dm, "num_workers", 1)))
+                     trainer.world_size, max(1, trainer.datamodule.context().num_workers))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step

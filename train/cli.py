@@ -61,6 +61,7 @@ from train.faults import (
 from train.model import ModelConfigError
 from train.module import PretrainModule
 from train.parallel import check_checkpoint_layout, resolve_strategy
+from train.rundir import RunDir
 from train.rundir_lock import acquire_run_dir
 
 log = logging.getLogger("wellmixed")
@@ -222,9 +223,9 @@ class WellMixedCLI(LightningCLI):
 
     def _instantiate_trainer(self, config, callbacks):
         run: RunConfig = self._section().run
-        run_dir = Path(run.dir)
-        config["default_root_dir"] = str(run_dir)
-        config["logger"] = run_loggers.build(run.loggers, run_dir, wandb_project=run.wandb_project,
+        run_dir = RunDir(run.dir)
+        config["default_root_dir"] = str(run_dir.root)
+        config["logger"] = run_loggers.build(run.loggers, run_dir.root, wandb_project=run.wandb_project,
                                              wandb_name=run.wandb_name, wandb_group=run.wandb_group)
         config["plugins"] = [AtomicCheckpointIO()]
         config["strategy"] = resolve_strategy(config.get("strategy", "auto"))  # fsdp: one unit per block
@@ -234,11 +235,11 @@ class WellMixedCLI(LightningCLI):
             # next step boundary instead and scripts/slurm/train.sbatch requeues the job.
             config["plugins"].append(SLURMEnvironment(auto_requeue=False))
         callbacks = list(callbacks) + [
-            DataStateCallback(str(run_dir)),
+            DataStateCallback(str(run_dir.root)),
             ProgressLog(run.print_every_n_steps if config.get("enable_progress_bar") is False else 0),
-            StopOnSignal(str(run_dir / "checkpoints")),  # after DataStateCallback: the cursor is recorded first
+            StopOnSignal(str(run_dir.checkpoints)),  # after DataStateCallback: the cursor is recorded first
             ThroughputCallback(run.peak_flops, log_every_n_steps=run.log_every_n_steps),
-            FinalCheckpoint(dirpath=str(run_dir / "checkpoints"), filename="step{step:07d}",
+            FinalCheckpoint(dirpath=str(run_dir.checkpoints), filename="step{step:07d}",
                             auto_insert_metric_name=False, every_n_train_steps=run.ckpt_every_n_steps,
                             save_top_k=run.keep_last_k, monitor="step", mode="max", save_last=True),
         ]
@@ -248,7 +249,7 @@ class WellMixedCLI(LightningCLI):
         """Everything that can be wrong is checked here, before the first step."""
         dm: WellMixedData = self.datamodule
         run: RunConfig = self._section().run
-        ckpt_dir = Path(run.dir) / "checkpoints"
+        ckpt_dir = RunDir(run.dir).checkpoints
         if self.trainer.is_global_zero:  # first: nothing may touch the run dir another run holds
             acquire_run_dir(run.dir)
         if self._section().get("ckpt_path") is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):

@@ -39,6 +39,7 @@ from data.packer import ConsumerStream
 from data.reader import ShardReader
 from data.simulate import order_line
 from data.steps import StepSchedule
+from data.types import TrainingContext
 from train.faults import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,15 @@ class WellMixedData(DataConfig, L.LightningDataModule):
                         "%d ask (%d consumers = ranks x workers); each document is still read once per epoch, "
                         "from fewer chunks at once:\n%s", ", ".join(capped), self.open_shards, self.buffer_size,
                         consumers, stream_table(self.manifest, self, consumers))
+
+    def context(self) -> TrainingContext:
+        """What the module and the callbacks need of the data (data/types.py); after :meth:`setup`."""
+        return TrainingContext(
+            source_names=tuple(self.manifest.source_names),
+            schedule=self.steps.schedule,
+            held_out=self.val_dataloader if self.val_tokens_per_source > 0 else None,
+            num_workers=self.num_workers,
+        )
 
     @property
     def rank(self) -> int:

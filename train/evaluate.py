@@ -24,8 +24,10 @@ Steps, each written under ``<run>/evals/`` (or ``--out``):
    Without lm-eval this step is skipped with the command that installs it (``pip install -e
    '.[eval]'``) -- checked first, before anything is exported.
 
-Everything lands in ``evals/results.json`` (lm-eval's logs in ``evals/lm_eval/``) and is printed as
-a table.
+Everything lands in ``evals/results.json`` (lm-eval's logs in ``evals/lm_eval/``), is printed as a
+table and, unless ``--no-log``, goes to the loggers the run trained with at the checkpoint's step
+(:func:`metrics_of`: ``eval/loss/<source>``, ``eval/<task>/<metric>``; train/loggers.py
+``log_evaluation``: ``csv/eval_metrics.csv``, the run's own wandb run, ...).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from data.files import write_json, write_text
+from train.rundir import RunDir
 
 INSTALL_HINT = "pip install -e '.[eval]'   (lm-eval[hf]: the harness with its transformers backend)"
 STANDARD_TASKS = "hellaswag,arc_easy,piqa,lambada_openai"
@@ -62,14 +65,13 @@ def find_checkpoint(target: str | Path) -> tuple[Path, Path]:
     """(checkpoint, run directory) for a run directory (its ``checkpoints/last.ckpt``) or a ``.ckpt`` file."""
     target = Path(target)
     if target.is_dir():
-        ckpt = target / "checkpoints" / "last.ckpt"
+        ckpt = RunDir(target).last_ckpt
         if not ckpt.is_file():
             raise FileNotFoundError(f"{target} has no checkpoints/last.ckpt (is it a run directory?)")
         return ckpt, target
     if not target.is_file():
         raise FileNotFoundError(f"{target}: no such run directory or checkpoint")
-    run_dir = target.parent.parent if target.parent.name == "checkpoints" else target.parent
-    return target, run_dir
+    return target, RunDir.of_checkpoint(target).root
 
 
 def lm_eval_available() -> bool:
@@ -246,10 +248,10 @@ class LmEvalFailed(RuntimeError):
 
 
 def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | None = DEFAULT_TASKS,
-             device: str = "cpu", offline: bool = True, lm_eval_args: str = "") -> dict[str, Any]:
+             device: str = "cpu", offline: bool = True, lm_eval_args: str = "", log: bool = True) -> dict[str, Any]:
     """Run the steps of the module docstring; returns (and writes) the results."""
     ckpt, run_dir = find_checkpoint(target)
-    out_dir = Path(out) if out else run_dir / "evals"
+    out_dir = Path(out) if out else RunDir(run_dir).evals
     out_dir.mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -275,7 +277,24 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
             if skipped:
                 results["lm_eval_skipped"] = skipped
     write_json(out_dir / "results.json", results)
+    if log:
+        if RunDir(run_dir).config.is_file():
+            from train.loggers import log_evaluation
+
+            results["logged_to"] = log_evaluation(run_dir, step, metrics_of(results))
+        else:
+            results["logged_to"] = [f"nothing: {RunDir(run_dir).config} not found (a checkpoint outside its run)"]
+        write_json(out_dir / "results.json", results)  # written before too: a logger's failure loses nothing
     return results
+
+
+def metrics_of(results: dict[str, Any]) -> dict[str, float]:
+    """The logger keys of an evaluation: ``eval/loss`` (all sources), ``eval/loss/<source>``,
+    ``eval/<task>/<metric>`` (lm-eval), beside training's ``val/loss/<source>``."""
+    out = {("eval/loss" if name == "all" else f"eval/loss/{name}"): v for name, v in results["heldout"].items()}
+    lm = results.get("lm_eval") or {}
+    out.update({f"eval/{key}": v for key, v in lm.items() if key != "skipped"})
+    return out
 
 
 def format_results(results: dict[str, Any]) -> str:
@@ -291,6 +310,8 @@ def format_results(results: dict[str, Any]) -> str:
         lines += [f"| {k} | {v:.4f} |" for k, v in sorted(lm.items())]
     for task, why in results.get("lm_eval_skipped", {}).items():
         lines += [f"lm-eval {task} skipped: {why}"]
+    for where in results.get("logged_to", []):
+        lines += [f"logged to {where}"]
     return "\n".join(lines)
 
 
@@ -305,11 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="device for the held-out loss (default: cpu)")
     p.add_argument("--online", action="store_true", help="let lm-eval download datasets (default: offline)")
     p.add_argument("--lm-eval-args", default="", help="extra lm_eval flags, e.g. '--device cuda:0 --batch_size 32'")
+    p.add_argument("--no-log", action="store_true",
+                   help="do not send the results to the run's loggers (csv/eval_metrics.csv, its wandb run, ...)")
     args = p.parse_args(argv)
     from data.errors import ConfigError
 
     try:
-        results = evaluate(args.target, args.out, args.tasks, args.device, not args.online, args.lm_eval_args)
+        results = evaluate(args.target, args.out, args.tasks, args.device, not args.online, args.lm_eval_args,
+                           log=not args.no_log)
     except (FileNotFoundError, ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

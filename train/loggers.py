@@ -8,6 +8,9 @@
 - Every logger gets the same metric names (``train/loss/<source>``, docs/training.md lists them)
   and the same hyperparameters: the whole resolved config (what ``--print_config`` shows) plus
   the values derived from it (:func:`derived_values`).
+- One run directory is one wandb run: its id is made at the first launch and kept in
+  ``<run>/wandb/run_id``, so resumes and requeues continue it, and :func:`log_evaluation` adds a
+  checkpoint's evaluation to it (and to the other loggers the run used) at the checkpoint's step.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 
 from data.errors import ConfigError
+from data.files import temp_path, write_text
+from train.rundir import RunDir, read_config
 
 log = logging.getLogger("wellmixed")
 
@@ -69,7 +74,8 @@ def build(names: Sequence[str], run_dir: Path, *, wandb_project: str, wandb_name
 
             online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
             loggers.append(WandbLogger(project=wandb_project, name=wandb_name or run_dir.name, group=wandb_group,
-                                       save_dir=str(run_dir), offline=not online))
+                                       save_dir=str(run_dir), offline=not online,
+                                       id=wandb_run_id(run_dir)))  # Lightning resumes it ("allow")
         elif name == "tensorboard":
             from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -81,6 +87,93 @@ def build(names: Sequence[str], run_dir: Path, *, wandb_project: str, wandb_name
             loggers.append(MLFlowLogger(experiment_name=wandb_project, run_name=wandb_name or run_dir.name,
                                         tracking_uri=(run_dir / "mlruns").resolve().as_uri()))
     return loggers
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """The wandb run id of ``run_dir``: made once, at the first launch, and kept in ``wandb/run_id``.
+
+    Every rank calls this; the first file to land wins (a hard link never replaces), so all ranks and
+    every later launch read the same id. A run directory from before this file existed keeps the id
+    of its newest wandb run (``offline-run-<time>-<id>`` / ``run-<time>-<id>``).
+    """
+    path = RunDir(run_dir).wandb / "run_id"
+    if path.is_file():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    earlier = sorted(RunDir(run_dir).wandb.glob("*run-*-*"))
+    if earlier:
+        run_id = earlier[-1].name.rsplit("-", 1)[1]
+    else:
+        import secrets
+        import string
+
+        alphabet = string.ascii_lowercase + string.digits  # wandb's own ids: 8 characters of these
+        run_id = "".join(secrets.choice(alphabet) for _ in range(8))
+    tmp = temp_path(path)
+    tmp.write_text(run_id + "\n")
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another rank's id landed first: use it
+    finally:
+        tmp.unlink()
+    return path.read_text().strip()
+
+
+def log_evaluation(run_dir: Path, step: int, metrics: dict[str, float]) -> list[str]:
+    """Send a checkpoint's evaluation (``eval/...`` metrics) to the loggers the run trained with, at the
+    checkpoint's step; returns where each went. Needs the run's ``config.yaml`` (its ``run.loggers``).
+
+    - csv: ``csv/eval_metrics.csv``, one row per evaluated step (an evaluation of the same step again
+      replaces its row), rewritten atomically. Not ``metrics.csv``: that file belongs to the training
+      process, which may still be running and appending to it.
+    - wandb: the run's own wandb run (:func:`wandb_run_id`), x-axis ``trainer/global_step`` like every
+      training metric. Offline, it lands in a new ``offline-run-*`` folder with the run's id; ``wandb
+      sync <run>/wandb/offline-run-*`` puts both into the one run.
+    - tensorboard: a new event file in ``<run>/tensorboard`` (TensorBoard merges the files of a folder).
+    - mlflow: a run of its own, named ``<run name>/eval`` (resuming another process's MLflow run is
+      not done here).
+    """
+    paths = RunDir(run_dir)
+    run = (read_config(paths.root).get("run") or {})
+    names = [n for n in (run.get("loggers") or ["csv"]) if n in KNOWN]
+    sent = [_write_eval_csv(paths, step, metrics)]
+    others = [n for n in names if n != "csv"]
+    missing = [n for n in others if not any(importlib.util.find_spec(m) for m in REQUIRES[n][0])]
+    for name in missing:
+        sent.append(f"{name}: not sent, the {REQUIRES[name][1]!r} package is not installed here")
+    name = run.get("wandb_name") or paths.root.name
+    for kind in (n for n in others if n not in missing):
+        (logger,) = build([kind], paths.root, wandb_project=run.get("wandb_project") or "wellmixed",
+                          wandb_name=f"{name}/eval" if kind == "mlflow" else name, wandb_group=run.get("wandb_group"))
+        logger.log_metrics(metrics, step=step)
+        logger.finalize("success")
+        if kind == "wandb":
+            logger.experiment.finish()
+            sent.append(f"wandb: run {wandb_run_id(paths.root)} ({'offline' if logger._offline else 'online'}), "
+                        f"in {paths.wandb}")
+        else:
+            sent.append(f"{kind}: " + (str(logger.log_dir) if kind == "tensorboard" else f"run {name}/eval"))
+    return sent
+
+
+def _write_eval_csv(paths: RunDir, step: int, metrics: dict[str, float]) -> str:
+    import csv
+    import io
+
+    rows: dict[int, dict[str, str]] = {}
+    if paths.eval_metrics_csv.is_file():
+        with open(paths.eval_metrics_csv, newline="") as f:
+            rows = {int(r["step"]): r for r in csv.DictReader(f)}
+    rows[step] = {"step": str(step), **{k: repr(float(v)) for k, v in metrics.items()}}
+    keys = ["step"] + sorted({k for r in rows.values() for k in r} - {"step"})
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=keys, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows[s] for s in sorted(rows))
+    paths.csv.mkdir(parents=True, exist_ok=True)
+    write_text(paths.eval_metrics_csv, out.getvalue())
+    return f"csv: {paths.eval_metrics_csv}"
 
 
 def git_state(root: Path = ROOT) -> dict[str, Any]:
@@ -97,11 +190,11 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
 
 
-def derived_values(datamodule, module, trainer) -> dict[str, Any]:
+def derived_values(context, module, trainer) -> dict[str, Any]:
     """What follows from the config and is worth filtering runs by: run length, anneal step, planned
     tokens per source, model size, the code version."""
     out: dict[str, Any] = {}
-    schedule = datamodule.steps.schedule if datamodule.steps is not None else None
+    schedule = context.schedule  # data/types.py TrainingContext
     if schedule is not None:
         from data.schedules import tokens_per_source
 
@@ -135,14 +228,13 @@ def _plain(value: Any) -> Any:
 def save_launch_config(run_dir: Path, text: str) -> Path:
     """``<run>/config-NNN.yaml`` for this launch (NNN counts launches: a resume never overwrites the
     config a run started with) and ``config.yaml``, replaced atomically, for the latest one."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    taken = [int(p.stem[7:]) for p in run_dir.glob("config-*.yaml") if p.stem[7:].isdigit()]
-    path = run_dir / f"config-{max(taken, default=0) + 1:03d}.yaml"
+    paths = RunDir(run_dir)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    taken = [int(p.stem[7:]) for p in paths.root.glob("config-*.yaml") if p.stem[7:].isdigit()]
+    path = paths.launch_config(max(taken, default=0) + 1)
     with open(path, "x") as f:  # exclusive: two launches racing for a number do not overwrite each other
         f.write(text)
-    tmp = run_dir / ".config.yaml.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, run_dir / "config.yaml")
+    write_text(paths.config, text)
     return path
 
 
@@ -162,6 +254,7 @@ class RunConfigSaver(SaveConfigCallback):
         text = self.parser.dump(self.config, skip_none=False, format="yaml")
         path = save_launch_config(Path(self.config.run.dir), text)
         log.info("config saved to %s (and config.yaml)", path)
-        hparams = _plain({**yaml.safe_load(text), "derived": derived_values(trainer.datamodule, pl_module, trainer)})
+        derived = derived_values(trainer.datamodule.context(), pl_module, trainer)
+        hparams = _plain({**yaml.safe_load(text), "derived": derived})
         for logger in trainer.loggers:
             logger.log_hyperparams(hparams)

@@ -16,6 +16,7 @@ from typing import Literal, Optional
 import lightning as L
 import torch
 
+from data.types import TrainingContext
 from train.model import GPT, ModelConfig, load_model_config
 
 log = logging.getLogger(__name__)
@@ -85,10 +86,10 @@ class PretrainModule(L.LightningModule):
 
     # -- set-up ------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        dm = self.trainer.datamodule
-        self.source_names = dm.manifest.source_names
-        # keyed on the optimizer step (dm.steps.lr takes data steps = micro-batches under accumulation)
-        self.lr_at = dm.steps.schedule.lr if dm.steps.schedule is not None else None
+        self.ctx: TrainingContext = self.trainer.datamodule.context()
+        self.source_names = list(self.ctx.source_names)
+        # keyed on the optimizer step (the schedule's own unit, whatever the accumulation)
+        self.lr_at = self.ctx.schedule.lr if self.ctx.schedule is not None else None
         if self.lr_at is None:
             raise ValueError("training needs data.schedule (its lr block gives the learning rate)")
 
@@ -109,7 +110,7 @@ class PretrainModule(L.LightningModule):
         fused = self.optim.fused
         if fused is None:
             fused = self.device.type == "cuda" or self.device.type == "cpu"
-        schedule = self.trainer.datamodule.steps.schedule
+        schedule = self.ctx.schedule
         base = schedule.config.lr.peak
         # (Reading estimated_stepping_batches here is what made Lightning drop a stateful loader's
         # state, Lightning #20550; our cursors travel in the DataModule's state, and the resume tests
@@ -238,7 +239,7 @@ class PretrainModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         """Held-out loss of the initial model, logged at step 0 (the 'before' of every comparison)."""
-        if self.global_step > 0 or self.trainer.datamodule.val_tokens_per_source <= 0:
+        if self.global_step > 0 or self.ctx.held_out is None:
             return
         self._log_held_out(step=0)
 
@@ -249,7 +250,7 @@ class PretrainModule(L.LightningModule):
         runs every ``run.val_every_n_steps``), which is exactly what an ablation compares. Logged at
         the last trained step's index, as Lightning logs validations.
         """
-        if (self.trainer.datamodule.val_tokens_per_source <= 0 or self.global_step < self.trainer.max_steps
+        if (self.ctx.held_out is None or self.global_step < self.trainer.max_steps
                 or self._last_val_step == self.global_step):
             return
         self._log_held_out(step=self.global_step - 1)
@@ -259,7 +260,7 @@ class PretrainModule(L.LightningModule):
         self.eval()
         self.on_validation_epoch_start()
         with torch.no_grad():
-            for i, batch in enumerate(self.trainer.datamodule.val_dataloader()):
+            for i, batch in enumerate(self.ctx.held_out()):
                 batch = {k: v.to(self.device) for k, v in batch.items()}
                 self.validation_step(batch, i)
         metrics = self._val_metrics()

@@ -26,7 +26,7 @@ from training_runs import SMALL
 from ablations import report, run
 from ablations.runs import drawn_tokens, is_complete
 from data.schedules import build_schedule, tokens_per_source
-from train.metrics_csv import read_metrics
+from train.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -117,6 +117,20 @@ def test_logger_choice_resolves_and_csv_is_always_first():
     assert resolve(["csv"], True) == ["csv", "wandb"]
 
 
+def test_every_launch_of_a_run_dir_logs_to_one_wandb_run(tmp_path):
+    """The wandb id is made once per run directory: a resume (a second build) continues the same wandb run,
+    and a run dir from before run_id existed keeps the id of its newest wandb run."""
+    from train.loggers import build, wandb_run_id
+
+    first = build(["csv", "wandb"], tmp_path / "run", wandb_project="p", wandb_name=None, wandb_group=None)[1]
+    again = build(["wandb"], tmp_path / "run", wandb_project="p", wandb_name=None, wandb_group=None)[0]
+    assert first._wandb_init["id"] == again._wandb_init["id"] == wandb_run_id(tmp_path / "run")
+    assert first._wandb_init["resume"] == "allow" and len(first._wandb_init["id"]) == 8
+    (tmp_path / "old" / "wandb" / "offline-run-20260101_000000-abc12345").mkdir(parents=True)
+    assert wandb_run_id(tmp_path / "old") == "abc12345"
+    assert (tmp_path / "old" / "wandb" / "run_id").read_text().strip() == "abc12345"
+
+
 def test_each_launch_keeps_its_config(tmp_path):
     from train.loggers import save_launch_config
 

@@ -211,6 +211,16 @@ def test_wandb_offline_gets_the_canonical_names_and_the_whole_config(demo_corpus
         assert fragment in data, fragment
     assert b"by_source" not in data
 
+    # an evaluation of the run goes to the same wandb run (its id), at the checkpoint's step
+    from train.loggers import log_evaluation
+
+    sent = log_evaluation(run_dir, 2, {"eval/loss/web": 1.25})
+    assert any(s.startswith("wandb: run " + run.name.rsplit("-", 1)[1]) for s in sent), sent
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and {r.name.rsplit("-", 1)[1] for r in runs} == {run.name.rsplit("-", 1)[1]}
+    evaluation = next(next(r for r in runs if r != run).glob("*.wandb")).read_bytes()
+    assert b"eval/loss/web" in evaluation and b"trainer/global_step" in evaluation
+
 
 @pytest.mark.slow
 def test_evaluate_reproduces_the_final_held_out_loss(tiny_run, tmp_path, monkeypatch, capsys):
@@ -223,11 +233,27 @@ def test_evaluate_reproduces_the_final_held_out_loss(tiny_run, tmp_path, monkeyp
     logged = {k.split("/", 2)[2] if k.count("/") == 2 else "all": float(v) for r in rows
               if r.get("val/loss") and int(r["step"]) == last for k, v in r.items() if k.startswith("val/loss") and v}
     monkeypatch.setattr(evaluate, "lm_eval_available", lambda: False)
+    metrics_csv = (tiny_run / "csv" / "metrics.csv").read_bytes()
     assert evaluate.main([str(tiny_run), "--out", str(tmp_path / "evals")]) == 0
     results = json.loads((tmp_path / "evals" / "results.json").read_text())
     assert results["heldout"] == pytest.approx(logged, abs=1e-4)
     assert "pip install -e '.[eval]'" in results["lm_eval"]["skipped"] and not (tmp_path / "evals" / "hf").exists()
-    assert "| curated |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| curated |" in out and "logged to csv: " in out
+
+    # the run's loggers got it at the checkpoint's step; training's metrics.csv is not touched
+    from train.loggers import log_evaluation
+    from train.rundir import read_eval_metrics
+
+    assert (tiny_run / "csv" / "metrics.csv").read_bytes() == metrics_csv
+    (row,) = [r for r in read_eval_metrics(tiny_run) if int(r["step"]) == results["step"]]
+    assert float(row["eval/loss/curated"]) == pytest.approx(results["heldout"]["curated"])
+    assert float(row["eval/loss"]) == pytest.approx(results["heldout"]["all"])
+    log_evaluation(tiny_run, results["step"], {"eval/loss": 9.5, "eval/x/acc": 0.5})  # the same step again
+    log_evaluation(tiny_run, 3, {"eval/loss": 7.0})
+    rows = read_eval_metrics(tiny_run)
+    assert [int(r["step"]) for r in rows] == [3, results["step"]]
+    assert (rows[1]["eval/loss"], rows[1]["eval/x/acc"], rows[1].get("eval/loss/web", "")) == ("9.5", "0.5", "")
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from data.types import TrainingContext
 from train.callbacks import ThroughputCallback
 
 B, L, FLOPS_PER_TOKEN = 4, 8, 1.0e6
@@ -36,7 +37,7 @@ def make(world: int, accumulate: int, peak: float | None, log_every: int = 1, st
     schedule = SimpleNamespace(tokens_at=lambda s: tokens_per_step) if tokens_per_step else None
     trainer = SimpleNamespace(world_size=world, global_step=step, accumulate_grad_batches=accumulate,
                               strategy=SimpleNamespace(root_device=torch.device("cpu")), precision="bf16-mixed",
-                              datamodule=SimpleNamespace(steps=SimpleNamespace(schedule=schedule)))
+                              datamodule=SimpleNamespace(context=lambda: TrainingContext((), schedule, None, 0)))
     module = SimpleNamespace(model=FakeModel())
     module.log_dict = lambda d, **kw: logged.append((trainer.global_step, dict(d)))
     cb = ThroughputCallback(peak, log_every_n_steps=log_every, clock=clock)

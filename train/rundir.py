@@ -1,0 +1,146 @@
+"""A run directory: where ``python -m train fit`` writes, and the readers of what it wrote.
+
+Every path of a run directory is spelled here and nowhere else::
+
+    <run>/
+      config.yaml              the resolved config of the latest launch (config-NNN.yaml: each launch's)
+      csv/metrics.csv          what training and validation logged, per step (ResumableCSVLogger)
+      csv/eval_metrics.csv     one row per evaluated checkpoint (scripts/evaluate.py)
+      checkpoints/             stepNNNNNNN.ckpt (the newest run.keep_last_k) and last.ckpt
+      order_log/rank<r>.jsonl  with data.order_log: one line per step and rank
+      wandb/                   offline runs to `wandb sync`; wandb/run_id: the wandb run every launch logs to
+      evals/                   scripts/evaluate.py: results.json, hf/, tasks/, lm_eval/
+      .run.lock                held by the process training in it (train/rundir_lock.py)
+
+The readers need neither torch nor Lightning (the reports in scripts/ and ablations/ use them), and
+they read what a killed or resumed run left: the last line written for a step wins.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    def launch_config(self, n: int) -> Path:
+        return self.root / f"config-{n:03d}.yaml"
+
+    @property
+    def csv(self) -> Path:
+        return self.root / "csv"
+
+    @property
+    def metrics_csv(self) -> Path:
+        return self.csv / "metrics.csv"
+
+    @property
+    def eval_metrics_csv(self) -> Path:
+        return self.csv / "eval_metrics.csv"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def last_ckpt(self) -> Path:
+        return self.checkpoints / "last.ckpt"
+
+    @property
+    def order_log_dir(self) -> Path:
+        return self.root / "order_log"
+
+    def order_log(self, rank: int) -> Path:
+        return self.order_log_dir / f"rank{rank}.jsonl"
+
+    @property
+    def wandb(self) -> Path:
+        return self.root / "wandb"
+
+    @property
+    def evals(self) -> Path:
+        return self.root / "evals"
+
+    @classmethod
+    def of_checkpoint(cls, ckpt: str | Path) -> RunDir:
+        """The run a checkpoint file belongs to (``<run>/checkpoints/X.ckpt``; else the file's folder)."""
+        ckpt = Path(ckpt)
+        return cls(ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent)
+
+
+def read_config(run_dir: str | Path) -> dict:
+    """The run's saved config (``fit`` section): what it actually trained with, overrides included."""
+    path = RunDir(run_dir).config
+    if not path.is_file() and (RunDir(run_dir).csv / "config.yaml").is_file():  # runs before config-NNN.yaml
+        path = RunDir(run_dir).csv / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the run did not start")
+    return yaml.safe_load(path.read_text())
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, str]]:
+    """Every row of ``csv/metrics.csv`` as a dict of strings (empty where a row lacks a key)."""
+    return read_csv_rows(RunDir(run_dir).metrics_csv, run_dir)
+
+
+def read_eval_metrics(run_dir: str | Path) -> list[dict[str, str]]:
+    """Every row of ``csv/eval_metrics.csv`` (one per evaluated checkpoint)."""
+    return read_csv_rows(RunDir(run_dir).eval_metrics_csv, run_dir)
+
+
+def read_csv_rows(path: Path, run_dir: str | Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (is {run_dir} a run directory of python -m train fit?)")
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def series(rows: list[dict[str, str]], key: str) -> list[tuple[int, float]]:
+    """(step, value) of every row that has ``key``, sorted by step; a resumed run's rewrite wins."""
+    out = {}
+    for r in rows:
+        if r.get(key):
+            out[int(r["step"])] = float(r[key])
+    return sorted(out.items())
+
+
+def read_order_log(run_dir: str | Path, required: bool = True) -> list[dict]:
+    """Every (step, rank) line of the order logs, sorted; a resumed run's rewrite of a step wins.
+    A run without order logs raises FileNotFoundError (``required``) or gives []."""
+    files = sorted(RunDir(run_dir).order_log_dir.glob("rank*.jsonl"))
+    if not files and required:
+        raise FileNotFoundError(f"{RunDir(run_dir).order_log_dir}/rank*.jsonl not found: "
+                                "run with --data.order_log true")
+    lines: dict[tuple[int, int], dict] = {}
+    for path in files:
+        for text in path.read_text().splitlines():
+            if text.strip():
+                d = json.loads(text)
+                lines[(int(d["step"]), int(d["rank"]))] = d
+    return [lines[k] for k in sorted(lines)]
+
+
+def tokens_per_step(run_dir: str | Path) -> dict[int, dict[str, int]]:
+    """Tokens per source trained at each step, summed over ranks (from the order logs)."""
+    out: dict[int, dict[str, int]] = {}
+    for d in read_order_log(run_dir):
+        acc = out.setdefault(int(d["step"]), {})
+        for source, n in d["source_tokens"].items():
+            acc[source] = acc.get(source, 0) + int(n)
+    return out
