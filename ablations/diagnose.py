@@ -596,7 +596,7 @@ def render(run_dir: Path, checks: list[Check], plots: dict[str, str], corpus_not
 def write_report(run_dir: Path, out: Path | None = None, corpus_dir: Path | None = None,
                  th: Thresholds | None = None, plots: bool = True) -> tuple[Path, list[Check]]:
     """Diagnose ``run_dir`` and write ``out`` (default RUN/diagnostics.md) atomically, plots beside it."""
-    from ablations.runs import planned_tokens
+    from ablations.outcomes import planned_tokens
     from data.files import write_text
 
     run_dir = Path(run_dir)

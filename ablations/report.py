@@ -4,7 +4,7 @@
     python ablations/report.py runs/ablation-350m_2b --improve heldout/curated --max-regression 0.02
     python ablations/report.py runs/ablation-350m_2b --suite heldout,lm_eval
 
-Reads, for every ``OUT/<arm>-seed<S>`` (arms ``scheduled`` and ``fixed``; ablations/runs.py): the
+Reads, for every ``OUT/<arm>-seed<S>`` (arms ``scheduled`` and ``fixed``; ablations/outcomes.py): the
 CSV log and saved config, the order logs, and the final checkpoint's data cursors if present. No
 wandb account is needed. Writes:
 
@@ -46,7 +46,7 @@ import numpy as np
 
 from ablations.decision import DecisionRule, Difference, Verdict, decide, rule_table
 from ablations.evals import EVALUATIONS, Evaluation
-from ablations.runs import (
+from ablations.outcomes import (
     config_differences,
     drawn_tokens,
     final_mixer_state,

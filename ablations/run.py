@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from ablations.runs import is_complete
+from ablations.outcomes import is_complete
 from train.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]

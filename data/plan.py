@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import ConfigError
+from data.formatting import human
 from data.schedules import Schedule, tokens_per_phase, tokens_per_source
 
 
@@ -53,8 +54,8 @@ def check_epochs(schedule: Schedule, available_tokens: dict[str, int], max_epoch
     """
     drawn = tokens_per_source(schedule)
     lines = [
-        f"source {source!r} would be repeated {epochs:.2f} epochs ({_human(drawn[source])} tokens drawn of "
-        f"{_human(available_tokens[source])} available), above data.max_epochs = {max_epochs:g}: lower its "
+        f"source {source!r} would be repeated {epochs:.2f} epochs ({human(drawn[source])} tokens drawn of "
+        f"{human(available_tokens[source])} available), above data.max_epochs = {max_epochs:g}: lower its "
         "weight in schedule.mixture, lower schedule.train_tokens or raise data.max_epochs"
         for source, epochs in implied_epochs(schedule, available_tokens).items() if epochs > max_epochs
     ]
@@ -78,7 +79,7 @@ def plan_table(schedule: Schedule, available_tokens: dict[str, int]) -> str:
     rows = [header]
     for source in schedule.sources:
         shares = [f"{100 * t[source] / sum(t.values()):.1f}%" for t in phases.values()]
-        rows.append([source, _human(available_tokens[source]), _human(drawn[source]),
+        rows.append([source, human(available_tokens[source]), human(drawn[source]),
                      f"{epochs[source]:.2f}"] + shares)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
@@ -89,7 +90,7 @@ def plan_table(schedule: Schedule, available_tokens: dict[str, int]) -> str:
     warmup_end = f"step {seq.warmup_steps:,} ({seq.start} -> {seq.end})" if seq.warmup_steps else f"none ({seq.end})"
     facts = [
         ("total steps", f"{schedule.total_steps:,} x {config.global_batch_size} sequences"),
-        ("total tokens", f"{_human(schedule.total_tokens)} (budget {_human(config.train_tokens)})"),
+        ("total tokens", f"{human(schedule.total_tokens)} (budget {human(config.train_tokens)})"),
         ("decay start", f"step {schedule.decay_start:,} (schedule.anneal_start = {config.anneal_start:g})"),
         ("phase boundaries", boundaries + (f" (ramps of {config.mixture.ramp_steps} steps)"
                                            if config.mixture.ramp_steps else "")),
@@ -130,7 +131,7 @@ def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
             ax.axvline(step, color="black", linestyle="--", linewidth=0.8)
         ax_mix.annotate(" / ".join(labels), (step, 1.0), xycoords=("data", "axes fraction"),
                         xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize="small")
-    fig.suptitle(f"{schedule.total_steps:,} steps, {_human(schedule.total_tokens)} tokens")
+    fig.suptitle(f"{schedule.total_steps:,} steps, {human(schedule.total_tokens)} tokens")
 
     out_path = Path(out_path)
     fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
@@ -153,14 +154,6 @@ def _plot_steps(schedule: Schedule, n: int = 1000) -> list[int]:
         steps |= set(range(first - 1, first + ramp + 1))
     steps |= {schedule.decay_start - 1, schedule.decay_start}
     return sorted(s for s in steps if 0 <= s <= last)
-
-
-def _human(n: float) -> str:
-    """``20.00B``, ``1.23M``, ``512.00K``; plain below a thousand."""
-    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{suffix}"
-    return f"{n:.0f}"
 
 
 def effective_streams(manifest, cfg, num_consumers: int) -> dict[str, dict[str, float]]:

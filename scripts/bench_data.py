@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from data.config import DataConfig, corpus_sources, load_data_config
+from data.formatting import human
 from data.manifest import build_manifest
 from data.packer import ConsumerStream
 from data.schedules import build_schedule
@@ -65,13 +66,6 @@ DEMO_BUFFER = 256  # configs/demo.yaml: the demo corpus has fewer documents than
 
 # ---------------------------------------------------------------------------------------------------
 # helpers
-
-
-def human(n: float) -> str:
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{suffix}"
-    return f"{n:.0f}"
 
 
 def peak_rss_mb() -> float:

@@ -71,7 +71,7 @@ def make_cfg(demo_corpus, cache_dir):
     return make
 
 
-# -- reference runs shared by tests/test_resume.py and tests/test_faults.py (tests/training_runs.py) --------
+# -- reference runs shared by tests/integration/test_resume.py and test_faults.py (tests/training_runs.py) --------
 #
 # Trained once per session. Under pytest-xdist (scripts/test.sh runs the suite on several workers) the
 # first worker that needs one trains it under a file lock in the folder all workers share, and the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import logging
@@ -14,14 +13,13 @@ from typing import Any, Callable
 
 import lightning as L
 import torch
-from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from data import files
+from data.formatting import duration
+from train import lightning_internals as internals
 from train.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -74,7 +72,7 @@ class DataStateCallback(L.Callback):
         return RunDir(self.run_dir).order_log(trainer.global_rank)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        _align_accumulation_phase(trainer)
+        internals.align_accumulation_phase(trainer)
         dm = trainer.datamodule
         if not dm.order_log:
             return
@@ -105,27 +103,6 @@ class DataStateCallback(L.Callback):
         if self._file is not None:
             self._file.close()
             self._file = None
-
-
-def _align_accumulation_phase(trainer) -> None:
-    """After a resume, make Lightning's micro-batch counters say ``global_step x accumulation``.
-
-    Lightning decides where an optimizer step ends from its restored micro-batch count (``ready %
-    accumulate_grad_batches``). A checkpoint of a 4 x 1 run at step 9 holds 9 micro-batches; resumed as
-    2 x 2, the first step after it took a single micro-batch (half the global batch) and every later
-    boundary was off by one. Checkpoints are written at step boundaries, so shifting every counter by
-    the same amount (their relations, which Lightning's restart logic reads, are kept) fixes the phase;
-    for an unchanged accumulation the shift is 0.
-    """
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    shift = trainer.global_step * trainer.accumulate_grad_batches - progress.current.ready
-    if trainer.global_step == 0 or shift == 0:
-        return
-    for tracker in (progress.current, progress.total):
-        tracker.ready += shift
-        tracker.started += shift
-        tracker.processed += shift
-        tracker.completed += shift
 
 
 def _drop_lines_from(path: Path, step: int) -> None:
@@ -226,40 +203,10 @@ class ProgressLog(L.Callback):
                 parts.append(fmt.format(float(m[key])))
         if total and self._t0 is not None and step > self._step0:
             per_step = (time.perf_counter() - self._t0) / (step - self._step0)
-            parts.append(f"ETA {_duration(per_step * max(0, total - step))}")
+            parts.append(f"ETA {duration(per_step * max(0, total - step))}")
         log.info(" | ".join(parts))
 
 
-def _duration(seconds: float) -> str:
-    """``1h02m``, ``3m05s``, ``42s``."""
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-class ResumableCSVLogger(CSVLogger):
-    """CSVLogger that continues an existing ``metrics.csv`` instead of deleting it.
-
-    Lightning's CSV writer removes the file when it starts, so a resumed run kept only the rows
-    logged after the resume (a 308-step run resumed at step 300 was left with 8 steps of history).
-    Rows a killed run logged past its checkpoint stay; readers keep the last value per step.
-    """
-
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
-
-
-class _AppendingWriter(ExperimentWriter):
-    def _check_log_dir_exists(self) -> None:  # Lightning's deletes metrics.csv here
-        if self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-                self.metrics_keys = next(csv.reader(f), [])  # new columns rewrite the file with both
 
 
 class FinalCheckpoint(ModelCheckpoint):

@@ -41,6 +41,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from data.errors import ConfigError
 from train import faults
+from train import lightning_internals as internals
 from train import loggers as run_loggers
 from train.callbacks import (
     AtomicCheckpointIO,
@@ -252,6 +253,7 @@ class WellMixedCLI(LightningCLI):
         ckpt_dir = RunDir(run.dir).checkpoints
         if self.trainer.is_global_zero:  # first: nothing may touch the run dir another run holds
             acquire_run_dir(run.dir)
+            internals.check_version()
         if self._section().get("ckpt_path") is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
             raise ConfigError(
                 f"run.dir {ckpt_dir.parent} already holds checkpoints: resume with --ckpt_path last, "
@@ -277,7 +279,7 @@ class WellMixedCLI(LightningCLI):
 
             validate_model_context(dm.steps.schedule, model_ctx)
             if self.trainer.max_steps in (None, -1):  # the run length follows from the token budget
-                self.trainer.fit_loop.epoch_loop.max_steps = dm.steps.schedule.total_steps
+                internals.set_max_steps(self.trainer, dm.steps.schedule.total_steps)
             available = {n: s.stream_tokens for n, s in dm.manifest.sources.items()}
             if self.trainer.is_global_zero:
                 print(dm.manifest.summary())

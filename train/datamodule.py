@@ -39,11 +39,11 @@ from data.packer import ConsumerStream
 from data.reader import ShardReader
 from data.simulate import order_line
 from data.steps import StepSchedule
-from data.types import TrainingContext
+from data.tokenizer import EOT_ID
+from data.types import TENSOR_KEYS, TrainingContext
 from train.faults import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
-TENSOR_KEYS = ("input_ids", "targets", "target_source", "doc_index")
 
 
 def to_torch(batch: dict) -> dict:
@@ -104,7 +104,7 @@ class HeldOutDataset(torch.utils.data.Dataset):
                 self.batches.append({
                     "input_ids": part[:, :-1], "targets": part[:, 1:],
                     "target_source": torch.full_like(part[:, 1:], s),
-                    "doc_index": torch.cumsum(part[:, :-1] == 100257, dim=1) - (part[:, :-1] == 100257).long(),
+                    "doc_index": torch.cumsum(part[:, :-1] == EOT_ID, dim=1) - (part[:, :-1] == EOT_ID).long(),
                 })
         self.batches = self.batches[rank::world_size]
 

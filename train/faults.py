@@ -45,6 +45,7 @@ import lightning as L
 import torch
 
 from data.errors import ConfigError
+from train import lightning_internals as internals
 from train.callbacks import CHECKSUM_SUFFIX, checksum_path, file_sha256, read_checksum
 from train.early_signals import EARLY as _EARLY
 from train.early_signals import STOP_SIGNALS, install_early_handlers  # noqa: F401 (re-exported for the CLI)
@@ -161,7 +162,7 @@ class StopOnSignal(L.Callback):
         code = 0 if self.received is None else int(self.received)
         dead = []
         if self._child_exited:
-            dead = dead_loader_workers(trainer)
+            dead = internals.dead_loader_workers(trainer)
             self._child_exited = bool(dead)  # another child (not a worker) ended: nothing to do
             code = WORKER_DIED if dead else code
         if trainer.world_size > 1:
@@ -195,7 +196,7 @@ class StopOnSignal(L.Callback):
             arm_fatal_exit(exception)
 
     def _checkpoint_after_worker_death(self, trainer, exception: BaseException) -> None:
-        dead = dead_loader_workers(trainer)
+        dead = internals.dead_loader_workers(trainer)
         path = None
         if self._in_step or self._partial:
             why = "it died in the middle of a step or gradient accumulation"
@@ -223,19 +224,7 @@ class StopOnSignal(L.Callback):
         self._previous = {}
 
 
-def dead_loader_workers(trainer) -> list[tuple[int, int, int | None, int]]:
-    """``(worker index, pid, exit code, workers)`` of the training DataLoader's worker processes that
-    ended (best effort: found through Lightning's data fetcher; empty when not found)."""
-    fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
-    combined = getattr(fetcher, "iterator", None)
-    inner = getattr(combined, "_iterator", None)
-    out = []
-    for it in getattr(inner, "iterators", None) or []:
-        workers = list(getattr(it, "_workers", None) or [])
-        for i, w in enumerate(workers):
-            if not w.is_alive():
-                out.append((i, w.pid, w.exitcode, len(workers)))
-    return out
+
 
 
 def worker_death_message(dead: list, step: int, saved: Path | None, rank: int = 0, reason: str = "",

@@ -63,7 +63,7 @@ def resolve(names: Sequence[str], wandb: bool | None) -> list[str]:
 def build(names: Sequence[str], run_dir: Path, *, wandb_project: str, wandb_name: str | None,
           wandb_group: str | None) -> list:
     """The Lightning loggers for ``names`` (already :func:`resolve`-d), all writing under ``run_dir``."""
-    from train.callbacks import ResumableCSVLogger
+    from train.lightning_internals import ResumableCSVLogger
 
     loggers: list = []
     for name in names:
@@ -150,7 +150,8 @@ def log_evaluation(run_dir: Path, step: int, metrics: dict[str, float]) -> list[
         logger.finalize("success")
         if kind == "wandb":
             logger.experiment.finish()
-            sent.append(f"wandb: run {wandb_run_id(paths.root)} ({'offline' if logger._offline else 'online'}), "
+            online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
+            sent.append(f"wandb: run {wandb_run_id(paths.root)} ({'online' if online else 'offline'}), "
                         f"in {paths.wandb}")
         else:
             sent.append(f"{kind}: " + (str(logger.log_dir) if kind == "tensorboard" else f"run {name}/eval"))

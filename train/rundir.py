@@ -4,7 +4,7 @@ Every path of a run directory is spelled here and nowhere else::
 
     <run>/
       config.yaml              the resolved config of the latest launch (config-NNN.yaml: each launch's)
-      csv/metrics.csv          what training and validation logged, per step (ResumableCSVLogger)
+      csv/metrics.csv          what training and validation logged, per step (lightning_internals.ResumableCSVLogger)
       csv/eval_metrics.csv     one row per evaluated checkpoint (scripts/evaluate.py)
       checkpoints/             stepNNNNNNN.ckpt (the newest run.keep_last_k) and last.ckpt
       order_log/rank<r>.jsonl  with data.order_log: one line per step and rank

@@ -24,7 +24,7 @@ import yaml
 from training_runs import SMALL
 
 from ablations import report, run
-from ablations.runs import drawn_tokens, is_complete
+from ablations.outcomes import drawn_tokens, is_complete
 from data.schedules import build_schedule, tokens_per_source
 from train.rundir import read_metrics
 
@@ -360,7 +360,7 @@ def test_diagnostics_of_a_real_run(ablation_out, tmp_path, demo_corpus):
 # -- what the comparison relies on in the training loop ----------------------------------------------
 def test_csv_history_survives_a_resume(tmp_path):
     """Lightning's CSV logger deleted metrics.csv on start: a resumed arm lost its held-out curve."""
-    from train.callbacks import ResumableCSVLogger
+    from train.lightning_internals import ResumableCSVLogger
 
     for steps in ([0, 1], [2]):  # a run, then its resume (with a new column)
         logger = ResumableCSVLogger(save_dir=str(tmp_path), name="csv", version="")

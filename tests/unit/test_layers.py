@@ -76,3 +76,27 @@ def edits_sys_path(path: Path) -> bool:
 @pytest.mark.parametrize("folder", ["data", "train", "ablations", "scripts", "tests"])
 def test_no_file_edits_sys_path(folder):
     assert not [str(p.relative_to(ROOT)) for p in modules(folder) if edits_sys_path(p)]
+
+
+def test_lightning_internals_name_the_version_they_were_written_for(monkeypatch, caplog):
+    """Another Lightning minor version is said once at start-up (train/lightning_internals.py)."""
+    from train import lightning_internals as internals
+
+    monkeypatch.setattr(internals, "_warned", False)
+    monkeypatch.setattr(internals, "WRITTEN_FOR", (1, 9))
+    with caplog.at_level("WARNING"):
+        internals.check_version()
+        internals.check_version()
+    assert sum("written for 1.9" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_only_lightning_internals_subclass_lightning_private_hooks():
+    """Overrides of Lightning's private methods live in train/lightning_internals.py (and FinalCheckpoint)."""
+    private_overrides = {"_check_log_dir_exists", "_save_topk_checkpoint", "_save_last_checkpoint"}
+    found = {}
+    for path in modules("train"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name in private_overrides:
+                found.setdefault(node.name, set()).add(path.name)
+    assert found == {"_check_log_dir_exists": {"lightning_internals.py"},
+                     "_save_topk_checkpoint": {"callbacks.py"}, "_save_last_checkpoint": {"callbacks.py"}}

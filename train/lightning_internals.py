@@ -1,0 +1,110 @@
+"""Every place wellmixed reaches into Lightning's internals, in one file, with the version it was written for.
+
+Written against Lightning 2.6 (2.6.6); :func:`check_version` warns once when another minor version is
+installed, because each item below reads or overrides something Lightning does not promise to keep:
+
+- :func:`set_max_steps` -- the run length the schedule gives, set after the Trainer exists
+  (``fit_loop.epoch_loop.max_steps``);
+- :func:`align_accumulation_phase` -- the micro-batch counters of ``fit_loop.epoch_loop.batch_progress``
+  after a resume with another accumulation;
+- :func:`dead_loader_workers` -- the DataLoader's worker processes, through the fit loop's data fetcher;
+- :class:`ResumableCSVLogger` -- CSVLogger's writer without the deletion of ``metrics.csv`` at start
+  (``_check_log_dir_exists``);
+- ``train/callbacks.py`` ``FinalCheckpoint`` overrides ModelCheckpoint's ``_save_topk_checkpoint`` /
+  ``_save_last_checkpoint`` and reads ``_last_global_step_saved``: the hooks where ``last.ckpt`` is
+  written (it stays there, with the checkpoint writing it belongs to).
+
+Each has a test that fails when Lightning changes what it relies on (tests/integration: resume with
+another accumulation, the dead-worker checkpoint, a resumed metrics.csv, last.ckpt at the final step).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+
+import lightning
+from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+log = logging.getLogger(__name__)
+
+WRITTEN_FOR = (2, 6)
+"""The Lightning (major, minor) these functions were written and tested against."""
+_warned = False
+
+
+def check_version() -> None:
+    """Warn once when the installed Lightning is not the minor version this file was written for."""
+    global _warned
+    installed = tuple(int(x) for x in lightning.__version__.split(".")[:2])
+    if installed != WRITTEN_FOR and not _warned:
+        _warned = True
+        log.warning("lightning %s is installed; train/lightning_internals.py was written for %d.%d: if resume, "
+                    "metrics.csv or worker checks misbehave, look there first", lightning.__version__, *WRITTEN_FOR)
+
+
+def set_max_steps(trainer, max_steps: int) -> None:
+    """The Trainer's step budget after construction (the schedule decides it, after the config is parsed)."""
+    trainer.fit_loop.epoch_loop.max_steps = max_steps
+
+
+def align_accumulation_phase(trainer) -> None:
+    """After a resume, make Lightning's micro-batch counters say ``global_step x accumulation``.
+
+    Lightning decides where an optimizer step ends from its restored micro-batch count (``ready %
+    accumulate_grad_batches``). A checkpoint of a 4 x 1 run at step 9 holds 9 micro-batches; resumed as
+    2 x 2, the first step after it took a single micro-batch (half the global batch) and every later
+    boundary was off by one. Checkpoints are written at step boundaries, so shifting every counter by
+    the same amount (their relations, which Lightning's restart logic reads, are kept) fixes the phase;
+    for an unchanged accumulation the shift is 0.
+    """
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    shift = trainer.global_step * trainer.accumulate_grad_batches - progress.current.ready
+    if trainer.global_step == 0 or shift == 0:
+        return
+    for tracker in (progress.current, progress.total):
+        tracker.ready += shift
+        tracker.started += shift
+        tracker.processed += shift
+        tracker.completed += shift
+
+
+def dead_loader_workers(trainer) -> list[tuple[int, int, int | None, int]]:
+    """``(worker index, pid, exit code, workers)`` of the training DataLoader's worker processes that
+    ended (best effort: found through Lightning's data fetcher; empty when not found)."""
+    fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+    combined = getattr(fetcher, "iterator", None)
+    inner = getattr(combined, "_iterator", None)
+    out = []
+    for it in getattr(inner, "iterators", None) or []:
+        workers = list(getattr(it, "_workers", None) or [])
+        for i, w in enumerate(workers):
+            if not w.is_alive():
+                out.append((i, w.pid, w.exitcode, len(workers)))
+    return out
+
+
+class ResumableCSVLogger(CSVLogger):
+    """CSVLogger that continues an existing ``metrics.csv`` instead of deleting it.
+
+    Lightning's CSV writer removes the file when it starts, so a resumed run kept only the rows
+    logged after the resume (a 308-step run resumed at step 300 was left with 8 steps of history).
+    Rows a killed run logged past its checkpoint stay; readers keep the last value per step.
+    """
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+class _AppendingWriter(ExperimentWriter):
+    def _check_log_dir_exists(self) -> None:  # Lightning's deletes metrics.csv here
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = next(csv.reader(f), [])  # new columns rewrite the file with both
