@@ -154,6 +154,28 @@ def check_tokenizer() -> None:
         raise ConfigError(str(e)) from None
 
 
+RESUME_POLICY = ("elastic", "allow_changed_data", "allow_changed_schedule")
+"""run.* keys passed on to WellMixedData's init (jsonargparse links): `--data.<key>` is refused by the parser."""
+
+
+def _refuse_linked_keys_in_files(paths) -> None:
+    """A config file's ``data.elastic`` (etc.) would be overwritten by the link from ``run.elastic``
+    without a word (the parser refuses only the command-line form): refuse it, naming the file."""
+    import yaml
+
+    for path in paths:
+        name = str(getattr(path, "absolute", path))
+        try:
+            with open(name) as f:
+                section = (yaml.safe_load(f) or {}).get("data") or {}
+        except (OSError, yaml.YAMLError, AttributeError):
+            continue  # jsonargparse read it already; only a linked key is looked for here
+        found = [k for k in RESUME_POLICY if isinstance(section, dict) and k in section]
+        if found:
+            raise ConfigError(f"{name}: data.{found[0]} is a resume setting: write it as run.{found[0]} "
+                              f"(or --run.{found[0]})")
+
+
 class WellMixedCLI(LightningCLI):
     def __init__(self, args=None, run: bool = True):
         super().__init__(
@@ -181,6 +203,8 @@ class WellMixedCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run", type=RunConfig, default=RunConfig(), help="Run directory, logging, checkpoints.")
+        for key in RESUME_POLICY:  # the DataModule's resume policy, an init argument set from run.*
+            parser.link_arguments(f"run.{key}", f"data.{key}")
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI's reading of ``--ckpt_path FILE``'s hparams into ``model:``, without ``_class_path``
@@ -200,6 +224,7 @@ class WellMixedCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self._section()
         tr, run = cfg.trainer, cfg.run
+        _refuse_linked_keys_in_files(cfg.get("config") or [])
         if tr.precision is None:
             tr.precision = "bf16-mixed" if torch.cuda.is_available() else "32-true"
         if tr.gradient_clip_val is None:
@@ -265,8 +290,6 @@ class WellMixedCLI(LightningCLI):
         ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
-        dm.elastic, dm.allow_changed_data = run.elastic, run.allow_changed_data
-        dm.allow_changed_schedule = run.allow_changed_schedule
         dm.prepare(self.trainer.accumulate_grad_batches)
         if dm.manifest.null_texts and dm.on_bad_shard == "error":  # not hours in, when the reader gets there
             from data.manifest import null_text_problems

@@ -128,7 +128,16 @@ def _plain(value: Any) -> Any:
 
 @dataclass(eq=False)
 class WellMixedData(DataConfig, L.LightningDataModule):
-    """LightningDataModule over the two-level stream; its init arguments are the ``data:`` config."""
+    """LightningDataModule over the two-level stream; its init arguments are the ``data:`` config and
+    the resume policy below, which the CLI links from ``run.*`` (they say how to treat a checkpoint,
+    not what the data is, so they are not ``data:`` keys: ``--data.elastic`` is refused)."""
+
+    elastic: bool = True
+    """run.elastic: a resume with another layout re-cuts the cursors (else it is refused)."""
+    allow_changed_data: bool = False
+    """run.allow_changed_data: a changed corpus or seed starts a fresh order (else refused)."""
+    allow_changed_schedule: bool = False
+    """run.allow_changed_schedule: a changed schedule applies from the resumed step (else refused)."""
 
     def __post_init__(self) -> None:
         L.LightningDataModule.__init__(self)
@@ -139,11 +148,6 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         self._restored: dict | None = None
         self._trained: dict[int, dict] = {}  # worker -> cursor after the last trained batch
         self._order_log = None
-        # Resume policy, set by the CLI from run.elastic / run.allow_changed_data (not data config:
-        # they say how to treat a checkpoint, not what the data is).
-        self.elastic = True
-        self.allow_changed_data = False
-        self.allow_changed_schedule = False
         # The data config in the checkpoint (plain types: weights_only loading), so that
         # WellMixedData.load_from_checkpoint rebuilds it; loggers get the whole config from the CLI.
         self.save_hyperparameters({**{f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(DataConfig)},
