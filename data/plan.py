@@ -195,3 +195,51 @@ def stream_table(manifest, cfg, num_consumers: int) -> str:
     lines.append(f"{num_consumers} consumers (ranks x workers); * capped by what one source-epoch gives a consumer "
                  "(docs/consumer-epoch counts the epochs that give it a chunk)")
     return "\n".join(lines) + "\n"
+
+
+def parse_tokens(text: str) -> dict[str, int]:
+    """``web=1e9,code=2.5e8`` -> {"web": 1000000000, "code": 250000000}."""
+    out = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        try:
+            n = float(value)
+        except ValueError:
+            raise ConfigError(f"--tokens: '{item}' is not source=count (e.g. web=1e9,code=2e8)") from None
+        if not n >= 0:
+            raise ConfigError(f"--tokens: '{item}': the count must be >= 0")
+        out[name.strip()] = int(n)
+    return out
+
+
+def available_tokens(cfg, tokens_flag: dict[str, int] | None) -> tuple[dict[str, int], str]:
+    """Tokens per source and where they came from: --tokens, the manifest, or data.expected_tokens."""
+    names = list(cfg.sources)
+    if tokens_flag is not None:
+        unknown = sorted(set(tokens_flag) - set(names))
+        if unknown:
+            raise ConfigError(f"--tokens: unknown source(s) {unknown}; the config has {names}")
+        fallback = cfg.expected_tokens or {}
+        missing = [n for n in names if n not in tokens_flag and n not in fallback]
+        if missing:
+            raise ConfigError(f"--tokens: no count for source(s) {missing} (and none in data.expected_tokens)")
+        return {n: int(tokens_flag.get(n, fallback.get(n, 0))) for n in names}, "--tokens"
+
+    absent = [n for n in names if not cfg.sources[n].files()]
+    if not absent:
+        from data.manifest import build_manifest
+
+        manifest = build_manifest(cfg)  # validates every file; a bad one is an error, not a fallback
+        skipped = f", {len(manifest.skipped)} bad file(s) skipped" if manifest.skipped else ""
+        return ({n: manifest.sources[n].stream_tokens for n in names},
+                f"corpus manifest (token_count + one EOT per training document{skipped})")
+    if cfg.expected_tokens is None:
+        raise ConfigError(
+            f"no corpus files for source(s) {absent} (globs: "
+            + "; ".join(f"{n}: {cfg.sources[n].paths}" for n in absent)
+            + "); point --corpus at a corpus, or give the counts with --tokens web=1e9,... or data.expected_tokens")
+    missing = [n for n in names if n not in cfg.expected_tokens]
+    if missing:
+        raise ConfigError(f"data.expected_tokens: no count for source(s) {missing}; give one per source")
+    return ({n: int(cfg.expected_tokens[n]) for n in names},
+            f"data.expected_tokens (published counts; no corpus files for {', '.join(absent)} here)")

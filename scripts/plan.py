@@ -22,86 +22,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from data.config import DataConfig, corpus_sources, load_data_config
+from data.config import corpus_sources, load_data_config
 from data.errors import ConfigError
-
-
-def parse_tokens(text: str) -> dict[str, int]:
-    """``web=1e9,code=2.5e8`` -> {"web": 1000000000, "code": 250000000}."""
-    out = {}
-    for item in text.split(","):
-        name, _, value = item.partition("=")
-        try:
-            n = float(value)
-        except ValueError:
-            raise ConfigError(f"--tokens: '{item}' is not source=count (e.g. web=1e9,code=2e8)") from None
-        if not n >= 0:
-            raise ConfigError(f"--tokens: '{item}': the count must be >= 0")
-        out[name.strip()] = int(n)
-    return out
-
-
-def available_tokens(cfg: DataConfig, tokens_flag: dict[str, int] | None) -> tuple[dict[str, int], str]:
-    """Tokens per source and where they came from: --tokens, the manifest, or data.expected_tokens."""
-    names = list(cfg.sources)
-    if tokens_flag is not None:
-        unknown = sorted(set(tokens_flag) - set(names))
-        if unknown:
-            raise ConfigError(f"--tokens: unknown source(s) {unknown}; the config has {names}")
-        fallback = cfg.expected_tokens or {}
-        missing = [n for n in names if n not in tokens_flag and n not in fallback]
-        if missing:
-            raise ConfigError(f"--tokens: no count for source(s) {missing} (and none in data.expected_tokens)")
-        return {n: int(tokens_flag.get(n, fallback.get(n, 0))) for n in names}, "--tokens"
-
-    absent = [n for n in names if not cfg.sources[n].files()]
-    if not absent:
-        from data.manifest import build_manifest
-
-        manifest = build_manifest(cfg)  # validates every file; a bad one is an error, not a fallback
-        skipped = f", {len(manifest.skipped)} bad file(s) skipped" if manifest.skipped else ""
-        return ({n: manifest.sources[n].stream_tokens for n in names},
-                f"corpus manifest (token_count + one EOT per training document{skipped})")
-    if cfg.expected_tokens is None:
-        raise ConfigError(
-            f"no corpus files for source(s) {absent} (globs: "
-            + "; ".join(f"{n}: {cfg.sources[n].paths}" for n in absent)
-            + "); point --corpus at a corpus, or give the counts with --tokens web=1e9,... or data.expected_tokens")
-    missing = [n for n in names if n not in cfg.expected_tokens]
-    if missing:
-        raise ConfigError(f"data.expected_tokens: no count for source(s) {missing}; give one per source")
-    return ({n: int(cfg.expected_tokens[n]) for n in names},
-            f"data.expected_tokens (published counts; no corpus files for {', '.join(absent)} here)")
-
-
-def memory_plan(config_path: str, micro_batch: int, seq_len: int, gpu_gib: float) -> str:
-    """The estimated peak memory per GPU (train/memory.py) of the config's model at its micro-batch and
-    longest sequence, for each loss path with and without activation checkpointing; the start-up check
-    refuses what does not fit the GPU it runs on."""
-    import inspect
-
-    import yaml
-
-    from train.memory import FIT_FRACTION, GB, estimate_peak_memory
-    from train.model import ModelConfig, load_model_config
-    from train.module import PretrainModule
-
-    model = ((yaml.safe_load(Path(config_path).read_text()) or {}).get("model") or {}).get("model")
-    if model is None:
-        model = inspect.signature(PretrainModule.__init__).parameters["model"].default
-    cfg = ModelConfig(**model) if isinstance(model, dict) else load_model_config(model)
-    budget = FIT_FRACTION * gpu_gib * 2**30
-    lines = [f"memory per GPU (DDP, bf16-mixed; model {model if isinstance(model, str) else 'inline'}, "
-             f"data.batch_size {micro_batch} x {seq_len} tokens; fits = under {FIT_FRACTION:.0%} of "
-             f"{gpu_gib:g} GiB, --gpu-memory-gib):"]
-    for loss in ("chunked", "plain"):
-        for ckpt in (False, True):
-            total = estimate_peak_memory(cfg, micro_batch, seq_len, loss=loss, activation_checkpointing=ckpt)["total"]
-            chosen = loss == cfg.loss_impl and ckpt == cfg.activation_checkpointing
-            lines.append(f"  model.loss_impl {loss:<8} activation_checkpointing {str(ckpt).lower():<5} "
-                         f"{total / GB:7.1f} GB  {'fits' if total <= budget else 'DOES NOT FIT'}"
-                         + ("   <- this config" if chosen else ""))
-    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from data.plan import check_epochs, plan_table, plot_schedule
+    from data.plan import available_tokens, check_epochs, parse_tokens, plan_table, plot_schedule
     from data.schedules import build_schedule
+    from train.memory import memory_plan
 
     try:
         cfg = load_data_config(args.config)
