@@ -5,7 +5,8 @@ A run directory of ``python -m train fit`` holds::
     csv/metrics.csv        step, train/loss[/<source>], val/loss[/<source>], train/share/<source>, ...
     config.yaml            the full resolved config of the latest launch (config-NNN.yaml: each launch's)
     order_log/rank<r>.jsonl  with data.order_log: one line per step and rank, ``source_tokens`` per source
-    checkpoints/last.ckpt  the newest checkpoint; its data cursors hold each consumer's mixer counters
+    checkpoints/last.ckpt  the newest checkpoint; its data cursors (checkpoints/cursors/, one file per
+                           rank: train/cursor_files.py) hold each consumer's mixer counters
 """
 
 from __future__ import annotations
@@ -87,11 +88,14 @@ class MixerState:
 
 
 def final_mixer_state(run_dir: Path, sources: list[str]) -> MixerState | None:
-    """The mixer counters in ``checkpoints/last.ckpt``, or None without one (mmap: weights stay on disk)."""
+    """The mixer counters of ``checkpoints/last.ckpt``'s data cursors (every rank's file), or None without
+    one (mmap: weights stay on disk)."""
     path = Path(run_dir) / "checkpoints" / "last.ckpt"
     if not path.is_file():
         return None
     import torch
+
+    from train.cursor_files import load_checkpoint_cursors
 
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     state = ckpt.get("WellMixedData")
@@ -99,7 +103,7 @@ def final_mixer_state(run_dir: Path, sources: list[str]) -> MixerState | None:
         return None
     target = dict.fromkeys(sources, 0.0)
     in_flight = dict.fromkeys(sources, 0)
-    for rank in state["cursors"]:
+    for rank in load_checkpoint_cursors(path, state):
         for cursor in rank:
             if cursor is None:
                 continue

@@ -13,6 +13,8 @@ import pytest
 import torch
 from training_runs import SMALL
 
+from train.cursor_files import load_checkpoint_cursors
+
 ROOT = Path(__file__).resolve().parents[2]
 
 TINY = ["--config", str(ROOT / "configs/demo.yaml"), *SMALL, "--data.order_log", "true",
@@ -92,7 +94,9 @@ def test_checkpoint_holds_every_worker_cursor(tiny_run):
     state = ckpt["WellMixedData"]
     assert state["next_step"] == ckpt["global_step"]
     assert state["world_size"] == 1 and state["num_workers"] == 2
-    cursors = state["cursors"][0]
+    # the checkpoint names the folder of the per-rank cursor files (train/cursor_files.py), one per rank
+    assert "cursors" not in state and (tiny_run / "checkpoints" / state["cursor_dir"] / "rank00000.pt").is_file()
+    [cursors] = load_checkpoint_cursors(tiny_run / "checkpoints" / "last.ckpt", state)
     assert len(cursors) == 2
     # worker w produced steps w, w+2, ...: after the last trained step, their next steps are the
     # two steps following it -- the cursors are of trained batches, not of prefetched ones
