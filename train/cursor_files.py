@@ -30,7 +30,6 @@ writes its own DataLoader workers' cursors beside the checkpoints::
 
 from __future__ import annotations
 
-import itertools
 import logging
 import re
 import shutil
@@ -58,14 +57,14 @@ def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
     existing checkpoint references is never written into again."""
     root = Path(ckpt_dir) / CURSOR_ROOT
     root.mkdir(parents=True, exist_ok=True)
-    for version in itertools.count():
+    version = 0
+    while True:
         name = f"step{step:07d}" + (f"-v{version}" if version else "")
         try:
             (root / name).mkdir()
+            return f"{CURSOR_ROOT}/{name}"
         except FileExistsError:
-            continue
-        return f"{CURSOR_ROOT}/{name}"
-    raise AssertionError("unreachable")
+            version += 1
 
 
 def rank_file(step_dir: str | PathLike, rank: int) -> Path:
