@@ -61,11 +61,14 @@ class MixerState:
 
 
 def final_mixer_state(run_dir: Path, sources: list[str]) -> MixerState | None:
-    """The mixer counters in ``checkpoints/last.ckpt``, or None without one (mmap: weights stay on disk)."""
+    """The mixer counters of ``checkpoints/last.ckpt``'s data cursors (every rank's file:
+    train/cursor_files.py), or None without one (mmap: weights stay on disk)."""
     path = RunDir(run_dir).last_ckpt
     if not path.is_file():
         return None
     import torch
+
+    from train.cursor_files import load_checkpoint_cursors
 
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     state = ckpt.get("WellMixedData")
@@ -73,7 +76,7 @@ def final_mixer_state(run_dir: Path, sources: list[str]) -> MixerState | None:
         return None
     target = dict.fromkeys(sources, 0.0)
     in_flight = dict.fromkeys(sources, 0)
-    for rank in state["cursors"]:
+    for rank in load_checkpoint_cursors(path, state):
         for cursor in rank:
             if cursor is None:
                 continue

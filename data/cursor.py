@@ -108,11 +108,14 @@ def check_ranges(cursor: dict) -> None:
         raise ConfigError(f"{who}: malformed ({type(e).__name__}: {e}); {_DAMAGED}") from None
 
 
-def check_order_state(state: dict) -> None:
+def check_order_state(state: dict, ranks: list[int] | None = None) -> None:
     """A whole order state (``OrderSimulator.state_dict()``, or a checkpoint's ``step``/``next_step`` and
     ``cursors``): every consumer range-checked, and each one's ``next_step`` the first step it owns at or
     after the top-level step (worker w of W owns steps w, w + W, ...). A top-level step the consumers do
-    not agree with is a ConfigError naming both, instead of an AssertionError steps later."""
+    not agree with is a ConfigError naming both, instead of an AssertionError steps later.
+
+    With ``ranks``, the consumers are the rows of those ranks only (a checkpoint's per-rank cursor files,
+    train/cursor_files.py): errors name the real rank, and ``world_size`` is not compared with the rows."""
     step = _int(state.get("step", state.get("next_step")))
     if step is None or step < 0:
         raise _bad("data order state", "step", state.get("step", state.get("next_step")), "an integer >= 0")
@@ -120,11 +123,14 @@ def check_order_state(state: dict) -> None:
     if not isinstance(consumers, list) or not consumers or not all(isinstance(r, list) and r for r in consumers):
         raise ConfigError(f"data order state: consumers must be [rank][worker] cursors; {_DAMAGED}")
     workers = len(consumers[0])
-    for key, want in (("world_size", len(consumers)), ("num_workers", workers)):
+    if ranks is not None and len(ranks) != len(consumers):
+        raise ConfigError(f"data order state: cursors of {len(consumers)} rank(s) given for ranks {ranks}")
+    keys = {"num_workers": workers} if ranks is not None else {"world_size": len(consumers), "num_workers": workers}
+    for key, want in keys.items():
         if key in state and _int(state[key]) != want:
             raise ConfigError(f"data order state: {key} = {state[key]!r} but the cursors are {len(consumers)} "
                               f"rank(s) x {workers} worker(s); {_DAMAGED}")
-    for rank, row in enumerate(consumers):
+    for rank, row in zip(ranks if ranks is not None else range(len(consumers)), consumers):
         if len(row) != workers:
             raise ConfigError(f"data order state: rank {rank} has {len(row)} cursors, rank 0 {workers}; {_DAMAGED}")
         for w, cur in enumerate(row):

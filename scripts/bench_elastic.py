@@ -1,4 +1,4 @@
-"""Data cursors at cluster scale: size, gather volume and the elastic re-cut, on synthetic cursors.
+"""Data cursors at cluster scale: size, per-rank files and the elastic re-cut, on synthetic cursors.
 
     python scripts/bench_elastic.py                      # 2,048 consumers (512 ranks x 4 workers) -> 1,024
     python scripts/bench_elastic.py --consumers 256 --buffer 2000   # a quick run
@@ -7,11 +7,13 @@ Cursors are built directly in the version-2 format (data/cursor.py) with the rea
 4 sources, a shuffle buffer of ``--buffer`` documents per source (10,000), 8 open chunks per source,
 ``--batch`` row leftovers, random addresses over a corpus of 3,000 files x 100k rows (random
 addresses compress worse than real ones, so sizes are an upper bound). Reported: bytes per cursor
-(JSON), what global rank 0 receives at a checkpoint (cursors are gathered to it alone,
-train/datamodule.py), the re-cut time to ``--to`` consumers (data/elastic.py ``redistribute``) for
-one rank's cursors (what every rank runs on an elastic resume) and for all of them, and this
-process's peak RSS. Target: the re-cut at 2,048
-consumers in <= 10 s.
+(JSON); the per-rank cursor file each rank writes at a checkpoint (train/cursor_files.py: its
+workers' cursors, torch.save; ``--files`` ranks' files are written to a temporary folder and read
+back, the mean size and load time are per file); what one rank reads on resume, its own file with the
+same layout, every rank's file on an elastic resume (files x ranks, from the measured mean); the
+re-cut time to ``--to`` consumers (data/elastic.py ``redistribute``) for one rank's cursors (what
+every rank runs on an elastic resume) and for all of them; and this process's peak RSS. Target: the
+re-cut at 2,048 consumers in <= 10 s.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ import argparse
 import json
 import resource
 import sys
+import tempfile
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
 from data.cursor import CURSOR_VERSION, pack_ints
 from data.elastic import redistribute
+from train.cursor_files import load_checkpoint_cursors, rank_file, save_rank_cursors
 
 SOURCES = ["web", "code", "books", "curated"]
 
@@ -61,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--buffer", type=int, default=10_000)
     p.add_argument("--open-chunks", type=int, default=8)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--files", type=int, default=4, help="rank files written and read back to measure")
     args = p.parse_args(argv)
     n, workers = args.consumers, args.workers
     to = args.to or n // 2
@@ -71,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [len(json.dumps(cur)) for cur in flat[:16]]
     per = sum(sizes) / len(sizes)
     cursors = [flat[r * workers:(r + 1) * workers] for r in range(n // workers)]
+    file_bytes, load_s = rank_files(cursors[:args.files])
     manifest = SimpleNamespace(source_names=SOURCES, fingerprint=lambda: "synthetic")
     t0 = time.perf_counter()
     new = redistribute(cursors, manifest, seed=0, world_size=to // workers, num_workers=workers,
@@ -86,12 +93,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{n} consumers ({n // workers} ranks x {workers} workers), 4 sources x buffer {args.buffer:,} x "
           f"{args.open_chunks} open chunks, micro-batch {args.batch}; synthetic cursors built in {build_s:.1f} s")
     print(f"  cursor per consumer      {per / 1e3:8.1f} KB (JSON, packed buffers)")
-    print(f"  gathered to rank 0       {per * n / 1e6:8.1f} MB per checkpoint (an all-gather sent this to "
-          f"each of {n // workers} ranks: {per * n * (n // workers) / 1e9:.1f} GB in all)")
+    ranks = n // workers
+    print(f"  cursor file per rank     {file_bytes / 1e6:8.2f} MB ({workers} workers' cursors; written by each rank at "
+          f"each checkpoint; {file_bytes * ranks / 1e6:,.0f} MB on disk for all {ranks} ranks)")
+    print(f"  read per rank, resume    {file_bytes / 1e6:8.2f} MB in {load_s * 1e3:.0f} ms with the same layout "
+          f"(its own file); {file_bytes * ranks / 1e6:,.0f} MB, ~{load_s * ranks:.1f} s elastic (all {ranks} files)")
+    print(f"  (before: {per * n / 1e6:,.0f} MB gathered to rank 0 per checkpoint, all of it unpickled by every rank "
+          "on resume)")
     print(f"  re-cut {n} -> {to}, one rank's cursors   {recut_s:6.2f} s   (what each rank runs; target <= 10 s)")
     print(f"  re-cut {n} -> {to}, every cursor         {all_s:6.2f} s   ({moved:,} open chunks dealt)")
     print(f"  peak RSS                 {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:8.2f} GB")
     return 0
+
+
+def rank_files(rows: list[list[dict]]) -> tuple[float, float]:
+    """Mean size (bytes) and load time (s) of per-rank cursor files, written and read as training does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for rank, row in enumerate(rows):
+            save_rank_cursors(tmp, rank, row, next_step=1000)
+        size = sum(rank_file(tmp, r).stat().st_size for r in range(len(rows))) / len(rows)
+        state = {"cursor_dir": ".", "world_size": len(rows), "next_step": 1000}
+        t0 = time.perf_counter()
+        loaded = load_checkpoint_cursors(Path(tmp) / "x.ckpt", state)  # the index's folder is the checkpoint's
+        load_s = (time.perf_counter() - t0) / len(rows)
+    assert loaded == rows
+    return size, load_s
 
 
 if __name__ == "__main__":

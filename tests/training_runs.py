@@ -153,6 +153,20 @@ def global_step_of(path: Path) -> int:
     return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
 
 
+def copy_checkpoint(path: Path, ckpt_dir: Path) -> Path:
+    """A checkpoint file copied into another run's ``checkpoints/``, with the data cursor folder it
+    references (train/cursor_files.py): the copy resumes like the original."""
+    import shutil
+
+    import torch
+
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, ckpt_dir / path.name)
+    cursor_dir = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["WellMixedData"]["cursor_dir"]
+    shutil.copytree(path.parent / cursor_dir, ckpt_dir / cursor_dir)
+    return ckpt_dir / path.name
+
+
 def assert_same_order(ref: dict[int, list[dict]], got: dict[int, list[dict]]) -> None:
     """Every rank's lines identical: pieces, loss (bitwise: JSON keeps a float's exact repr), lr,
     sequence length, mixture weights, token counts -- and one line per step, none missing or doubled."""

@@ -222,14 +222,26 @@ class FinalCheckpoint(ModelCheckpoint):
     path). Here ``last.ckpt`` at the step of a step file is a hard link to it, put in place with a
     rename (atomic, as every checkpoint write); the step file is written with the callback state
     that ``last.ckpt`` holds, so the two names are interchangeable for a resume.
+
+    After each save, removal (``keep_last_k``) or link, global rank 0 deletes the data cursor folders
+    (train/cursor_files.py) that no checkpoint in ``dirpath`` references any more.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cursor_refs: dict = {}  # checkpoint name and stat -> the cursor folder it references
 
     def _save_topk_checkpoint(self, trainer, monitor_candidates) -> None:
         if self.save_last is True:  # the state the step file saves is then the one last.ckpt holds
             self.last_model_path = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
         super()._save_topk_checkpoint(trainer, monitor_candidates)
+        self._remove_unreferenced_cursors(trainer)
 
     def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
+        self._save_or_link_last(trainer, monitor_candidates)
+        self._remove_unreferenced_cursors(trainer)
+
+    def _save_or_link_last(self, trainer, monitor_candidates) -> None:
         src = self._last_checkpoint_saved
         last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
         if not (self.save_last is True and src and self._last_global_step_saved == trainer.global_step
@@ -242,6 +254,13 @@ class FinalCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             link_checkpoint(Path(src), Path(last))
         trainer.strategy.barrier()
+
+    def _remove_unreferenced_cursors(self, trainer) -> None:
+        """Here rather than in AtomicCheckpointIO: sharded FSDP checkpoints do not go through it."""
+        if trainer.is_global_zero and self.dirpath and "://" not in str(self.dirpath):
+            from train.cursor_files import remove_unreferenced
+
+            remove_unreferenced(self.dirpath, self._cursor_refs)
 
     def on_train_end(self, trainer, pl_module) -> None:
         super().on_train_end(trainer, pl_module)  # last.ckpt when nothing was saved during the run

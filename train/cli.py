@@ -50,6 +50,7 @@ from train.callbacks import (
     ProgressLog,
     ThroughputCallback,
 )
+from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
 from train.faults import (
     StopOnSignal,
@@ -286,8 +287,12 @@ class WellMixedCLI(LightningCLI):
             )
         if self.trainer.is_global_zero:
             remove_stale_temp_files(ckpt_dir)
+            remove_unreferenced(ckpt_dir)  # cursor folders of a save that was killed, or of a replaced last.ckpt
         # A checked file instead of Lightning's "last" lookup: an unreadable one is named (or skipped).
-        ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback)
+        # On several ranks only the presence of the cursor files is checked here (the same answer on
+        # every rank); each rank range-checks its own file when it loads it.
+        cursor_ranks = None if self.trainer.world_size == 1 else []
+        ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback, cursor_ranks)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         dm.prepare(self.trainer.accumulate_grad_batches)

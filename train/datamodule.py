@@ -8,8 +8,15 @@ Resume, as DESIGN.md section 5 asks:
 - every batch carries its producer's cursor (the consumer's state right after producing it);
   :meth:`record` keeps, per worker, the cursor of the last batch that was *trained* (called from a
   callback after the optimizer step, so prefetched batches never leak into a checkpoint);
-- :meth:`state_dict` is called on every rank when a checkpoint is written; it gathers all ranks'
-  cursors into the checkpoint (Lightning writes rank 0's copy only);
+- :meth:`state_dict` is called on every rank when a checkpoint is written; each rank writes its own
+  workers' cursors to ``<checkpoint dir>/cursors/stepNNNNNNN/rankRRRRR.pt`` (~318 KB per worker at the
+  real shape) and the checkpoint holds only ``cursor_dir`` (train/cursor_files.py: layout, atomicity,
+  clean-up). No rank receives another's cursors; without a checkpoint directory (library use, one
+  rank) they are kept inline in the state as before;
+- on resume with the same ranks x workers each rank reads only its own file; an elastic resume reads
+  every old rank's file on every rank (the re-cut needs all old consumers' pending work). The files
+  are read when the DataLoader is built (the trainer then knows the checkpoint's path), so
+  ``WellMixedData.load_from_checkpoint`` rebuilds the config without them;
 - on resume the DataLoader worker ``i`` takes over consumer ``(i + next_step) % W``, because the
   DataLoader asks worker 0 first and step s must come from the consumer that owns s;
 - a resume with another layout (ranks x workers, micro-batch or accumulation) re-cuts the cursors
@@ -23,6 +30,7 @@ import dataclasses
 import logging
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator
 
 import lightning as L
@@ -31,7 +39,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from data.config import DataConfig
-from data.cursor import pack_cursor
+from data.cursor import check_order_state, pack_cursor
 from data.elastic import redistribute
 from data.errors import ConfigError
 from data.manifest import Manifest, build_manifest
@@ -41,6 +49,7 @@ from data.simulate import order_line
 from data.steps import StepSchedule
 from data.tokenizer import EOT_ID
 from data.types import TENSOR_KEYS, TrainingContext
+from train.cursor_files import claim_step_dir, load_checkpoint_cursors, save_rank_cursors
 from train.faults import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
@@ -126,6 +135,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
+@dataclass
+class _Resume:
+    """What :meth:`WellMixedData.load_state_dict` accepted; the cursors themselves are read on first use."""
+
+    next_step: int
+    """The first data step (micro-batch) to train, in this run's units."""
+    state: dict | None
+    """The checkpoint's data state; None: a fresh data order from ``next_step`` (run.allow_changed_data)."""
+    recut: bool = False
+    """Another layout: data/elastic.py re-cuts every old consumer's cursors for this rank."""
+    mine: list | None = None
+    """This rank's cursors, one per worker, once read."""
+
+
 @dataclass(eq=False)
 class WellMixedData(DataConfig, L.LightningDataModule):
     """LightningDataModule over the two-level stream; its init arguments are the ``data:`` config and
@@ -145,7 +168,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         self.manifest: Manifest | None = None
         self.steps: StepSchedule | None = None
         self.accumulate = 1
-        self._restored: dict | None = None
+        self._resume: _Resume | None = None
         self._trained: dict[int, dict] = {}  # worker -> cursor after the last trained batch
         self._order_log = None
         # The data config in the checkpoint (plain types: weights_only loading), so that
@@ -205,10 +228,9 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         return self.trainer.world_size if self.trainer else 1
 
     def train_dataloader(self) -> DataLoader:
-        cursors, next_step = None, 0
-        if self._restored is not None:
-            cursors = None if self._restored["cursors"] is None else self._restored["cursors"][self.rank]
-            next_step = self._restored["next_step"]
+        cursors, next_step = self._resumed_cursors(), 0
+        if self._resume is not None:
+            next_step = self._resume.next_step
         ds = ConsumerDataset(self.manifest, self, self.rank, self.world_size, self.steps, cursors, next_step)
         return DataLoader(ds, batch_size=None, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, prefetch_factor=2 if self.num_workers else None,
@@ -227,28 +249,17 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         self._trained[int(batch["worker"])] = batch["cursor"]
 
     def state_dict(self) -> dict[str, Any]:
+        """The data state of a checkpoint, on every rank: this rank's cursors go to its own file (see
+        train/cursor_files.py), the returned state (rank 0's is the one saved) names their folder."""
         workers = max(1, self.num_workers)
         mine = [None if w not in self._trained else pack_cursor(self._trained[w]) for w in range(workers)]
-        if self._restored is not None and self._restored["cursors"] is not None:  # workers idle since the resume
-            old = self._restored["cursors"][self.rank]
-            mine = [m if m is not None else o for m, o in zip(mine, old)]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # Only global rank 0 writes the checkpoint file (DDP's file, FSDP's meta.pt): gather to it
-            # alone. ~10 KB per consumer, so rank 0 receives ~20 MB at 2,048 consumers and the others
-            # nothing (an all-gather sent every rank all of them). Other ranks record only their own.
-            world = torch.distributed.get_world_size()
-            rank0 = torch.distributed.get_rank() == 0
-            gathered: list | None = [None] * world if rank0 else None
-            torch.distributed.gather_object(mine, gathered, dst=0)
-            if not rank0:
-                gathered = [mine if r == self.rank else None for r in range(world)]
-        else:
-            gathered = [mine]
+        resumed = self._resumed_cursors()
+        if resumed is not None:  # workers idle since the resume keep the cursors they resumed with
+            mine = [m if m is not None else o for m, o in zip(mine, resumed)]
         step = self.trainer.global_step if self.trainer else 0
-        return {
-            "cursors": gathered,
+        state = {
             "next_step": step * self.accumulate,
-            "world_size": len(gathered),
+            "world_size": self.world_size,
             "num_workers": workers,
             "batch_size": self.batch_size,
             "accumulate": self.accumulate,
@@ -256,6 +267,52 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             "fingerprint": self.manifest.fingerprint() if self.manifest else None,
             "schedule": schedule_fingerprint(self.schedule, self.weights),
         }
+        ckpt_dir = self._checkpoint_dir()
+        if ckpt_dir is None:
+            if self.world_size > 1:
+                raise ConfigError("the data cursors of several ranks are saved to per-rank files beside the "
+                                  "checkpoints: give the Trainer a ModelCheckpoint callback (its dirpath is used)")
+            return {**state, "cursors": [mine]}
+        strategy = self.trainer.strategy
+        cursor_dir = strategy.broadcast(claim_step_dir(ckpt_dir, step) if self.trainer.is_global_zero else None, src=0)
+        save_rank_cursors(ckpt_dir / cursor_dir, self.rank, mine, state["next_step"])
+        strategy.barrier("WellMixedData.state_dict")  # every rank's file is in place before the checkpoint names it
+        return {**state, "cursor_dir": cursor_dir}
+
+    def _checkpoint_dir(self) -> Path | None:
+        """Where the cursor files go: the folder of the trainer's ModelCheckpoint (the CLI's
+        ``<run>/checkpoints``, where FinalCheckpoint and StopOnSignal write); None without one."""
+        callback = self.trainer.checkpoint_callback if self.trainer is not None else None
+        dirpath = getattr(callback, "dirpath", None)
+        return Path(dirpath) if dirpath else None
+
+    def _resumed_cursors(self) -> list[dict | None] | None:
+        """This rank's cursors of the checkpoint resumed from (None: no resume, or a fresh order), read on
+        first use: its own file with the same layout, every old rank's file for an elastic re-cut."""
+        resume = self._resume
+        if resume is None or resume.state is None:
+            return None
+        if resume.mine is None and resume.recut:
+            workers = max(1, self.num_workers)
+            # every old rank's file, on every rank: the re-cut pools the pending work of all old consumers
+            cursors = redistribute(self._load_cursors(resume.state, None), self.manifest, seed=self.seed,
+                                   world_size=self.world_size, num_workers=workers, batch_size=self.batch_size,
+                                   resume_step=resume.next_step, ranks=[self.rank])  # this rank's new cursors only
+            resume.mine = cursors[self.rank]
+        elif resume.mine is None:
+            resume.mine = self._load_cursors(resume.state, [self.rank])[0]  # the same layout: its own file only
+        return resume.mine
+
+    def _load_cursors(self, state: dict[str, Any], ranks: list[int] | None) -> list[list[dict | None]]:
+        """The checkpoint's cursors of ``ranks`` (all: None), read from its files and range-checked."""
+        ckpt_path = self.trainer.ckpt_path if self.trainer is not None else None
+        rows = load_checkpoint_cursors(ckpt_path, state, ranks)
+        try:
+            check_order_state({"next_step": state["next_step"], "cursors": rows, "num_workers": state["num_workers"],
+                               "world_size": state["world_size"]}, ranks=ranks)
+        except ConfigError as e:
+            raise ConfigError(f"checkpoint {ckpt_path}: {e}") from None
+        return rows
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
@@ -279,7 +336,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
                 )
             log.warning("resuming with %s (run.allow_changed_data): the data order starts afresh at step %d; "
                         "exactly-once does not hold across this resume", "; ".join(changed), step)
-            self._restored, self._trained = {"cursors": None, "next_step": next_step}, {}
+            self._resume, self._trained = _Resume(next_step, None), {}
             return
         old = (
             state["world_size"],
@@ -299,12 +356,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             log.warning("elastic resume at step %d: %s %s -> %s; the pending work of the old consumers is "
                         "redistributed (each document still read once per epoch, in another order)",
                         step, what, old, new)
-            cursors = redistribute(state["cursors"], self.manifest, seed=self.seed, world_size=self.world_size,
-                                   num_workers=workers, batch_size=self.batch_size, resume_step=next_step,
-                                   ranks=[self.rank])  # this rank's cursors only
-            state = {**state, "cursors": cursors, "world_size": self.world_size, "num_workers": workers,
-                     "batch_size": self.batch_size, "accumulate": self.accumulate}
-        self._restored = {**state, "next_step": next_step}
+        self._resume = _Resume(next_step, state, recut=old != new)
         self._trained = {}
 
     # -- order log -------------------------------------------------------------------------------

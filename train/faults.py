@@ -15,8 +15,10 @@
   the newest valid checkpoint of the run (logged). Every checkpoint file has a sidecar ``NAME.sha256``
   (train/callbacks.py) that is verified first: torch's zip reader checks no checksum, so a flipped bit
   inside a tensor, or a corrupt zip member behind an intact index, is "corrupt" like a truncated file.
-  Sharded (FSDP) checkpoint folders have no checksum. The data cursors inside are range-checked
-  (data/cursor.py ``check_order_state``): a damaged cursor makes the file unusable in the same way.
+  Sharded (FSDP) checkpoint folders have no checksum. The per-rank data cursor files the checkpoint
+  names (train/cursor_files.py) must all exist, and are range-checked (data/cursor.py
+  ``check_order_state``; on several ranks each rank checks its own when it loads it): a missing or
+  damaged cursor file makes the checkpoint unusable in the same way.
 - **A killed DataLoader worker** (the OOM killer): :class:`StopOnSignal` again -- a checkpoint at the step
   boundary with the last trained cursors, then :class:`DataLoaderWorkerDied` naming the worker (exit 1).
 - **Any other fatal error** in a ``python -m train`` process (:func:`arm_fatal_exit`, from
@@ -322,16 +324,20 @@ def error_lines(e: BaseException) -> str:
     return "\n".join(lines) or f"error: {e!r}"  # indented lines continue the problem above them
 
 
-def checkpoint_problem(path: Path) -> str | None:
-    """None if ``path`` opens as a checkpoint (checksum, index and pickled structure), else what is wrong.
+def checkpoint_problem(path: Path, cursor_ranks: list[int] | None = None) -> str | None:
+    """None if ``path`` opens as a checkpoint (checksum, index and pickled structure, data cursors), else
+    what is wrong.
 
     A file with a sidecar ``NAME.sha256`` is hashed first (streamed in 16 MB blocks; about the time of
     reading the file once); a file without one (written before checksums existed, or a kill between
     the rename and the sidecar) is only opened. A sharded checkpoint folder (FSDP) is not hashed: its
     shards are written by every rank through torch.distributed.checkpoint, not by AtomicCheckpointIO.
+
+    Every data cursor file the checkpoint names must exist; those of ``cursor_ranks`` (default: every
+    rank) are read and range-checked (see :func:`resolve_checkpoint` for why the CLI passes fewer).
     """
     if path.is_dir():  # a sharded checkpoint (torch.distributed.checkpoint folder; train/parallel.py)
-        return _sharded_checkpoint_problem(path)
+        return _sharded_checkpoint_problem(path, cursor_ranks)
     problem = checksum_problem(path)
     if problem is not None:
         return problem
@@ -344,23 +350,34 @@ def checkpoint_problem(path: Path) -> str | None:
         return f"{type(e).__name__}: {first_line}"[:300]
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         return "not a Lightning checkpoint (no state_dict / global_step)"
-    return _cursor_problem(ckpt)
+    return _cursor_problem(ckpt, path, cursor_ranks)
 
 
-def _cursor_problem(ckpt: dict) -> str | None:
-    """The data cursors a checkpoint holds, range-checked and against its step (data/cursor.py): a damaged
-    cursor is refused here, naming the field, instead of crashing a DataLoader worker later."""
+def _cursor_problem(ckpt: dict, path: Path, ranks: list[int] | None) -> str | None:
+    """The data cursors a checkpoint names: every rank's file present, those of ``ranks`` (None: all)
+    range-checked and against its step (data/cursor.py). A missing or damaged cursor is refused here,
+    naming the file or the field, instead of crashing a DataLoader worker later."""
     from data.cursor import CURSOR_VERSION, check_order_state
+    from train.cursor_files import cursor_files, load_checkpoint_cursors
 
     state = ckpt.get("WellMixedData")
-    if not isinstance(state, dict) or state.get("cursors") is None:
-        return None  # another datamodule, or a fresh data order (run.allow_changed_data)
-    cursors = state["cursors"]
-    if isinstance(cursors, list) and any(isinstance(c, dict) and c.get("version") != CURSOR_VERSION
-                                         for rank in cursors if isinstance(rank, list) for c in rank):
-        return None  # another version of the data path: the datamodule's own error says what to do
+    if not isinstance(state, dict) or (state.get("cursors") is None and state.get("cursor_dir") is None):
+        return None  # another datamodule, or an older fresh data order (run.allow_changed_data)
+    missing = [f for f in cursor_files(path, state) if not f.is_file()]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        return f"data cursor file {missing[0]}{more} missing (a checkpoint moved without its cursors/ folder?)"
     try:
-        check_order_state(state)
+        cursors = load_checkpoint_cursors(path, state, ranks)
+    except ConfigError as e:
+        return str(e)
+    if any(isinstance(c, dict) and c.get("version") != CURSOR_VERSION
+           for rank in cursors if isinstance(rank, list) for c in rank):
+        return None  # another version of the data path: the datamodule's own error says what to do
+    if not cursors:
+        return None
+    try:
+        check_order_state({**state, "cursors": cursors}, ranks=ranks)
     except ConfigError as e:
         return str(e)
     return None
@@ -381,40 +398,51 @@ def checksum_problem(path: Path) -> str | None:
             "bits changed after the write (disk, copy or memory error)")
 
 
-def _sharded_checkpoint_problem(path: Path) -> str | None:
-    """A sharded folder: its ``.metadata`` index and Lightning's ``meta.pt`` (step, loops, data cursors)."""
+def _sharded_checkpoint_problem(path: Path, cursor_ranks: list[int] | None) -> str | None:
+    """A sharded folder: its ``.metadata`` index and Lightning's ``meta.pt`` (step, loops, the data
+    state naming the cursor files, which lie beside the folder)."""
     if not (path / ".metadata").is_file():
         return "sharded checkpoint without its .metadata index (incomplete write?)"
     try:
         meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001
         return f"meta.pt: {type(e).__name__}: {str(e).strip()[:200]}"
-    return None if isinstance(meta, dict) and "global_step" in meta else "meta.pt holds no global_step"
+    if not isinstance(meta, dict) or "global_step" not in meta:
+        return "meta.pt holds no global_step"
+    return _cursor_problem(meta, path, cursor_ranks)
 
 
 def _newest_first(ckpt_dir: Path) -> list[Path]:
     return sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) -> str | None:
+def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool,
+                       cursor_ranks: list[int] | None = None) -> str | None:
     """The file to resume from, checked; ``last`` is resolved as Lightning does (newest last*.ckpt).
 
     Returns None for ``last`` when the run has no checkpoint yet (a requeued job that never saved one
     starts from step 0, as with Lightning). Raises ConfigError naming the file when it is unreadable,
     unless ``fallback``: then the newest readable checkpoint in ``ckpt_dir`` is used, and logged.
+
+    ``cursor_ranks``: whose data cursor files are read and range-checked (default: all; every file's
+    presence is always checked). Every rank resolves the checkpoint on its own, before the ranks can
+    talk, so each must decide from the same facts or a fallback could pick different checkpoints on
+    different ranks. The CLI passes ``[]`` on several ranks (presence only, the same answer everywhere;
+    each rank then range-checks its own file when it loads it, an error naming the file) rather than
+    have every rank read every rank's cursors here, which this layout exists to avoid.
     """
     if ckpt_path is None or ckpt_path in ("best", "hpc", "registry"):
         return ckpt_path
     if ckpt_path == "last":
         lasts = [p for p in _newest_first(ckpt_dir) if p.name.startswith("last")] if ckpt_dir.is_dir() else []
         if not lasts:
-            return _newest_step_file(ckpt_dir)
+            return _newest_step_file(ckpt_dir, cursor_ranks)
         path = lasts[0]
     else:
         path = Path(ckpt_path)
         if not path.exists():  # a file, or a sharded FSDP checkpoint's folder
             raise ConfigError(f"--ckpt_path {path}: no such file")
-    problem = checkpoint_problem(path)
+    problem = checkpoint_problem(path, cursor_ranks)
     if problem is None:
         return str(path)
     where = path.parent
@@ -424,7 +452,7 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) ->
             f"with --ckpt_path FILE, or pass --run.ckpt_fallback true to use the newest valid checkpoint in {where}"
         )
     for other in _newest_first(where):
-        if other != path and checkpoint_problem(other) is None:
+        if other != path and checkpoint_problem(other, cursor_ranks) is None:
             log.warning(
                 "checkpoint %s is unreadable (%s); falling back to %s (run.ckpt_fallback)", path, problem, other
             )
@@ -440,7 +468,7 @@ def _step_of(path: Path) -> int:
     return int(digits) if path.stem.startswith("step") and digits.isdigit() else -1
 
 
-def _newest_step_file(ckpt_dir: Path) -> str | None:
+def _newest_step_file(ckpt_dir: Path, cursor_ranks: list[int] | None = None) -> str | None:
     """``--ckpt_path last`` without a ``last*.ckpt``: the newest step file that loads.
 
     A kill between a step file's rename and its ``last.ckpt`` link (or a deleted ``last.ckpt``) leaves
@@ -455,7 +483,7 @@ def _newest_step_file(ckpt_dir: Path) -> str | None:
         return None
     skipped = []
     for path in files:
-        problem = checkpoint_problem(path)
+        problem = checkpoint_problem(path, cursor_ranks)
         if problem is None:
             log.warning("--ckpt_path last: no last.ckpt in %s; resuming from the newest loadable step file %s%s",
                         ckpt_dir, path, f" (unreadable, skipped: {', '.join(skipped)})" if skipped else "")

@@ -14,12 +14,13 @@ turns ``fsdp`` (or ``fsdp2``) into FSDP2: Lightning's ``ModelParallelStrategy`` 
 ranks, with ``fully_shard`` applied to each :class:`train.model.Block` and then the root in
 ``PretrainModule.configure_model`` (:func:`shard_per_block`): one all-gather per block, overlapped with
 the previous block's compute. Checkpoints are ``torch.distributed.checkpoint`` folders (each rank
-writes its shard; ``meta.pt`` holds the step, the loops and, gathered by ``WellMixedData.state_dict``,
-every rank's data cursors). FSDP2 rather than FSDP1 because it is the maintained path and it runs on
-CPU ranks under gloo (tests/integration/test_fsdp.py resumes a 2-rank run exactly); torch's FSDP1
-refuses CPU. ``fsdp1`` gives Lightning's FSDPStrategy with the same per-block policy and sharded
-checkpoints, for GPUs only. At 350M, DDP stays the default (the model and its AdamW moments fit every
-GPU many times over); FSDP is for a larger model or a smaller GPU.
+writes its shard; ``meta.pt`` holds the step, the loops and the data state, which names the per-rank
+cursor files each rank wrote beside the folder: train/cursor_files.py). FSDP2 rather than FSDP1
+because it is the maintained path and it runs on CPU ranks under gloo (tests/integration/test_fsdp.py
+resumes a 2-rank run exactly); torch's FSDP1 refuses CPU. ``fsdp1`` gives Lightning's FSDPStrategy
+with the same per-block policy and sharded checkpoints, for GPUs only. At 350M, DDP stays the
+default (the model and its AdamW moments fit every GPU many times over); FSDP is for a larger model
+or a smaller GPU.
 
 A DDP checkpoint is one file and a sharded FSDP checkpoint is a folder. Crossing between them on
 resume is not tested here (expect Lightning to fail loading the state dict). The way from a folder to

@@ -6,7 +6,8 @@ Every path of a run directory is spelled here and nowhere else::
       config.yaml              the resolved config of the latest launch (config-NNN.yaml: each launch's)
       csv/metrics.csv          what training and validation logged, per step (lightning_internals.ResumableCSVLogger)
       csv/eval_metrics.csv     one row per evaluated checkpoint (scripts/evaluate.py)
-      checkpoints/             stepNNNNNNN.ckpt (the newest run.keep_last_k) and last.ckpt
+      checkpoints/             stepNNNNNNN.ckpt (the newest run.keep_last_k) and last.ckpt;
+        cursors/stepNNNNNNN/   each rank's data cursors, one file per rank (train/cursor_files.py)
       order_log/rank<r>.jsonl  with data.order_log: one line per step and rank
       wandb/                   offline runs to `wandb sync`; wandb/run_id: the wandb run every launch logs to
       evals/                   scripts/evaluate.py: results.json, hf/, tasks/, lm_eval/

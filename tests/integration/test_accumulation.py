@@ -14,7 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from training_runs import TINY, Run, assert_same_order, global_step_of, order_log, run_to_end
+from training_runs import TINY, Run, assert_same_order, copy_checkpoint, global_step_of, order_log, run_to_end
 
 ACC2 = TINY + ["--data.batch_size", "2", "--trainer.accumulate_grad_batches", "2"]  # 2 x 1 rank x 2 = 4
 CKPT_EVERY = 3  # TINY's run.ckpt_every_n_steps, in optimizer steps
@@ -98,7 +98,7 @@ def test_elastic_resume_4x1_to_2x2_drops_stale_lines_in_the_checkpoints_units(wo
     (run_dir / "checkpoints").mkdir(parents=True)
     shutil.copytree(ref_dir / "order_log", run_dir / "order_log")
     ckpt = run_dir / "checkpoints" / f"step{at:07d}.ckpt"
-    shutil.copy(ref_dir / "checkpoints" / ckpt.name, ckpt)
+    copy_checkpoint(ref_dir / "checkpoints" / ckpt.name, ckpt.parent)
     run = run_to_end(workdir, run_dir, ACC2 + ["--ckpt_path", str(ckpt)], env, "elastic")
     assert "elastic resume at step 9" in run.log(tail=10**6)
     lines = order_log(run_dir)[0]

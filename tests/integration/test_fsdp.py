@@ -1,8 +1,9 @@
 """FSDP2 (``--trainer.strategy fsdp``: fully_shard per block, train/parallel.py) on 2 CPU ranks (gloo).
 
-The checkpoint is a torch.distributed.checkpoint folder (one shard per rank) whose ``meta.pt`` carries
-both ranks' data cursors; a run stopped at step 4 and resumed from it matches the uninterrupted run
-line for line, and both draw the same documents as the DDP reference (same ranks x micro-batch).
+The checkpoint is a torch.distributed.checkpoint folder (one shard per rank) whose ``meta.pt`` names
+the folder of both ranks' data cursor files (each rank wrote its own, beside the sharded folder); a
+run stopped at step 4 and resumed from it matches the uninterrupted run line for line, and both draw
+the same documents as the DDP reference (same ranks x micro-batch).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 from training_runs import DDP, TINY, assert_same_order, order_log, run_to_end
+
+from train.cursor_files import load_checkpoint_cursors
 
 FSDP = [a if a != "ddp" else "fsdp" for a in DDP]  # 2 CPU ranks, micro-batch 2
 
@@ -30,7 +33,9 @@ def test_fsdp_two_cpu_ranks_sharded_checkpoint_and_exact_resume(workdir, env, re
     assert last.is_dir() and {p.name for p in last.iterdir()} >= {"__0_0.distcp", "__1_0.distcp", "meta.pt"}
     meta = torch.load(last / "meta.pt", map_location="cpu", weights_only=True)
     assert meta["global_step"] == 4 and meta["WellMixedData"]["world_size"] == 2
-    assert all(c is not None for rank in meta["WellMixedData"]["cursors"] for c in rank)  # every rank's cursors
+    state = meta["WellMixedData"]  # each rank wrote its own cursor file, beside the sharded folder
+    assert sorted(p.name for p in (last.parent / state["cursor_dir"]).iterdir()) == ["rank00000.pt", "rank00001.pt"]
+    assert all(c is not None for rank in load_checkpoint_cursors(last, state) for c in rank)
     run_to_end(workdir, run_dir, TINY + FSDP + ["--ckpt_path", "last"], env, "continued")
     assert_same_order(ref, order_log(run_dir))
 

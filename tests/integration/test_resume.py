@@ -19,13 +19,22 @@ data layer (OrderSimulator, SourceStream) and on a real 2-rank -> 1-rank resume.
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from training_runs import DDP, TINY, Run, assert_same_order, global_step_of, order_log, owed_docs, run_to_end
+from training_runs import (
+    DDP,
+    TINY,
+    Run,
+    assert_same_order,
+    copy_checkpoint,
+    global_step_of,
+    order_log,
+    owed_docs,
+    run_to_end,
+)
 
 from data.config import SourceConfig
 from data.elastic import redistribute_simulator_state, redistribute_source
@@ -35,6 +44,7 @@ from data.order import chunk_permutation
 from data.reader import ShardReader
 from data.simulate import OrderSimulator
 from data.stream import SourceStream
+from train.cursor_files import load_checkpoint_cursors
 from train.datamodule import WellMixedData
 
 CKPT_EVERY = 3
@@ -204,7 +214,7 @@ def test_elastic_resume_two_ranks_to_one(workdir, env, ref_ddp, demo_corpus, cac
     run_dir = workdir / "elastic"
     (run_dir / "checkpoints").mkdir(parents=True)
     ckpt = run_dir / "checkpoints" / f"step{at:07d}.ckpt"
-    shutil.copy(ref_dir / "checkpoints" / ckpt.name, ckpt)
+    copy_checkpoint(ref_dir / "checkpoints" / ckpt.name, ckpt.parent)
     args = TINY + ["--data.batch_size", "4", "--data.num_workers", "3", "--ckpt_path", str(ckpt)]
     run = run_to_end(workdir, run_dir, args, env, "elastic")
     assert "elastic resume at step 9" in run.log()
@@ -227,14 +237,15 @@ def test_elastic_resume_two_ranks_to_one(workdir, env, ref_ddp, demo_corpus, cac
                                      weights={"web": 0.25, "code": 0.25, "books": 0.25, "curated": 0.25},
                                      manifest_cache=str(cache_dir)))
     # documents in flight: in the rows (commit: document) or handed back between steps (commit: sequence)
-    leftovers = [(m.doc_id(shard, row), off) for rank in state["cursors"] for cur in rank
+    leftovers = [(m.doc_id(shard, row), off) for rank in load_checkpoint_cursors(ckpt, state) for cur in rank
                  for (src, shard, row, epoch, off) in filter(None, cur["rows"] + cur.get("continuations", []))]
     assert len(leftovers) >= 8  # 4 old consumers x 2 rows, each in the middle of a document
     continued = Counter((p[0], p[1]) for ln in after for p in ln["pieces"])
     # a document handed back between steps waits for its source's next turn: one not continued by the
     # end of the run is still in flight, at the same offset, in the final cursors
-    final = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["WellMixedData"]
-    waiting = {(m.doc_id(shard, row), off) for rank in final["cursors"] for cur in rank
+    last = run_dir / "checkpoints" / "last.ckpt"
+    final = torch.load(last, map_location="cpu", weights_only=True)["WellMixedData"]
+    waiting = {(m.doc_id(shard, row), off) for rank in load_checkpoint_cursors(last, final) for cur in rank
                for (src, shard, row, epoch, off) in filter(None, cur["rows"] + cur.get("continuations", [])
                                                             + cur.get("pending", []))}
     for piece in leftovers:
@@ -393,7 +404,7 @@ def test_layout_change_is_elastic_by_default_and_refused_when_off(make_cfg, capl
     other, _ = _saved_state(make_cfg, num_workers=3)
     other.load_state_dict(state)
     assert "elastic resume at step 4" in caplog.text
-    assert len(other._restored["cursors"][0]) == 3 and other._restored["next_step"] == 4
+    assert len(other._resumed_cursors()) == 3 and other._resume.next_step == 4
     strict, _ = _saved_state(make_cfg, num_workers=3)
     strict.elastic = False
     with pytest.raises(ConfigError, match="ranks x workers x micro-batch x accumulation changed .*--run.elastic"):
@@ -409,5 +420,5 @@ def test_changed_seed_or_corpus_refused_unless_allowed(make_cfg, caplog):
         dm.load_state_dict({**state, "fingerprint": "0" * 16})
     reseeded.allow_changed_data = True
     reseeded.load_state_dict(state)
-    assert reseeded._restored == {"cursors": None, "next_step": 4}
+    assert reseeded._resume.state is None and reseeded._resume.next_step == 4 and reseeded._resumed_cursors() is None
     assert "starts afresh at step 4" in caplog.text

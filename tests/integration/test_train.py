@@ -13,6 +13,8 @@ import pytest
 import torch
 from training_runs import SMALL
 
+from train.cursor_files import load_checkpoint_cursors
+
 ROOT = Path(__file__).resolve().parents[2]
 
 TINY = ["--config", str(ROOT / "configs/demo.yaml"), *SMALL, "--data.order_log", "true",
@@ -92,13 +94,25 @@ def test_checkpoint_holds_every_worker_cursor(tiny_run):
     state = ckpt["WellMixedData"]
     assert state["next_step"] == ckpt["global_step"]
     assert state["world_size"] == 1 and state["num_workers"] == 2
-    cursors = state["cursors"][0]
+    # the checkpoint names the folder of the per-rank cursor files (train/cursor_files.py), one per rank
+    assert "cursors" not in state and (tiny_run / "checkpoints" / state["cursor_dir"] / "rank00000.pt").is_file()
+    [cursors] = load_checkpoint_cursors(tiny_run / "checkpoints" / "last.ckpt", state)
     assert len(cursors) == 2
     # worker w produced steps w, w+2, ...: after the last trained step, their next steps are the
     # two steps following it -- the cursors are of trained batches, not of prefetched ones
     nexts = sorted(c["next_step"] for c in cursors)
     assert nexts == [ckpt["global_step"], ckpt["global_step"] + 1]
-    assert len(json.dumps(state)) < 200_000
+    assert len(json.dumps(state)) < 2_000  # an index: the cursors are in the rank files
+
+
+@pytest.mark.slow
+def test_cursor_folders_follow_the_checkpoints_kept(tiny_run):
+    """keep_last_k 3 with a checkpoint every 5 of 34 steps: the cursor folders of the step files removed
+    along the way (5, 10, 15) were removed too; those of the files kept and of last.ckpt remain."""
+    ckpts = tiny_run / "checkpoints"
+    refs = {torch.load(p, weights_only=True, mmap=True)["WellMixedData"]["cursor_dir"] for p in ckpts.glob("*.ckpt")}
+    assert sorted(refs) == [f"cursors/step{s:07d}" for s in (20, 25, 30, 34)]
+    assert {f"cursors/{d.name}" for d in (ckpts / "cursors").iterdir()} == refs
 
 
 @pytest.mark.slow

@@ -367,6 +367,38 @@ def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it
     assert checkpoint_problem(save(old)) is None  # another version: the datamodule's own error says what to do
 
 
+def test_a_checkpoint_whose_cursor_files_are_missing_or_damaged_is_refused(order_state, tmp_path):
+    """Per-rank cursor files (train/cursor_files.py): every file the checkpoint names must be present;
+    those range-checked are named with the field. On several ranks the CLI checks presence only
+    (``cursor_ranks=[]``: the same answer on every rank, so a fallback picks one checkpoint for all)."""
+    import copy
+
+    from train.cursor_files import claim_step_dir, save_rank_cursors
+    from train.faults import checkpoint_problem
+
+    _, state = order_state
+    ckpts = tmp_path / "checkpoints"
+    damaged = copy.deepcopy(state["consumers"])
+    damaged[1][0]["sources"]["web"]["taken"] = -5  # rank 1's file
+    io = AtomicCheckpointIO()
+    for name, consumers in (("step0000007.ckpt", state["consumers"]), ("last.ckpt", damaged)):
+        rel = claim_step_dir(ckpts, 7)  # the second save of step 7 gets its own folder (step0000007-v1)
+        for rank, row in enumerate(consumers):
+            save_rank_cursors(ckpts / rel, rank, row, 7)
+        dm_state = {"next_step": 7, "cursor_dir": rel, "num_workers": 2, "world_size": 2}
+        io.save_checkpoint({"state_dict": {}, "global_step": 7, "WellMixedData": dm_state}, ckpts / name)
+    last = ckpts / "last.ckpt"
+    assert checkpoint_problem(last).startswith("data cursor (consumer 2 of 4): sources.web.taken = -5 is out of")
+    assert checkpoint_problem(last, cursor_ranks=[0]) is None  # rank 0 reads its own file only
+    assert checkpoint_problem(last, cursor_ranks=[]) is None
+    (ckpts / "cursors" / "step0000007-v1" / "rank00001.pt").unlink()
+    want = f"data cursor file {ckpts / 'cursors' / 'step0000007-v1' / 'rank00001.pt'} missing"
+    assert checkpoint_problem(last, cursor_ranks=[]).startswith(want)
+    with pytest.raises(ConfigError, match=rf"^checkpoint {last} is unreadable .*: {want} .*--run.ckpt_fallback"):
+        resolve_checkpoint(str(last), ckpts, fallback=False, cursor_ranks=[])
+    assert resolve_checkpoint(str(last), ckpts, fallback=True, cursor_ranks=[]) == str(ckpts / "step0000007.ckpt")
+
+
 def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(monkeypatch, capsys):
     """The watchdog armed after a fatal error: if the process is still alive FATAL_EXIT_AFTER_S later,
     it prints the error and every thread's stack, and exits 1. Unarmed in library use."""

@@ -1,0 +1,180 @@
+"""Per-rank data cursor files: each rank writes and reads its own; the checkpoint holds a small index.
+
+A packed cursor is ~318 KB per consumer at the real shape (data/cursor.py). Gathered into rank 0's
+checkpoint they made 652 MB at 512 ranks x 4 workers, and on resume every rank unpickled all of them.
+Instead, when a checkpoint is written (``WellMixedData.state_dict``, called on every rank), each rank
+writes its own DataLoader workers' cursors beside the checkpoints::
+
+    <checkpoint dir>/step0000123.ckpt           WellMixedData: {"cursor_dir": "cursors/step0000123", ...}
+    <checkpoint dir>/cursors/step0000123/rank00000.pt   rank 0's cursors, one per worker
+                                        /rank00001.pt   rank 1's ...
+
+- **Written once.** Global rank 0 claims the step directory (``mkdir``) and broadcasts its name; a name
+  already taken (a checkpoint of the same step written before: StopOnSignal's ``last.ckpt``, or a
+  resume from an older checkpoint that reaches the step again) gets ``-v1``, ``-v2``, ..., so the files
+  a checkpoint references are never rewritten. Each file is written atomically (data/files.py), and
+  every rank's file is in place (a barrier) before rank 0 writes the checkpoint that names them: a
+  kill in between leaves a directory no checkpoint references, and the previous checkpoint whole.
+- **Relative to the checkpoint's folder** (the folder of a ``.ckpt`` file, or of a sharded FSDP
+  checkpoint folder): ``checkpoints/`` can be moved as a whole; a single checkpoint copied elsewhere
+  needs its ``cursors/<step>`` directory beside it.
+- **Read what is needed.** A resume with the same ranks x workers reads only the rank's own file
+  (~318 KB x workers). An elastic resume reads every old rank's file on every rank: the re-cut
+  (data/elastic.py) pools the pending work of all old consumers, so that cost is inherent to it.
+- **Cleaned up.** :func:`remove_unreferenced` (global rank 0, after each checkpoint save or removal and
+  at start-up) deletes the step directories no checkpoint in the folder references, never the newest.
+- Checkpoints from before this layout, and the DataModule used without a checkpoint directory
+  (library use, one rank), hold the cursors inline as ``"cursors": [rank][worker]``;
+  :func:`load_checkpoint_cursors` reads both, so this module is the one place that knows the layout.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data import files
+from data.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CURSOR_ROOT = "cursors"
+"""The folder under the checkpoint directory that holds one step directory per checkpoint."""
+_STEP_DIR = re.compile(r"^step(\d+)(?:-v(\d+))?$")
+_EARLIER = "resume from an earlier checkpoint with --ckpt_path FILE (or --run.ckpt_fallback true)"
+
+
+def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
+    """Create ``cursors/stepNNNNNNN`` (``-vK`` when taken) under ``ckpt_dir``; its path relative to it.
+
+    Global rank 0 only; the others get the name by broadcast. ``mkdir`` is the claim, so a directory an
+    existing checkpoint references is never written into again."""
+    root = Path(ckpt_dir) / CURSOR_ROOT
+    root.mkdir(parents=True, exist_ok=True)
+    version = 0
+    while True:
+        name = f"step{step:07d}" + (f"-v{version}" if version else "")
+        try:
+            (root / name).mkdir()
+            return f"{CURSOR_ROOT}/{name}"
+        except FileExistsError:
+            version += 1
+
+
+def rank_file(step_dir: str | PathLike, rank: int) -> Path:
+    return Path(step_dir) / f"rank{rank:05d}.pt"
+
+
+def save_rank_cursors(step_dir: str | PathLike, rank: int, cursors: list[dict | None], next_step: int) -> Path:
+    """One rank's cursors (one per DataLoader worker), atomically. ``rank`` and ``next_step`` are stored
+    with them, so a file of another rank or checkpoint put in its place is recognised on load."""
+    path = rank_file(step_dir, rank)
+    with files.atomic_path(path) as tmp:
+        torch.save({"rank": rank, "next_step": next_step, "cursors": cursors}, tmp)
+    return path
+
+
+def cursor_files(ckpt_path: str | PathLike, state: dict[str, Any]) -> list[Path]:
+    """Every rank file a checkpoint's data state references (empty when its cursors are inline)."""
+    if state.get("cursor_dir") is None:
+        return []
+    step_dir = Path(ckpt_path).parent / state["cursor_dir"]
+    return [rank_file(step_dir, r) for r in range(int(state["world_size"]))]
+
+
+def load_checkpoint_cursors(ckpt_path: str | PathLike | None, state: dict[str, Any],
+                            ranks: list[int] | None = None) -> list[list[dict | None]]:
+    """The packed cursors ``[rank][worker]`` of the checkpoint at ``ckpt_path`` (a ``.ckpt`` file or a
+    sharded checkpoint folder) whose WellMixedData state is ``state``: one row per rank in ``ranks``
+    (default: every rank of the checkpoint), in that order. Only those ranks' files are read.
+
+    A missing, unreadable or mismatched file is a ConfigError naming it. Not range-checked here
+    (data/cursor.py ``check_order_state`` is the callers' step, so that a cursor of another version
+    gets the data path's own message)."""
+    ranks = list(range(int(state["world_size"]))) if ranks is None else list(ranks)
+    if state.get("cursor_dir") is None:  # inline: an older checkpoint, or library use without a checkpoint dir
+        inline = state.get("cursors")
+        if not isinstance(inline, list):
+            raise ConfigError(f"checkpoint {ckpt_path}: its data state holds neither cursors nor a cursor_dir")
+        return [inline[r] for r in ranks]
+    if ckpt_path is None:
+        raise ConfigError(f"the data state names per-rank cursor files ({state['cursor_dir']}) but not the "
+                          "checkpoint they lie beside: load it through Trainer.fit(ckpt_path=...)")
+    step_dir = Path(ckpt_path).parent / state["cursor_dir"]
+    rows = []
+    for rank in ranks:
+        path = rank_file(step_dir, rank)
+        what = f"data cursor file {path} (rank {rank} of checkpoint {ckpt_path})"
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise ConfigError(f"{what} is missing (a checkpoint moved without its {CURSOR_ROOT}/ folder, or a "
+                              f"partial copy?); copy it back, or {_EARLIER}") from None
+        except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ConfigError(f"{what} is unreadable ({type(e).__name__}: {first[:200]}); {_EARLIER}") from None
+        if (not isinstance(data, dict) or data.get("rank") != rank or data.get("next_step") != state["next_step"]
+                or not isinstance(data.get("cursors"), list)):
+            found = (data.get("rank"), data.get("next_step")) if isinstance(data, dict) else type(data).__name__
+            raise ConfigError(f"{what} does not belong to it (rank, next step {found}, expected "
+                              f"{(rank, state['next_step'])}); {_EARLIER}")
+        rows.append(data["cursors"])
+    return rows
+
+
+def _step_dir_order(path: Path) -> tuple[int, int]:
+    m = _STEP_DIR.match(path.name)
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def referenced_cursor_dir(ckpt: Path) -> str | None:
+    """The ``cursor_dir`` a checkpoint names (a file, or a sharded folder's ``meta.pt``); None if none.
+    mmap: the weights are not read. Raises whatever torch raises for an unreadable file."""
+    path = ckpt / "meta.pt" if ckpt.is_dir() else ckpt
+    obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    state = obj.get("WellMixedData") if isinstance(obj, dict) else None
+    return state.get("cursor_dir") if isinstance(state, dict) else None
+
+
+def remove_unreferenced(ckpt_dir: str | PathLike, cache: dict | None = None) -> list[Path]:
+    """Delete the step directories under ``ckpt_dir/cursors`` that no ``*.ckpt`` in ``ckpt_dir`` references.
+
+    The newest directory (highest step, then version) is always kept: it may belong to a checkpoint
+    being written. If any checkpoint cannot be read, nothing is removed (its references are unknown;
+    logged). Global rank 0 only, when no save is in progress. Returns the directories removed.
+    ``cache`` (kept by the caller between calls) maps a checkpoint's name and stat to its reference, so
+    a run that keeps every checkpoint does not re-open all of them at each save."""
+    ckpt_dir = Path(ckpt_dir)
+    root = ckpt_dir / CURSOR_ROOT
+    if not root.is_dir():
+        return []
+    dirs = sorted((p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)), key=_step_dir_order)
+    if len(dirs) <= 1:
+        return []
+    keep = {dirs[-1].name}
+    for ckpt in sorted(ckpt_dir.glob("*.ckpt")):
+        try:
+            st = (ckpt / "meta.pt" if ckpt.is_dir() else ckpt).stat()
+            key = (ckpt.name, st.st_ino, st.st_size, st.st_mtime_ns)
+            ref = cache[key] if cache is not None and key in cache else referenced_cursor_dir(ckpt)
+            if cache is not None:
+                cache[key] = ref
+        except Exception as e:  # noqa: BLE001 -- a corrupt or half-copied checkpoint: leave everything
+            log.warning("data cursor clean-up skipped: %s is unreadable (%s: %s), so which cursor directory it "
+                        "references is unknown", ckpt, type(e).__name__, str(e).strip()[:200])
+            return []
+        if ref is not None:
+            keep.add(Path(ref).name)
+    removed = [d for d in dirs if d.name not in keep]
+    for d in removed:
+        shutil.rmtree(d, ignore_errors=True)
+    if removed:
+        log.debug("removed %d data cursor folder(s) no checkpoint references: %s", len(removed),
+                  ", ".join(d.name for d in removed))
+    return removed
