@@ -645,16 +645,30 @@ def scale_probe(tree: Path, corpus: Path, cache: Path, buffer_size: int, batches
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def small_pages_copy(corpus: Path, out: Path) -> Path:
+    """The same rows, row groups and codec, written with the corpus tools' ~1 MiB pages (PAGE_OPTIONS)."""
+    from data.corpus import PAGE_OPTIONS
+
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(corpus.glob("*.parquet")):
+        f = pq.ParquetFile(path)
+        per_group = f.metadata.num_rows // f.metadata.num_row_groups
+        pq.write_table(f.read(), out / path.name, row_group_size=per_group, **PAGE_OPTIONS)
+    return out
+
+
 def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path, rows: int, buffer_size: int,
-                batches: int) -> tuple[list[str], dict]:
+                batches: int, small_pages: bool = False) -> tuple[list[str], dict]:
     from data.corpus.scale import make_scale_corpus
 
     if corpus is None:
         corpus = tmp / "scale_corpus"
         make_scale_corpus(corpus, files=2, rows=rows, row_group=rows, demo=demo)
-    trees = {"after (this tree)": ROOT} | ({"before": before.resolve()} if before else {})
-    results = {name: scale_probe(tree, corpus, tmp / f"cache-{i}", buffer_size, batches)
-               for i, (name, tree) in enumerate(trees.items())}
+    runs = {"after (this tree)": (ROOT, corpus)} | ({"before": (before.resolve(), corpus)} if before else {})
+    if small_pages:
+        runs["after, 1 MiB pages"] = (ROOT, small_pages_copy(corpus, tmp / "small_pages"))
+    results = {name: scale_probe(tree, data, tmp / f"cache-{i}", buffer_size, batches)
+               for i, (name, (tree, data)) in enumerate(runs.items())}
     files = sorted(corpus.glob("*.parquet"))
     meta = pq.ParquetFile(files[0]).metadata
     lines = [f"(f) Dolma3-shaped corpus: {len(files)} files x {meta.num_rows:,} rows, "
@@ -677,6 +691,12 @@ def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path,
                      f"{a['tok_s'] / b['tok_s']:.2f}, overall {a['tok_s_overall'] / b['tok_s_overall']:.2f}, "
                      f"peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}, restore "
                      f"{a['restore'] / b['restore']:.2f}")
+    if small_pages:
+        a, b = results["after, 1 MiB pages"], results["after (this tree)"]
+        lines.append(f"    1 MiB pages / pyarrow's default pages: peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}, "
+                     f"tok/s steady {a['tok_s'] / b['tok_s']:.2f}, "
+                     f"first batch {a['first_batch'] / b['first_batch']:.2f}, "
+                     f"restore {a['restore'] / b['restore']:.2f}")
     return lines, results
 
 
@@ -705,6 +725,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="part f: buffer size (default 600: a tenth of a row group, as 10,000 is of ~100k)")
     p.add_argument("--before", type=Path, default=None,
                    help="part f: a checkout of the code to compare with (e.g. git worktree of the base commit)")
+    p.add_argument("--scale-small-pages", action="store_true",
+                   help="part f: also this tree on the same corpus rewritten with the corpus tools' ~1 MiB pages")
     p.add_argument("--rss-probe", choices=["bare", "path"], help=argparse.SUPPRESS)
     p.add_argument("--probe-threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--probe-batches", type=int, default=10, help=argparse.SUPPRESS)
@@ -769,7 +791,7 @@ def run(args, corpus: Path) -> int:
             lines, _ = bench_scale(Path(tmp), args.scale_corpus, args.before, corpus,
                                    rows=1000 if args.quick else args.scale_rows,
                                    buffer_size=100 if args.quick else args.scale_buffer,
-                                   batches=3 if args.quick else 300)
+                                   batches=3 if args.quick else 300, small_pages=args.scale_small_pages)
         print("\n".join(lines), flush=True)
     print(f"done in {time.perf_counter() - t_start:.0f} s")
     return 0

@@ -22,11 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row-group", type=int, default=100_000, help="rows per row group")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--demo", type=Path, default=None, help="demo corpus to take text from (default: build one)")
+    p.add_argument("--small-pages", action="store_true",
+                   help="~1 MiB data pages, as this repo's corpus tools write (default: pyarrow's, ~1,024 rows a page)")
     args = p.parse_args(argv)
     if min(args.files, args.rows, args.row_group) < 1:
         print("error: --files, --rows and --row-group must be >= 1", file=sys.stderr)
         return 2
-    tokens = make_scale_corpus(args.out, args.files, args.rows, args.row_group, args.seed, args.demo)
+    tokens = make_scale_corpus(args.out, args.files, args.rows, args.row_group, args.seed, args.demo, args.small_pages)
     print(f"wrote {args.files} files x {args.rows:,} rows ({args.row_group:,} per row group), "
           f"~{tokens / 1e6:.1f}M tokens, into {args.out}")
     return 0

@@ -28,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data.corpus import PAGE_OPTIONS
+
 SUB_SOURCES = {  # sub-source: (share of documents, mean tokens per document)
     "common-crawl": (0.60, 1_400),
     "olmocr_science_pdfs": (0.05, 9_600),
@@ -73,8 +75,10 @@ def doc_lengths(rng: np.random.Generator, sub: str, n: int) -> np.ndarray:
 
 
 def write_file(path: Path, rows: int, row_group: int, pool: str, chars_per_token: float,
-               rng: np.random.Generator) -> int:
-    """One file of ``rows`` documents mixing every sub-source in random order; returns its tokens."""
+               rng: np.random.Generator, small_pages: bool = False) -> int:
+    """One file of ``rows`` documents mixing every sub-source in random order; returns its tokens.
+    Pages as pyarrow writes them by default (as a corpus from elsewhere has them), or with
+    ``small_pages`` as this repo's corpus tools write them (data/corpus/__init__.py PAGE_OPTIONS)."""
     names = list(SUB_SOURCES)
     shares = np.array([SUB_SOURCES[s][0] for s in names])
     which = rng.choice(len(names), size=rows, p=shares / shares.sum())
@@ -95,13 +99,13 @@ def write_file(path: Path, rows: int, row_group: int, pool: str, chars_per_token
         "category": pa.array([names[i].split("_")[0] for i in which], pa.string()),
     })
     tmp = path.with_suffix(".tmp")
-    pq.write_table(table, tmp, row_group_size=row_group)
+    pq.write_table(table, tmp, row_group_size=row_group, **(PAGE_OPTIONS if small_pages else {}))
     tmp.replace(path)
     return int(lengths.sum())
 
 
 def make_scale_corpus(out: Path, files: int = 4, rows: int = 100_000, row_group: int = 100_000, seed: int = 0,
-                      demo: Path | None = None) -> int:
+                      demo: Path | None = None, small_pages: bool = False) -> int:
     """Writes ``files`` shards into ``out``; returns the total tokens."""
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,5 +116,5 @@ def make_scale_corpus(out: Path, files: int = 4, rows: int = 100_000, row_group:
             build_demo_corpus(demo)
         pool, cpt = text_pool(demo)
     rng = np.random.default_rng(seed)
-    return sum(write_file(out / f"dolma3-shaped-{i:04d}.parquet", rows, row_group, pool, cpt, rng)
+    return sum(write_file(out / f"dolma3-shaped-{i:04d}.parquet", rows, row_group, pool, cpt, rng, small_pages)
                for i in range(files))

@@ -50,6 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data import files
+from data.corpus import PAGE_OPTIONS
 from data.errors import ConfigError
 
 SHUFFLE_VERSION = 1  # bump when the assignment or permutation changes: outputs of older runs are refused
@@ -365,7 +366,7 @@ def gather_bucket(spec: ShuffleSpec, bucket: int) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with pq.ParquetWriter(tmp, schema, compression=spec.compression) as writer:
+        with pq.ParquetWriter(tmp, schema, compression=spec.compression, **PAGE_OPTIONS) as writer:
             for start in range(0, table.num_rows, spec.row_group_rows):
                 rows = table.take(pa.array(perm[start : start + spec.row_group_rows]))
                 stats.add_table(rows, spec)

@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.config import DataConfig, FilterConfig, SourceConfig
+from data.corpus import PAGE_OPTIONS
 from data.corpus.shuffle import cast_to_schema, split_rows_by_label, write_json_atomic
 from data.errors import ConfigError
 from data.manifest import build_manifest, matches
@@ -83,7 +84,7 @@ class _PartWriter:
         if self.writer is None:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.tmp = self.folder / f".part-{self.part:05d}.parquet.{os.getpid()}.tmp"
-            self.writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression)
+            self.writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression, **PAGE_OPTIONS)
         self.writer.write_table(head, row_group_size=rows)
         self.part_rows += head.num_rows
         if self.part_rows >= self.rows_per_part:
