@@ -685,18 +685,13 @@ def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path,
                      f"{human(r['tok_s']):>9} / {human(r['tok_s_overall']):>7} {r['peak_rss_mb']:>6.0f} MB "
                      f"{r['cursor_bytes'] / 1e3:>6.1f} KB "
                      f"{r['restore']:>6.1f} s")
-    if before:
-        a, b = results["after (this tree)"], results["before"]
-        lines.append(f"    after/before: first batch {a['first_batch'] / b['first_batch']:.2f}, tok/s steady "
+    pairs = ([("after/before", "after (this tree)", "before")] if before else []) + (
+        [("1 MiB pages / pyarrow's default pages", "after, 1 MiB pages", "after (this tree)")] if small_pages else [])
+    for label, x, y in pairs:
+        a, b = results[x], results[y]
+        lines.append(f"    {label}: first batch {a['first_batch'] / b['first_batch']:.2f}, tok/s steady "
                      f"{a['tok_s'] / b['tok_s']:.2f}, overall {a['tok_s_overall'] / b['tok_s_overall']:.2f}, "
-                     f"peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}, restore "
-                     f"{a['restore'] / b['restore']:.2f}")
-    if small_pages:
-        a, b = results["after, 1 MiB pages"], results["after (this tree)"]
-        lines.append(f"    1 MiB pages / pyarrow's default pages: peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}, "
-                     f"tok/s steady {a['tok_s'] / b['tok_s']:.2f}, "
-                     f"first batch {a['first_batch'] / b['first_batch']:.2f}, "
-                     f"restore {a['restore'] / b['restore']:.2f}")
+                     f"peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}, restore {a['restore'] / b['restore']:.2f}")
     return lines, results
 
 
