@@ -72,7 +72,7 @@ def build(names: Sequence[str], run_dir: Path, *, wandb_project: str, wandb_name
         elif name == "wandb":
             from lightning.pytorch.loggers import WandbLogger
 
-            online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
+            online = wandb_online()
             loggers.append(WandbLogger(project=wandb_project, name=wandb_name or run_dir.name, group=wandb_group,
                                        save_dir=str(run_dir), offline=not online,
                                        id=wandb_run_id(run_dir)))  # Lightning resumes it ("allow")
@@ -87,6 +87,11 @@ def build(names: Sequence[str], run_dir: Path, *, wandb_project: str, wandb_name
             loggers.append(MLFlowLogger(experiment_name=wandb_project, run_name=wandb_name or run_dir.name,
                                         tracking_uri=(run_dir / "mlruns").resolve().as_uri()))
     return loggers
+
+
+def wandb_online() -> bool:
+    """wandb logs online only with an API key and no ``WANDB_MODE=offline``: never a prompt."""
+    return bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
 
 
 def wandb_run_id(run_dir: Path) -> str:
@@ -150,8 +155,7 @@ def log_evaluation(run_dir: Path, step: int, metrics: dict[str, float]) -> list[
         logger.finalize("success")
         if kind == "wandb":
             logger.experiment.finish()
-            online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline"
-            sent.append(f"wandb: run {wandb_run_id(paths.root)} ({'online' if online else 'offline'}), "
+            sent.append(f"wandb: run {wandb_run_id(paths.root)} ({'online' if wandb_online() else 'offline'}), "
                         f"in {paths.wandb}")
         else:
             sent.append(f"{kind}: " + (str(logger.log_dir) if kind == "tensorboard" else f"run {name}/eval"))
