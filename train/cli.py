@@ -50,6 +50,7 @@ from train.callbacks import (
     ProgressLog,
     ThroughputCallback,
 )
+from train.checkpoint import CheckpointError, read_checkpoint, remove_stale_temp_files, resolve_checkpoint
 from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
 from train.faults import (
@@ -57,8 +58,6 @@ from train.faults import (
     end_worker_processes,
     error_lines,
     install_early_handlers,
-    remove_stale_temp_files,
-    resolve_checkpoint,
 )
 from train.model import ModelConfigError
 from train.module import PretrainModule
@@ -214,7 +213,14 @@ class WellMixedCLI(LightningCLI):
         ckpt_path = self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
         if not (ckpt_path and Path(ckpt_path).is_file()):
             return
-        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        section = self.config[self.config.subcommand]
+        way_out = "resume from another file with --ckpt_path FILE, or pass --run.ckpt_fallback true"
+        try:
+            hparams = read_checkpoint(ckpt_path, "--ckpt_path", way_out).get("hyper_parameters", {})
+        except CheckpointError:
+            if section.run.ckpt_fallback:
+                return  # before_fit's resolve_checkpoint falls back to the newest valid one
+            raise
         hparams = {k: v for k, v in hparams.items() if k not in ("_instantiator", "_class_path")}
         if hparams:
             self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)

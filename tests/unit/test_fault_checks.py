@@ -16,7 +16,7 @@ import yaml
 
 from data.errors import ConfigError
 from train.callbacks import AtomicCheckpointIO
-from train.faults import resolve_checkpoint
+from train.checkpoint import resolve_checkpoint
 from train.rundir_lock import LOCK_NAME, acquire_run_dir, release_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,7 +228,7 @@ def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
         resolve_checkpoint("last", ckpts, fallback=False)
     flipped = hashlib.sha256(last.read_bytes()).hexdigest()
     assert str(info.value).startswith(
-        f"checkpoint {last} is unreadable (truncated or corrupt?): sha256 {flipped[:16]}"
+        f"--ckpt_path {last}: sha256 {flipped[:16]}"
         f"... does not match last.ckpt.sha256 ({digest[:16]}...): bits changed after the write")
     assert "--run.ckpt_fallback true" in str(info.value)
     assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000006.ckpt")
@@ -241,7 +241,7 @@ def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
     """keep_last_k's removal takes the sidecar along; a kill's leftovers (sidecar temporaries, sidecars of
     removed files) go at the next start; a rewrite never leaves the old checksum beside the new file."""
     from train.callbacks import checksum_path, file_sha256, read_checksum
-    from train.faults import remove_stale_temp_files
+    from train.checkpoint import remove_stale_temp_files
 
     io = AtomicCheckpointIO()
     a, b = tmp_path / "step0000003.ckpt", tmp_path / "step0000006.ckpt"
@@ -339,7 +339,7 @@ def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it
     an edited ``taken`` or ``next_step`` names the file and the field (or falls back), no worker crash."""
     import copy
 
-    from train.faults import checkpoint_problem
+    from train.checkpoint import checkpoint_problem
 
     _, state = order_state
     io = AtomicCheckpointIO()
@@ -357,7 +357,7 @@ def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it
     bad["cursors"][1][0]["sources"]["web"]["taken"] = -5
     path = save(bad)
     assert checkpoint_problem(path).startswith("data cursor (consumer 2 of 4): sources.web.taken = -5 is out of range")
-    with pytest.raises(ConfigError, match=rf"^checkpoint {path} is unreadable .*: data cursor \(consumer 2 of 4\): "
+    with pytest.raises(ConfigError, match=rf"^--ckpt_path {path}: data cursor \(consumer 2 of 4\): "
                                           r"sources.web.taken = -5 is out of range .*--run.ckpt_fallback true"):
         resolve_checkpoint(str(path), tmp_path, fallback=False)
     old = copy.deepcopy(bad)
@@ -373,8 +373,8 @@ def test_a_checkpoint_whose_cursor_files_are_missing_or_damaged_is_refused(order
     (``cursor_ranks=[]``: the same answer on every rank, so a fallback picks one checkpoint for all)."""
     import copy
 
+    from train.checkpoint import checkpoint_problem
     from train.cursor_files import claim_step_dir, save_rank_cursors
-    from train.faults import checkpoint_problem
 
     _, state = order_state
     ckpts = tmp_path / "checkpoints"
@@ -394,7 +394,7 @@ def test_a_checkpoint_whose_cursor_files_are_missing_or_damaged_is_refused(order
     (ckpts / "cursors" / "step0000007-v1" / "rank00001.pt").unlink()
     want = f"data cursor file {ckpts / 'cursors' / 'step0000007-v1' / 'rank00001.pt'} missing"
     assert checkpoint_problem(last, cursor_ranks=[]).startswith(want)
-    with pytest.raises(ConfigError, match=rf"^checkpoint {last} is unreadable .*: {want} .*--run.ckpt_fallback"):
+    with pytest.raises(ConfigError, match=rf"^--ckpt_path {last}: {want} .*--run.ckpt_fallback"):
         resolve_checkpoint(str(last), ckpts, fallback=False, cursor_ranks=[])
     assert resolve_checkpoint(str(last), ckpts, fallback=True, cursor_ranks=[]) == str(ckpts / "step0000007.ckpt")
 
