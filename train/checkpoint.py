@@ -67,7 +67,8 @@ def sidecar_digest(path: Path) -> str | None:
         raise ValueError(f"its sidecar {side.name} is unreadable ({type(e).__name__})") from None
     words = text.split()
     if not words or not re.fullmatch(r"[0-9a-fA-F]{64}", words[0]):
-        raise ValueError(f"its sidecar {side.name} is malformed (not a sha256 digest: {text[:40]!r})")
+        raise ValueError(f"its sidecar {side.name} is malformed ({text[:40]!r}, not the 64 hex digits sha256sum "
+                         "writes)")
     return words[0].lower()
 
 
@@ -116,8 +117,9 @@ def warn_unverified(path: Path) -> None:
 # -- 2. what a file is ------------------------------------------------------------------------------
 
 
-def _not_a_checkpoint_file(path: Path) -> str | None:
-    """What a file that is not torch's zip format is, from its first bytes; None for the zip format."""
+def file_problem(path: Path, pickle_ok: bool = False) -> str | None:
+    """What a file that is not torch's zip format is, from its first bytes; None for the zip format
+    (``pickle_ok``: also for a pickle, torch's legacy format, which only a trusting reader unpickles)."""
     with open(path, "rb") as f:
         head = f.read(512)
     if not head:
@@ -127,7 +129,7 @@ def _not_a_checkpoint_file(path: Path) -> str | None:
     if head.startswith(_PARQUET):
         return "a parquet file, not a checkpoint"
     if head[:1] == b"\x80":
-        return "a plain pickle (not torch's zip format), not a checkpoint this code writes"
+        return None if pickle_ok else "a plain pickle (not torch's zip format), not a checkpoint this code writes"
     try:
         head.decode("utf-8")
         return "a text file (YAML? a config?), not a checkpoint"
@@ -142,8 +144,7 @@ def load_problem(e: BaseException) -> str:
     if isinstance(e, pickle.UnpicklingError) or "Weights only load failed" in text:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
         what = f" ({found.group(1)})" if found else ""
-        return (f"holds objects other than tensors and plain types{what}: refused, unpickling it could run "
-                "code (checkpoints of this code hold none)")
+        return f"holds objects other than tensors and plain types{what}: refused (unpickling it could run code)"
     if "central directory" in text or "failed reading zip archive" in text:
         return "truncated or corrupt (its zip index cannot be read)"
     if isinstance(e, EOFError):
@@ -162,7 +163,8 @@ def _folder_problem(path: Path) -> str:
                f"--run.dir {path} --ckpt_path last"
     ckpts = sorted(p.name for p in entries if p.name.endswith(".ckpt"))
     if ckpts:
-        return f"a folder of {len(ckpts)} checkpoint(s) ({', '.join(ckpts[:3])}...), not one: name one of them"
+        more = ", ..." if len(ckpts) > 3 else ""
+        return f"a folder of {len(ckpts)} checkpoint(s) ({', '.join(ckpts[:3])}{more}), not one: name one of them"
     if (path / "meta.pt").exists() or any(p.suffix == ".distcp" for p in entries):
         return "a sharded checkpoint folder without its .metadata index (incomplete write?)"
     return "a directory, not a checkpoint (no .metadata index of a sharded checkpoint)"
@@ -173,7 +175,7 @@ def load_file(path: Path, lightning: bool = True) -> tuple[dict | None, str | No
     on disk, so this costs milliseconds besides the hash even for a multi-GB checkpoint. ``lightning``:
     require ``state_dict`` and ``global_step`` (else any dict, e.g. a bare state dict for the export)."""
     try:
-        problem = _not_a_checkpoint_file(path)
+        problem = file_problem(path)
     except OSError as e:
         problem = f"{type(e).__name__}: {e}"[:300]
     if problem is not None:
@@ -186,7 +188,7 @@ def load_file(path: Path, lightning: bool = True) -> tuple[dict | None, str | No
     if problem is not None:
         return None, problem
     if not isinstance(obj, dict):
-        return None, f"holds a {type(obj).__name__} (a saved tensor?), not a checkpoint"
+        return None, f"holds a bare {type(obj).__name__}, not a checkpoint (a dict of weights and state)"
     if lightning and ("state_dict" not in obj or "global_step" not in obj):
         return None, "not a Lightning checkpoint (no state_dict / global_step)"
     return obj, None
