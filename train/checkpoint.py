@@ -384,6 +384,33 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool,
     raise CheckpointError(f"--ckpt_path {path}: {problem}; and {where} holds no valid checkpoint to fall back to")
 
 
+def requested_hparams(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) -> dict:
+    """What ``--ckpt_path`` asks for, checked when the command line is parsed, before anything is built
+    or written: a name this CLI writes no checkpoint for, ``last`` in a run without any, a path that
+    does not exist or is no checkpoint are refused here. For a file, its ``hyper_parameters``, verified
+    as every reader does (with ``fallback`` an unusable file gives ``{}``: :func:`resolve_checkpoint`
+    falls back when the run starts)."""
+    if ckpt_path is None or ckpt_path == LAST_OR_NEW:
+        return {}
+    if ckpt_path == LAST or ckpt_path in REFUSED_NAMES:
+        if ckpt_path in REFUSED_NAMES or not (ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt"))):
+            resolve_checkpoint(ckpt_path, ckpt_dir, fallback)  # raises the refusal
+        return {}
+    path = Path(ckpt_path)
+    if path.is_dir() and not (path / ".metadata").is_file():
+        raise CheckpointError(f"--ckpt_path {path}: {_folder_problem(path)}")
+    if path.is_dir():
+        return {}
+    way_out = "resume from another file with --ckpt_path FILE, or pass --run.ckpt_fallback true"
+    try:
+        hparams = read_checkpoint(path, "--ckpt_path", way_out).get("hyper_parameters")
+    except CheckpointError:
+        if fallback and path.exists():
+            return {}
+        raise
+    return hparams if isinstance(hparams, dict) else {}
+
+
 def _newest_step_file(ckpt_dir: Path, mode: str, cursor_ranks: list[int] | None = None) -> str:
     """``--ckpt_path last`` without a ``last*.ckpt``: the step file of the highest recorded step that loads.
 

@@ -50,7 +50,7 @@ from train.callbacks import (
     ProgressLog,
     ThroughputCallback,
 )
-from train.checkpoint import CheckpointError, read_checkpoint, remove_stale_temp_files, resolve_checkpoint
+from train.checkpoint import remove_stale_temp_files, requested_hparams, resolve_checkpoint
 from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
 from train.faults import (
@@ -210,17 +210,12 @@ class WellMixedCLI(LightningCLI):
         """LightningCLI's reading of ``--ckpt_path FILE``'s hparams into ``model:``, without ``_class_path``
         (our checkpoints carry it so that ``lightning.LightningModule.load_from_checkpoint`` finds the class;
         this parser is not in subclass mode and would refuse it)."""
-        ckpt_path = self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
-        if not (ckpt_path and Path(ckpt_path).is_file()):
+        if not self.config.get("subcommand"):
             return
         section = self.config[self.config.subcommand]
-        way_out = "resume from another file with --ckpt_path FILE, or pass --run.ckpt_fallback true"
-        try:
-            hparams = read_checkpoint(ckpt_path, "--ckpt_path", way_out).get("hyper_parameters", {})
-        except CheckpointError:
-            if section.run.ckpt_fallback:
-                return  # before_fit's resolve_checkpoint falls back to the newest valid one
-            raise
+        # refused here, before anything is built or written: see train/checkpoint.py
+        hparams = requested_hparams(section.get("ckpt_path"), RunDir(section.run.dir).checkpoints,
+                                    section.run.ckpt_fallback)
         hparams = {k: v for k, v in hparams.items() if k not in ("_instantiator", "_class_path")}
         if hparams:
             self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
