@@ -427,3 +427,129 @@ def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(
     faults.arm_fatal_exit(RuntimeError("again"))
     faults.disarm_fatal_exit()  # what the test suite does after each test: nothing fires later
     assert faults.FATAL_EXIT_AFTER_S is None and not faults._ARMED.is_set() and not faults._TIMER
+
+
+# -- --ckpt_path: what it names, found by the step inside, refused in one line ------------------------------
+
+
+def test_last_is_the_highest_step_recorded_inside_not_the_newest_file(tmp_path, caplog):
+    """A stale last-v1.ckpt (step 1, from an early SIGTERM) and last.ckpt (step 16), copied without their
+    mtimes so that the stale one looks newer: before, --ckpt_path last resumed the finished run from step 1."""
+    ckpts = tmp_path / "checkpoints"
+    now = time.time()
+    _save(ckpts / "last.ckpt", 16, now - 3600)
+    _save(ckpts / "last-v1.ckpt", 1, now)
+    with caplog.at_level("WARNING"):
+        assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "last.ckpt")
+    assert "last.ckpt records the highest step of last.ckpt, last-v1.ckpt (16)" in caplog.text
+    _save(ckpts / "last-v1.ckpt", 17, now - 7200)  # the other way round: the higher step wins, whatever its time
+    assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "last-v1.ckpt")
+    _save(ckpts / "last-v1.ckpt", 16, now)  # a tie: the plain name
+    assert resolve_checkpoint("last_or_new", ckpts, fallback=False) == str(ckpts / "last.ckpt")
+    (ckpts / "last-v1.ckpt").write_bytes(b"half")  # one that does not open is named, not passed over
+    with pytest.raises(ConfigError, match=r"--ckpt_path .*last-v1.ckpt: .*--run.ckpt_fallback true"):
+        resolve_checkpoint("last", ckpts, fallback=False)
+    assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "last.ckpt")
+
+
+class _Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def _not_checkpoints(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (path, the words its refusal must hold)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "other_dir").mkdir()
+    (tmp_path / "other_dir" / "notes.txt").write_text("x")
+    (tmp_path / "ckpt_dir").mkdir()
+    _save(tmp_path / "ckpt_dir" / "step0000003.ckpt", 3, time.time())
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "half_sharded").mkdir()
+    (tmp_path / "half_sharded" / "__0_0.distcp").write_bytes(b"x")
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    pq.write_table(pa.table({"text": ["a"]}), tmp_path / "shard.parquet")
+    (tmp_path / "config.yaml").write_text("model:\n  d_model: 32\n")
+    torch.save(torch.ones(3), tmp_path / "tensor.pt")
+    torch.save({"state_dict": {}, "global_step": 1, "x": _Payload(tmp_path / "pwned")}, tmp_path / "crafted.ckpt")
+    return {
+        "empty_dir": (tmp_path / "empty_dir", "an empty directory, not a checkpoint"),
+        "other_dir": (tmp_path / "other_dir", "a directory, not a checkpoint (no .metadata index"),
+        "ckpt_dir": (tmp_path / "ckpt_dir", "a folder of 1 checkpoint(s) (step0000003.ckpt), not one: name one"),
+        "run_dir": (tmp_path / "run", f"a run directory, not a checkpoint: name a file in its checkpoints/, or "
+                                      f"resume it with --run.dir {tmp_path / 'run'} --ckpt_path last"),
+        "half_sharded": (tmp_path / "half_sharded", "a sharded checkpoint folder without its .metadata index"),
+        "empty_file": (tmp_path / "empty.ckpt", "an empty file (0 bytes), not a checkpoint"),
+        "parquet": (tmp_path / "shard.parquet", "a parquet file, not a checkpoint"),
+        "yaml": (tmp_path / "config.yaml", "a text file (YAML? a config?), not a checkpoint"),
+        "tensor": (tmp_path / "tensor.pt", "holds a bare Tensor, not a checkpoint"),
+        "crafted_pickle": (tmp_path / "crafted.ckpt", "holds objects other than tensors and plain types "
+                                                      "(getattr): refused (unpickling it could run code)"),
+    }
+
+
+def test_a_ckpt_path_that_is_not_a_checkpoint_is_named_for_what_it_is(tmp_path):
+    """Before: every folder was "a sharded checkpoint without its .metadata index"; an empty file, a saved
+    tensor and best gave EOFError / AttributeError / ValueError tracebacks, and torch's text advised the
+    unsafe weights_only=False. A crafted pickle is refused without running its payload."""
+    from train.checkpoint import requested_hparams
+
+    for name, (path, want) in _not_checkpoints(tmp_path).items():
+        with pytest.raises(ConfigError) as info:
+            requested_hparams(str(path), tmp_path / "run" / "checkpoints", fallback=False)
+        msg = str(info.value)
+        assert msg.startswith(f"--ckpt_path {path}: {want}"), (name, msg)
+        assert "\n" not in msg and "weights_only" not in msg and "--trust" not in msg, (name, msg)
+    assert not (tmp_path / "pwned").exists()
+    for name in ("best", "hpc", "registry"):
+        with pytest.raises(ConfigError, match=rf"^--ckpt_path {name}: this CLI writes no '{name}' checkpoint; "
+                                              "use --ckpt_path last"):
+            requested_hparams(name, tmp_path / "run" / "checkpoints", fallback=False)
+
+
+def test_export_suggests_trust_checkpoint_only_for_pickled_objects(tmp_path):
+    """Before: export_hf.py on a folder or a truncated file suggested --trust-checkpoint."""
+    from scripts.export_hf import main
+
+    cases = _not_checkpoints(tmp_path)
+    _save(tmp_path / "whole.ckpt", 3, time.time())
+    data = (tmp_path / "whole.ckpt").read_bytes()
+    (tmp_path / "truncated.ckpt").write_bytes(data[: len(data) // 2])
+    for path in (cases["other_dir"][0], cases["empty_dir"][0], tmp_path / "truncated.ckpt"):
+        with pytest.raises(ConfigError) as info:
+            from train.export import load_checkpoint
+
+            load_checkpoint(path)
+        assert "--trust-checkpoint" not in str(info.value) and str(path) in str(info.value), str(info.value)
+    with pytest.raises(ConfigError, match=r"refused \(unpickling it could run code\).*--trust-checkpoint"):
+        from train.export import load_checkpoint
+
+        load_checkpoint(cases["crafted_pickle"][0])
+    assert main([str(tmp_path / "truncated.ckpt"), "--out", str(tmp_path / "hf")]) == 2
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "hf").exists()
+
+
+def test_ckpt_path_last_without_a_checkpoint_is_refused_and_last_or_new_starts_fresh(tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Before: --ckpt_path last in a run dir without checkpoints (the README's resume line after a demo
+    that wrote elsewhere) retrained from step 0 behind one warning. Refused before anything is written."""
+    from train.checkpoint import requested_hparams
+    from train.cli import main
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    run = tmp_path / "run"
+    rc = main(["fit", "--config", str(ROOT / "configs" / "demo.yaml"), "--run.wandb", "false", "--run.dir", str(run),
+               "--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    assert rc == 2 and [ln for ln in err.splitlines() if ln.startswith("error:")] == [
+        f"error: --ckpt_path last: {run} has no checkpoint to resume ({run / 'checkpoints'} holds no *.ckpt); "
+        "to start a new run there leave out --ckpt_path, or pass --ckpt_path last_or_new (resume if there is one)"]
+    assert not run.exists()
+    assert requested_hparams("last_or_new", run / "checkpoints", fallback=False) == {}
+    assert resolve_checkpoint("last_or_new", run / "checkpoints", fallback=False) is None
