@@ -14,10 +14,11 @@ What this file adds to LightningCLI, and why:
 - no ``--optimizer`` / ``--lr_scheduler``: AdamW and the warmup-stable-decay LR of ``data.schedule``
   are the module's (LightningCLI's automatic optimizer flags would silently replace both);
 - only the subcommands that work on this module: ``fit`` and ``validate`` (which prints its results);
-- checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; the file
-  ``--ckpt_path`` names is checked before it is loaded, and SIGTERM/SIGUSR1 checkpoint and stop
-  cleanly at the next step (train/faults.py); under SLURM, Lightning's own auto-requeue is off
-  (scripts/slurm/train.sbatch requeues after that checkpoint);
+- checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; what ``--ckpt_path``
+  names (``last``, ``last_or_new``, a file) is found and verified before it is loaded
+  (train/checkpoint.py), and SIGTERM/SIGUSR1 checkpoint and stop cleanly at the next step
+  (train/faults.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
+  requeues after that checkpoint);
 - start-up checks before any compute: the manifest (bad files), the plan table and implied epochs,
   the schedule against the model's context, the global batch against ranks x micro-batch;
 - the config is saved per launch as ``<run>/config-NNN.yaml`` (a resume adds one, never overwrites)
