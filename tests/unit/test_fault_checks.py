@@ -335,7 +335,7 @@ def test_a_step_the_consumers_disagree_with_is_named_not_an_assertion(order_stat
 
 
 def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it(order_state, tmp_path):
-    """The checkpoint's data cursors go through the same checks in the resume pre-check (train/faults.py):
+    """The checkpoint's data cursors go through the same checks in the resume pre-check (train/checkpoint.py):
     an edited ``taken`` or ``next_step`` names the file and the field (or falls back), no worker crash."""
     import copy
 
