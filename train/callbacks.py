@@ -343,7 +343,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     truncated ``last.ckpt``. Each file gets a sidecar ``NAME.sha256``: hashed from the page cache after
     the fsync (about 0.7 s/GB on this CPU, ~3 s for the 350M run's 4.3 GB), written atomically after the
     rename; the old sidecar is removed before the rename, so a kill in between leaves a checkpoint
-    without a checksum, never a wrong one. every reader verifies it (train/checkpoint.py). Removing a
+    without a checksum, never a wrong one. Every reader verifies it (train/checkpoint.py). Removing a
     checkpoint (``keep_last_k``) removes its sidecar.
     """
 
