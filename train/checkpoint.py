@@ -336,7 +336,7 @@ def _no_checkpoint(ckpt_dir: Path, mode: str) -> None:
 
 
 def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool,
-                       cursor_ranks: list[int] | None = None) -> str | None:
+                       cursor_ranks: list[int] | None = None, cursors: bool = True) -> str | None:
     """The checkpoint ``--ckpt_path`` means, verified; None to start from step 0.
 
     ``last``: :func:`find_last`, or without any ``last*.ckpt`` the newest step file that loads
@@ -350,7 +350,8 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool,
     talk, so each must decide from the same facts or a fallback could pick different checkpoints on
     different ranks. The CLI passes ``[]`` on several ranks (presence only, the same answer everywhere;
     each rank then range-checks its own file when it loads it, an error naming the file) rather than
-    have every rank read every rank's cursors here, which this layout exists to avoid.
+    have every rank read every rank's cursors here, which this layout exists to avoid. ``cursors=False``
+    (``train validate``, which reads no data state): the cursor files are not looked at.
     """
     if ckpt_path is None:
         return None
@@ -361,14 +362,15 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool,
         path = find_last(ckpt_dir, ckpt_path)
         if path is None:
             files = list(ckpt_dir.glob("*.ckpt")) if ckpt_dir.is_dir() else []
-            return _newest_step_file(ckpt_dir, ckpt_path, cursor_ranks) if files else _no_checkpoint(ckpt_dir,
-                                                                                                     ckpt_path)
+            if not files:
+                return _no_checkpoint(ckpt_dir, ckpt_path)
+            return _newest_step_file(ckpt_dir, ckpt_path, cursor_ranks, cursors)
     else:
         path = Path(ckpt_path)
         if not path.exists():  # a file, or a sharded FSDP checkpoint's folder
             raise CheckpointError(f"--ckpt_path {path}: no such file or folder; name a checkpoint file, or use "
                                   "--ckpt_path last (the newest of --run.dir)")
-    problem = checkpoint_problem(path, cursor_ranks)
+    problem = checkpoint_problem(path, cursor_ranks, cursors)
     if problem is None:
         warn_unverified(path)
         return str(path)
@@ -377,7 +379,7 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool,
         raise CheckpointError(f"--ckpt_path {path}: {problem}; resume from another file with --ckpt_path FILE, "
                               f"or pass --run.ckpt_fallback true to use the newest valid checkpoint in {where}")
     for other in _by_step(list(where.glob("*.ckpt"))):
-        if other != path and checkpoint_problem(other, cursor_ranks) is None:
+        if other != path and checkpoint_problem(other, cursor_ranks, cursors) is None:
             log.warning("checkpoint %s is unusable (%s); falling back to %s (run.ckpt_fallback)", path, problem, other)
             warn_unverified(other)
             return str(other)
@@ -411,7 +413,7 @@ def requested_hparams(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) -> 
     return hparams if isinstance(hparams, dict) else {}
 
 
-def _newest_step_file(ckpt_dir: Path, mode: str, cursor_ranks: list[int] | None = None) -> str:
+def _newest_step_file(ckpt_dir: Path, mode: str, cursor_ranks: list[int] | None, cursors: bool) -> str:
     """``--ckpt_path last`` without a ``last*.ckpt``: the step file of the highest recorded step that loads.
 
     A kill between a step file's rename and its ``last.ckpt`` link (or a deleted ``last.ckpt``) leaves
@@ -420,7 +422,7 @@ def _newest_step_file(ckpt_dir: Path, mode: str, cursor_ranks: list[int] | None 
     """
     skipped = []
     for path in _by_step(list(ckpt_dir.glob("*.ckpt"))):
-        problem = checkpoint_problem(path, cursor_ranks)
+        problem = checkpoint_problem(path, cursor_ranks, cursors)
         if problem is None:
             log.warning("--ckpt_path %s: no last.ckpt in %s; resuming from the newest loadable step file %s%s",
                         mode, ckpt_dir, path, f" (unusable, skipped: {', '.join(skipped)})" if skipped else "")

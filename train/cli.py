@@ -274,6 +274,13 @@ class WellMixedCLI(LightningCLI):
         ]
         return super()._instantiate_trainer(config, callbacks)
 
+    def before_validate(self) -> None:
+        """``--ckpt_path`` found and verified as for fit (``last`` by the step recorded inside), not by
+        Lightning's own lookup of the newest file."""
+        section, run = self._section(), self._section().run
+        self.config_init[self.subcommand]["ckpt_path"] = resolve_checkpoint(
+            section.get("ckpt_path"), RunDir(run.dir).checkpoints, run.ckpt_fallback, cursors=False)
+
     def before_fit(self) -> None:
         """Everything that can be wrong is checked here, before the first step."""
         dm: WellMixedData = self.datamodule

@@ -397,6 +397,7 @@ def test_a_checkpoint_whose_cursor_files_are_missing_or_damaged_is_refused(order
     with pytest.raises(ConfigError, match=rf"^--ckpt_path {last}: {want} .*--run.ckpt_fallback"):
         resolve_checkpoint(str(last), ckpts, fallback=False, cursor_ranks=[])
     assert resolve_checkpoint(str(last), ckpts, fallback=True, cursor_ranks=[]) == str(ckpts / "step0000007.ckpt")
+    assert resolve_checkpoint("last", ckpts, fallback=False, cursors=False) == str(last)  # `train validate`
 
 
 def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(monkeypatch, capsys):
