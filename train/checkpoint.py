@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import pickle
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -73,11 +74,17 @@ def sidecar_digest(path: Path) -> str | None:
 
 
 def _digest(path: Path) -> str:
+    """sha256 of ``path``, remembered for a file last changed over a second before it was hashed: a
+    later change then gets a later mtime, so a remembered digest never stands for other bytes."""
     st = path.stat()
     key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = file_sha256(path)
-    return _DIGESTS[key]
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    started = time.time()
+    digest = file_sha256(path)
+    if started - st.st_mtime > 1.0:
+        _DIGESTS[key] = digest
+    return digest
 
 
 def checksum_problem(path: Path) -> str | None:

@@ -554,3 +554,24 @@ def test_ckpt_path_last_without_a_checkpoint_is_refused_and_last_or_new_starts_f
     assert not run.exists()
     assert requested_hparams("last_or_new", run / "checkpoints", fallback=False) == {}
     assert resolve_checkpoint("last_or_new", run / "checkpoints", fallback=False) is None
+
+
+def test_a_malformed_sidecar_is_an_error_and_a_file_changed_after_its_check_is_checked_again(tmp_path, caplog):
+    """Before: a malformed sidecar counted as none (the file was only opened) and a missing one said nothing."""
+    from train.callbacks import checksum_path
+    from train.checkpoint import checkpoint_problem
+
+    path = tmp_path / "last.ckpt"
+    marker = bytes(range(7, 247))
+    w = torch.frombuffer(bytearray(marker * 8), dtype=torch.uint8).clone()
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": w}, "global_step": 3}, path)
+    assert checkpoint_problem(path) is None
+    _flip_tensor_byte(path, marker)  # at once, in place: same inode and size
+    assert "does not match last.ckpt.sha256" in checkpoint_problem(path)
+    for bad in ("", "deadbeef  last.ckpt\n", "x" * 64 + "  last.ckpt\n"):
+        checksum_path(path).write_text(bad)
+        assert checkpoint_problem(path).startswith("its sidecar last.ckpt.sha256 is malformed ("), bad
+    checksum_path(path).unlink()
+    with caplog.at_level("WARNING"):
+        assert resolve_checkpoint(str(path), tmp_path, fallback=False) == str(path)
+    assert f"checkpoint {path} has no sidecar last.ckpt.sha256: its bytes cannot be verified" in caplog.text
