@@ -97,7 +97,7 @@ def test_second_run_in_the_same_run_dir_is_refused_before_it_touches_anything(wo
     first = Run(workdir, run_dir, long, env, "first")
     try:
         first.signal_when(lambda: first.lines_done() >= 1, sig=0)  # signal 0: just wait for the first step
-        second = run_to_end(workdir, run_dir, long + ["--ckpt_path", "last"], env, "second", expect_rc=2)
+        second = run_to_end(workdir, run_dir, long + ["--ckpt_path", "last_or_new"], env, "second", expect_rc=2)
         errors = [ln for ln in second.log().splitlines() if ln.startswith("error:")]
         assert len(errors) == 1 and errors[0].startswith(
             f"error: run.dir: {run_dir} is in use by another run (pid {first.proc.pid} on {socket.gethostname()} "
