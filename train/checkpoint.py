@@ -148,10 +148,12 @@ def load_problem(e: BaseException) -> str:
     """torch.load's failure as one line of our own; torch's advice to load with ``weights_only=False``
     (which runs whatever the pickle says) is never passed on."""
     text = str(e)
+    found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", text)  # torch's two phrasings
+    if found:
+        return (f"holds objects other than tensors and plain types ({found.group(1)}): refused (unpickling it "
+                "could run code)")
     if isinstance(e, pickle.UnpicklingError) or "Weights only load failed" in text:
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
-        what = f" ({found.group(1)})" if found else ""
-        return f"holds objects other than tensors and plain types{what}: refused (unpickling it could run code)"
+        return "corrupt (its pickled structure cannot be read)"
     if "central directory" in text or "failed reading zip archive" in text:
         return "truncated or corrupt (its zip index cannot be read)"
     if isinstance(e, EOFError):
@@ -190,7 +192,8 @@ def load_file(path: Path, lightning: bool = True) -> tuple[dict | None, str | No
     try:  # weights_only: never unpickles anything but tensors and plain types
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
-        return None, load_problem(e)
+        problem = load_problem(e)  # a truncated file is named so; else a failing sidecar is the better reason
+        return None, problem if problem.startswith("truncated") else checksum_problem(path) or problem
     problem = checksum_problem(path)  # what opens may still hold flipped bits (a tensor, a zip member)
     if problem is not None:
         return None, problem

@@ -454,11 +454,11 @@ def test_last_is_the_highest_step_recorded_inside_not_the_newest_file(tmp_path, 
 
 
 class _Payload:
-    def __init__(self, marker: Path):
-        self.marker = marker
+    def __init__(self, marker: Path, shell: bool = False):
+        self.marker, self.shell = marker, shell
 
     def __reduce__(self):
-        return (Path.touch, (self.marker,))
+        return (os.system, (f"touch {self.marker}",)) if self.shell else (Path.touch, (self.marker,))
 
 
 def _not_checkpoints(tmp_path: Path) -> dict[str, tuple[Path, str]]:
@@ -479,6 +479,8 @@ def _not_checkpoints(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     (tmp_path / "config.yaml").write_text("model:\n  d_model: 32\n")
     torch.save(torch.ones(3), tmp_path / "tensor.pt")
     torch.save({"state_dict": {}, "global_step": 1, "x": _Payload(tmp_path / "pwned")}, tmp_path / "crafted.ckpt")
+    torch.save({"state_dict": {}, "global_step": 1, "x": _Payload(tmp_path / "pwned", shell=True)},
+               tmp_path / "shell.ckpt")
     return {
         "empty_dir": (tmp_path / "empty_dir", "an empty directory, not a checkpoint"),
         "other_dir": (tmp_path / "other_dir", "a directory, not a checkpoint (no .metadata index"),
@@ -492,6 +494,8 @@ def _not_checkpoints(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "tensor": (tmp_path / "tensor.pt", "holds a bare Tensor, not a checkpoint"),
         "crafted_pickle": (tmp_path / "crafted.ckpt", "holds objects other than tensors and plain types "
                                                       "(getattr): refused (unpickling it could run code)"),
+        "shell_pickle": (tmp_path / "shell.ckpt", f"holds objects other than tensors and plain types "
+                                                  f"({os.system.__module__}.system): refused"),
     }
 
 
