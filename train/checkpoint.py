@@ -319,20 +319,20 @@ def _by_step(paths: list[Path]) -> list[Path]:
                                         p.name), reverse=True)
 
 
-def find_last(ckpt_dir: Path, mode: str = LAST) -> Path | None:
+def find_last(ckpt_dir: Path, label: str = "--ckpt_path last") -> Path | None:
     """The ``last*.ckpt`` of the highest recorded step (one that does not open is returned first, so that
-    it is named rather than passed over: it may be the newest); None when there is none."""
+    it is named rather than passed over: it may be the newest); None when there is none. ``label``:
+    who asks, in the note logged when there are several."""
     lasts = sorted(ckpt_dir.glob("last*.ckpt")) if ckpt_dir.is_dir() else []
-    if not lasts:
-        return None
-    ordered = _by_step(lasts)
-    unreadable = [p for p in ordered if recorded_step(p) is None]
-    if unreadable:
-        return unreadable[0]
-    if len(ordered) > 1:
-        log.warning("--ckpt_path %s: %s records the highest step of %s (%d); resuming from it", mode,
-                    ordered[0].name, ", ".join(p.name for p in ordered), recorded_step(ordered[0]))
-    return ordered[0]
+    steps = {p: recorded_step(p) for p in lasts}
+    unreadable = [p for p in _by_step(lasts) if steps[p] is None]
+    if unreadable or not lasts:
+        return unreadable[0] if unreadable else None
+    best = max(lasts, key=lambda p: (steps[p], p.name == "last.ckpt", p.name))
+    if len(lasts) > 1:
+        log.warning("%s: %s records the highest step of %s (%d); using it", label, best.name,
+                    ", ".join(p.name for p in lasts), steps[best])
+    return best
 
 
 def _no_checkpoint(ckpt_dir: Path, mode: str) -> None:
@@ -369,7 +369,7 @@ def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool,
         raise CheckpointError(f"--ckpt_path {ckpt_path}: this CLI writes no {ckpt_path!r} checkpoint; use "
                               "--ckpt_path last (the newest of --run.dir), last_or_new, or a checkpoint file")
     if ckpt_path in (LAST, LAST_OR_NEW):
-        path = find_last(ckpt_dir, ckpt_path)
+        path = find_last(ckpt_dir, f"--ckpt_path {ckpt_path}")
         if path is None:
             files = list(ckpt_dir.glob("*.ckpt")) if ckpt_dir.is_dir() else []
             if not files:

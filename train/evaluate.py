@@ -72,7 +72,7 @@ def find_checkpoint(target: str | Path) -> tuple[Path, Path]:
 
     target = Path(target)
     if target.is_dir() and (RunDir(target).checkpoints.is_dir() or not any(target.glob("*.ckpt"))):
-        ckpt = find_last(RunDir(target).checkpoints)
+        ckpt = find_last(RunDir(target).checkpoints, str(target))
         if ckpt is None:
             raise FileNotFoundError(f"{target} has no checkpoints/last.ckpt (is it a run directory?)")
         run_dir = target

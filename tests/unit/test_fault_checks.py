@@ -442,7 +442,7 @@ def test_last_is_the_highest_step_recorded_inside_not_the_newest_file(tmp_path, 
     _save(ckpts / "last-v1.ckpt", 1, now)
     with caplog.at_level("WARNING"):
         assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "last.ckpt")
-    assert "last.ckpt records the highest step of last.ckpt, last-v1.ckpt (16)" in caplog.text
+    assert "--ckpt_path last: last.ckpt records the highest step of last-v1.ckpt, last.ckpt (16)" in caplog.text
     _save(ckpts / "last-v1.ckpt", 17, now - 7200)  # the other way round: the higher step wins, whatever its time
     assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "last-v1.ckpt")
     _save(ckpts / "last-v1.ckpt", 16, now)  # a tie: the plain name
