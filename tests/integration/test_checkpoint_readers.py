@@ -20,6 +20,8 @@ from training_runs import TINY, copy_checkpoint
 from train.callbacks import checksum_path
 from train.checkpoint import CheckpointError
 
+pytestmark = pytest.mark.slow  # the shared reference run (tests/conftest.py ref_single) trains once per session
+
 FAULTS = {
     "truncated": "truncated or corrupt (its zip index cannot be read)",
     "flipped_byte": "does not match last.ckpt.sha256",
