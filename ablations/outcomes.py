@@ -66,11 +66,11 @@ def final_mixer_state(run_dir: Path, sources: list[str]) -> MixerState | None:
     path = RunDir(run_dir).last_ckpt
     if not path.is_file():
         return None
-    import torch
-
+    from train.checkpoint import read_checkpoint
     from train.cursor_files import load_checkpoint_cursors
 
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    ckpt = read_checkpoint(path, "checkpoint", "resume the run to write a new one, or move it away to report "
+                           "without the mixer check")  # verified like every reader's; tensors stay on disk
     state = ckpt.get("WellMixedData")
     if not state:
         return None

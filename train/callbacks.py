@@ -277,7 +277,7 @@ class FinalCheckpoint(ModelCheckpoint):
 
 def _temporary(path: Path) -> Path:
     """Where a checkpoint is written before its rename: ``.NAME.tmpPID`` beside it (what
-    train/faults.py's remove_stale_temp_files clears after a kill)."""
+    train/checkpoint.py's remove_stale_temp_files clears after a kill)."""
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
@@ -343,7 +343,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     truncated ``last.ckpt``. Each file gets a sidecar ``NAME.sha256``: hashed from the page cache after
     the fsync (about 0.7 s/GB on this CPU, ~3 s for the 350M run's 4.3 GB), written atomically after the
     rename; the old sidecar is removed before the rename, so a kill in between leaves a checkpoint
-    without a checksum, never a wrong one. train/faults.py verifies it on resume. Removing a
+    without a checksum, never a wrong one. Every reader verifies it (train/checkpoint.py). Removing a
     checkpoint (``keep_last_k``) removes its sidecar.
     """
 

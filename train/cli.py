@@ -14,10 +14,11 @@ What this file adds to LightningCLI, and why:
 - no ``--optimizer`` / ``--lr_scheduler``: AdamW and the warmup-stable-decay LR of ``data.schedule``
   are the module's (LightningCLI's automatic optimizer flags would silently replace both);
 - only the subcommands that work on this module: ``fit`` and ``validate`` (which prints its results);
-- checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; the file
-  ``--ckpt_path`` names is checked before it is loaded, and SIGTERM/SIGUSR1 checkpoint and stop
-  cleanly at the next step (train/faults.py); under SLURM, Lightning's own auto-requeue is off
-  (scripts/slurm/train.sbatch requeues after that checkpoint);
+- checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; what ``--ckpt_path``
+  names (``last``, ``last_or_new``, a file) is found and verified before it is loaded
+  (train/checkpoint.py), and SIGTERM/SIGUSR1 checkpoint and stop cleanly at the next step
+  (train/faults.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
+  requeues after that checkpoint);
 - start-up checks before any compute: the manifest (bad files), the plan table and implied epochs,
   the schedule against the model's context, the global batch against ranks x micro-batch;
 - the config is saved per launch as ``<run>/config-NNN.yaml`` (a resume adds one, never overwrites)
@@ -50,6 +51,7 @@ from train.callbacks import (
     ProgressLog,
     ThroughputCallback,
 )
+from train.checkpoint import remove_stale_temp_files, requested_hparams, resolve_checkpoint
 from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
 from train.faults import (
@@ -57,8 +59,6 @@ from train.faults import (
     end_worker_processes,
     error_lines,
     install_early_handlers,
-    remove_stale_temp_files,
-    resolve_checkpoint,
 )
 from train.model import ModelConfigError
 from train.module import PretrainModule
@@ -211,10 +211,12 @@ class WellMixedCLI(LightningCLI):
         """LightningCLI's reading of ``--ckpt_path FILE``'s hparams into ``model:``, without ``_class_path``
         (our checkpoints carry it so that ``lightning.LightningModule.load_from_checkpoint`` finds the class;
         this parser is not in subclass mode and would refuse it)."""
-        ckpt_path = self.config[self.config.subcommand].get("ckpt_path") if self.config.get("subcommand") else None
-        if not (ckpt_path and Path(ckpt_path).is_file()):
+        if not self.config.get("subcommand"):
             return
-        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        section = self.config[self.config.subcommand]
+        # refused here, before anything is built or written: see train/checkpoint.py
+        hparams = requested_hparams(section.get("ckpt_path"), RunDir(section.run.dir).checkpoints,
+                                    section.run.ckpt_fallback)
         hparams = {k: v for k, v in hparams.items() if k not in ("_instantiator", "_class_path")}
         if hparams:
             self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
@@ -271,6 +273,13 @@ class WellMixedCLI(LightningCLI):
                             save_top_k=run.keep_last_k, monitor="step", mode="max", save_last=True),
         ]
         return super()._instantiate_trainer(config, callbacks)
+
+    def before_validate(self) -> None:
+        """``--ckpt_path`` found and verified as for fit (``last`` by the step recorded inside), not by
+        Lightning's own lookup of the newest file."""
+        section, run = self._section(), self._section().run
+        self.config_init[self.subcommand]["ckpt_path"] = resolve_checkpoint(
+            section.get("ckpt_path"), RunDir(run.dir).checkpoints, run.ckpt_fallback, cursors=False)
 
     def before_fit(self) -> None:
         """Everything that can be wrong is checked here, before the first step."""

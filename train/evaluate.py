@@ -61,17 +61,27 @@ PPL_DOCS, PPL_TOKENS = 20, 1024
 """Held-out documents per source in the perplexity task, and tokens kept of each."""
 
 
+EVALUATE_ANOTHER = "evaluate another checkpoint (e.g. a stepNNNNNNN.ckpt in the run's checkpoints/)"
+
+
 def find_checkpoint(target: str | Path) -> tuple[Path, Path]:
-    """(checkpoint, run directory) for a run directory (its ``checkpoints/last.ckpt``) or a ``.ckpt`` file."""
+    """(checkpoint, run directory) for a run directory (its last checkpoint: the ``last*.ckpt`` of the
+    highest recorded step, train/checkpoint.py) or a ``.ckpt`` file, verified (a missing sidecar is a
+    warning; anything else wrong a :class:`~train.checkpoint.CheckpointError`)."""
+    from train.checkpoint import find_last, read_checkpoint
+
     target = Path(target)
-    if target.is_dir():
-        ckpt = RunDir(target).last_ckpt
-        if not ckpt.is_file():
+    if target.is_dir() and (RunDir(target).checkpoints.is_dir() or not any(target.glob("*.ckpt"))):
+        ckpt = find_last(RunDir(target).checkpoints, str(target))
+        if ckpt is None:
             raise FileNotFoundError(f"{target} has no checkpoints/last.ckpt (is it a run directory?)")
-        return ckpt, target
-    if not target.is_file():
+        run_dir = target
+    elif target.exists():
+        ckpt, run_dir = target, RunDir.of_checkpoint(target).root
+    else:
         raise FileNotFoundError(f"{target}: no such run directory or checkpoint")
-    return target, RunDir.of_checkpoint(target).root
+    read_checkpoint(ckpt, "checkpoint", EVALUATE_ANOTHER)
+    return ckpt, run_dir
 
 
 def lm_eval_available() -> bool:
@@ -80,11 +90,10 @@ def lm_eval_available() -> bool:
 
 def load_data(ckpt: Path):
     """The checkpoint's DataModule with its manifest built (the same held-out split as training)."""
-    import torch
-
+    from train.checkpoint import read_checkpoint
     from train.datamodule import WellMixedData
 
-    saved = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True)  # plain types only
+    saved = read_checkpoint(ckpt, "checkpoint", EVALUATE_ANOTHER)  # verified; tensors stay on disk
     if "datamodule_hyper_parameters" not in saved or "sources" not in saved["datamodule_hyper_parameters"]:
         raise ValueError(f"{ckpt} holds no data config (written by a version before checkpoints carried it); "
                          "evaluate a checkpoint of a run trained with this version")
@@ -253,9 +262,9 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
     ckpt, run_dir = find_checkpoint(target)
     out_dir = Path(out) if out else RunDir(run_dir).evals
     out_dir.mkdir(parents=True, exist_ok=True)
-    import torch
+    from train.checkpoint import read_checkpoint
 
-    step = int(torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("global_step", -1))
+    step = int(read_checkpoint(ckpt, "checkpoint", EVALUATE_ANOTHER).get("global_step", -1))
     results: dict[str, Any] = {"checkpoint": str(ckpt), "step": step}
     dm = load_data(ckpt)
     results["heldout"] = heldout_loss(ckpt, device, dm)

@@ -51,20 +51,49 @@ assert HF_PAT_STR != CL100K_PAT_STR
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+EXPORT_ANOTHER = "name another checkpoint (e.g. a stepNNNNNNN.ckpt in the run's checkpoints/)"
+
+
+def read_weights(path: str | Path, trust: bool = False) -> dict:
+    """The checkpoint (or bare state dict) at ``path``, verified as every reader does (train/checkpoint.py:
+    format, sidecar checksum; a missing sidecar is a warning). Loaded with ``weights_only=True`` (no code
+    runs) unless ``trust``; only a file refused for holding other objects is pointed at ``--trust-checkpoint``."""
+    from train.checkpoint import (
+        CheckpointError,
+        checksum_problem,
+        file_problem,
+        load_problem,
+        read_checkpoint,
+        warn_unverified,
+    )
+
+    path = Path(path)
+    if not trust or not path.is_file():
+        try:
+            return read_checkpoint(path, "checkpoint", EXPORT_ANOTHER, lightning=False)
+        except CheckpointError as e:
+            if "holds objects other than tensors" not in str(e):
+                raise
+            raise CheckpointError(f"{e}; if you trust the file and its source, --trust-checkpoint unpickles it "
+                                  "(that runs whatever code it holds)") from None
+    problem = file_problem(path, pickle_ok=True) or checksum_problem(path)
+    if problem is None:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001 -- one line, whatever torch raised
+            problem = load_problem(e)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path}: {problem}; {EXPORT_ANOTHER}")
+    warn_unverified(path)
+    return obj
+
+
 def load_checkpoint(path: str | Path, model_config: str | Path | None = None,
                     trust: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(ModelConfig, GPT state dict) from a Lightning checkpoint or a bare state dict.
-
-    Loaded with ``weights_only=True`` (no code runs); ``trust=True`` allows full unpickling, for
-    trusted checkpoints that hold other objects (e.g. ones written before checkpoints were made
-    weights-only loadable)."""
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=not trust)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: checkpoint not found") from None
-    except Exception as e:
-        hint = "" if trust else " (if it holds other objects and you trust it, pass --trust-checkpoint)"
-        raise ConfigError(f"{path}: not loadable as weights only{hint}: {str(e).splitlines()[0]}") from None
+    """(ModelConfig, GPT state dict) from a Lightning checkpoint or a bare state dict (:func:`read_weights`;
+    ``trust=True`` allows full unpickling, for trusted checkpoints that hold other objects, e.g. ones
+    written before checkpoints were made weights-only loadable)."""
+    obj = read_weights(path, trust)
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: expected a dict (a Lightning checkpoint or a state dict), got {type(obj).__name__}")
     hparams = None

@@ -22,7 +22,7 @@ from training_runs import DDP, TINY, Run, assert_same_order, checkpoint_steps, g
 
 from data.errors import ConfigError
 from train.callbacks import AtomicCheckpointIO
-from train.faults import checkpoint_problem, remove_stale_temp_files, resolve_checkpoint
+from train.checkpoint import checkpoint_problem, remove_stale_temp_files, resolve_checkpoint
 
 SHORT = ["--data.schedule.train_tokens", "800"]  # 7 steps: for the faults that need no long run
 
@@ -97,7 +97,7 @@ def test_second_run_in_the_same_run_dir_is_refused_before_it_touches_anything(wo
     first = Run(workdir, run_dir, long, env, "first")
     try:
         first.signal_when(lambda: first.lines_done() >= 1, sig=0)  # signal 0: just wait for the first step
-        second = run_to_end(workdir, run_dir, long + ["--ckpt_path", "last"], env, "second", expect_rc=2)
+        second = run_to_end(workdir, run_dir, long + ["--ckpt_path", "last_or_new"], env, "second", expect_rc=2)
         errors = [ln for ln in second.log().splitlines() if ln.startswith("error:")]
         assert len(errors) == 1 and errors[0].startswith(
             f"error: run.dir: {run_dir} is in use by another run (pid {first.proc.pid} on {socket.gethostname()} "
@@ -173,13 +173,16 @@ def test_resolve_checkpoint_names_the_bad_file_and_falls_back(tmp_path):
     data = (ckpts / "last.ckpt").read_bytes()
     for damage in (data[: len(data) // 2], b"", b"\0" * 64 + data[64:]):  # truncated, empty, garbled header
         (ckpts / "last.ckpt").write_bytes(damage)
-        with pytest.raises(ConfigError, match=rf"checkpoint {ckpts / 'last.ckpt'} is unreadable .*--run.ckpt_fallback"):
+        with pytest.raises(ConfigError, match=rf"--ckpt_path {ckpts / 'last.ckpt'}: .*--run.ckpt_fallback"):
             resolve_checkpoint("last", ckpts, fallback=False)
         assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000006.ckpt")
     (ckpts / "step0000006.ckpt").write_bytes(b"junk")
     assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000003.ckpt")
     assert resolve_checkpoint(None, ckpts, fallback=False) is None
-    assert resolve_checkpoint("last", tmp_path / "nothing", fallback=False) is None  # a first start
+    assert resolve_checkpoint("last_or_new", tmp_path / "nothing", fallback=False) is None  # a first start
+    with pytest.raises(ConfigError, match=rf"^--ckpt_path last: {tmp_path} has no checkpoint to resume .*"
+                                          r"leave out --ckpt_path, or pass --ckpt_path last_or_new"):
+        resolve_checkpoint("last", tmp_path / "nothing", fallback=True)
     with pytest.raises(ConfigError, match="no such file"):
         resolve_checkpoint(str(tmp_path / "missing.ckpt"), ckpts, fallback=False)
 
@@ -198,7 +201,7 @@ def test_corrupt_last_checkpoint_is_named_then_fallback_resumes_identically(work
     last.write_bytes(last.read_bytes()[:100_000])
     (ckpts / f"step{steps[-1]:07d}.ckpt").write_bytes(b"\0" * 1000)
     fail = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "refused", expect_rc=2)
-    assert f"error: checkpoint {last} is unreadable (truncated or corrupt?)" in fail.log()
+    assert f"error: --ckpt_path {last}: truncated or corrupt" in fail.log()
 
     ok = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last", "--run.ckpt_fallback", "true"], env, "fallback")
     want = ckpts / f"step{steps[-2]:07d}.ckpt"
@@ -228,7 +231,7 @@ def test_bit_flip_in_last_checkpoint_is_named_then_fallback_resumes_identically(
         _flip_middle_bit(path)
         assert "state_dict" in torch.load(path, weights_only=True, map_location="cpu")  # loads silently
     fail = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "refused", expect_rc=2)
-    assert (f"error: checkpoint {last} is unreadable (truncated or corrupt?): sha256 " in fail.log()
+    assert (f"error: --ckpt_path {last}: sha256 " in fail.log()
             and "does not match last.ckpt.sha256" in fail.log()), fail.log()
     ok = run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last", "--run.ckpt_fallback", "true"], env, "fallback")
     assert f"falling back to {ckpts / f'step{steps[-2]:07d}.ckpt'}" in ok.log(tail=10**6)

@@ -16,7 +16,7 @@ import yaml
 
 from data.errors import ConfigError
 from train.callbacks import AtomicCheckpointIO
-from train.faults import resolve_checkpoint
+from train.checkpoint import resolve_checkpoint
 from train.rundir_lock import LOCK_NAME, acquire_run_dir, release_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,7 +228,7 @@ def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
         resolve_checkpoint("last", ckpts, fallback=False)
     flipped = hashlib.sha256(last.read_bytes()).hexdigest()
     assert str(info.value).startswith(
-        f"checkpoint {last} is unreadable (truncated or corrupt?): sha256 {flipped[:16]}"
+        f"--ckpt_path {last}: sha256 {flipped[:16]}"
         f"... does not match last.ckpt.sha256 ({digest[:16]}...): bits changed after the write")
     assert "--run.ckpt_fallback true" in str(info.value)
     assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000006.ckpt")
@@ -241,7 +241,7 @@ def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
     """keep_last_k's removal takes the sidecar along; a kill's leftovers (sidecar temporaries, sidecars of
     removed files) go at the next start; a rewrite never leaves the old checksum beside the new file."""
     from train.callbacks import checksum_path, file_sha256, read_checksum
-    from train.faults import remove_stale_temp_files
+    from train.checkpoint import remove_stale_temp_files
 
     io = AtomicCheckpointIO()
     a, b = tmp_path / "step0000003.ckpt", tmp_path / "step0000006.ckpt"
@@ -335,11 +335,11 @@ def test_a_step_the_consumers_disagree_with_is_named_not_an_assertion(order_stat
 
 
 def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it(order_state, tmp_path):
-    """The checkpoint's data cursors go through the same checks in the resume pre-check (train/faults.py):
+    """The checkpoint's data cursors go through the same checks in the resume pre-check (train/checkpoint.py):
     an edited ``taken`` or ``next_step`` names the file and the field (or falls back), no worker crash."""
     import copy
 
-    from train.faults import checkpoint_problem
+    from train.checkpoint import checkpoint_problem
 
     _, state = order_state
     io = AtomicCheckpointIO()
@@ -357,7 +357,7 @@ def test_a_checkpoint_with_a_damaged_cursor_is_refused_before_lightning_loads_it
     bad["cursors"][1][0]["sources"]["web"]["taken"] = -5
     path = save(bad)
     assert checkpoint_problem(path).startswith("data cursor (consumer 2 of 4): sources.web.taken = -5 is out of range")
-    with pytest.raises(ConfigError, match=rf"^checkpoint {path} is unreadable .*: data cursor \(consumer 2 of 4\): "
+    with pytest.raises(ConfigError, match=rf"^--ckpt_path {path}: data cursor \(consumer 2 of 4\): "
                                           r"sources.web.taken = -5 is out of range .*--run.ckpt_fallback true"):
         resolve_checkpoint(str(path), tmp_path, fallback=False)
     old = copy.deepcopy(bad)
@@ -373,8 +373,8 @@ def test_a_checkpoint_whose_cursor_files_are_missing_or_damaged_is_refused(order
     (``cursor_ranks=[]``: the same answer on every rank, so a fallback picks one checkpoint for all)."""
     import copy
 
+    from train.checkpoint import checkpoint_problem
     from train.cursor_files import claim_step_dir, save_rank_cursors
-    from train.faults import checkpoint_problem
 
     _, state = order_state
     ckpts = tmp_path / "checkpoints"
@@ -394,9 +394,10 @@ def test_a_checkpoint_whose_cursor_files_are_missing_or_damaged_is_refused(order
     (ckpts / "cursors" / "step0000007-v1" / "rank00001.pt").unlink()
     want = f"data cursor file {ckpts / 'cursors' / 'step0000007-v1' / 'rank00001.pt'} missing"
     assert checkpoint_problem(last, cursor_ranks=[]).startswith(want)
-    with pytest.raises(ConfigError, match=rf"^checkpoint {last} is unreadable .*: {want} .*--run.ckpt_fallback"):
+    with pytest.raises(ConfigError, match=rf"^--ckpt_path {last}: {want} .*--run.ckpt_fallback"):
         resolve_checkpoint(str(last), ckpts, fallback=False, cursor_ranks=[])
     assert resolve_checkpoint(str(last), ckpts, fallback=True, cursor_ranks=[]) == str(ckpts / "step0000007.ckpt")
+    assert resolve_checkpoint("last", ckpts, fallback=False, cursors=False) == str(last)  # `train validate`
 
 
 def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(monkeypatch, capsys):
@@ -427,3 +428,154 @@ def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(
     faults.arm_fatal_exit(RuntimeError("again"))
     faults.disarm_fatal_exit()  # what the test suite does after each test: nothing fires later
     assert faults.FATAL_EXIT_AFTER_S is None and not faults._ARMED.is_set() and not faults._TIMER
+
+
+# -- --ckpt_path: what it names, found by the step inside, refused in one line ------------------------------
+
+
+def test_last_is_the_highest_step_recorded_inside_not_the_newest_file(tmp_path, caplog):
+    """A stale last-v1.ckpt (step 1, from an early SIGTERM) and last.ckpt (step 16), copied without their
+    mtimes so that the stale one looks newer: before, --ckpt_path last resumed the finished run from step 1."""
+    ckpts = tmp_path / "checkpoints"
+    now = time.time()
+    _save(ckpts / "last.ckpt", 16, now - 3600)
+    _save(ckpts / "last-v1.ckpt", 1, now)
+    with caplog.at_level("WARNING"):
+        assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "last.ckpt")
+    assert "--ckpt_path last: last.ckpt records the highest step of last-v1.ckpt, last.ckpt (16)" in caplog.text
+    _save(ckpts / "last-v1.ckpt", 17, now - 7200)  # the other way round: the higher step wins, whatever its time
+    assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "last-v1.ckpt")
+    _save(ckpts / "last-v1.ckpt", 16, now)  # a tie: the plain name
+    assert resolve_checkpoint("last_or_new", ckpts, fallback=False) == str(ckpts / "last.ckpt")
+    (ckpts / "last-v1.ckpt").write_bytes(b"half")  # one that does not open is named, not passed over
+    with pytest.raises(ConfigError, match=r"--ckpt_path .*last-v1.ckpt: .*--run.ckpt_fallback true"):
+        resolve_checkpoint("last", ckpts, fallback=False)
+    assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "last.ckpt")
+
+
+class _Payload:
+    def __init__(self, marker: Path, shell: bool = False):
+        self.marker, self.shell = marker, shell
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",)) if self.shell else (Path.touch, (self.marker,))
+
+
+def _not_checkpoints(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (path, the words its refusal must hold)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "other_dir").mkdir()
+    (tmp_path / "other_dir" / "notes.txt").write_text("x")
+    (tmp_path / "ckpt_dir").mkdir()
+    _save(tmp_path / "ckpt_dir" / "step0000003.ckpt", 3, time.time())
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "half_sharded").mkdir()
+    (tmp_path / "half_sharded" / "__0_0.distcp").write_bytes(b"x")
+    (tmp_path / "empty.ckpt").write_bytes(b"")
+    pq.write_table(pa.table({"text": ["a"]}), tmp_path / "shard.parquet")
+    (tmp_path / "config.yaml").write_text("model:\n  d_model: 32\n")
+    torch.save(torch.ones(3), tmp_path / "tensor.pt")
+    torch.save({"state_dict": {}, "global_step": 1, "x": _Payload(tmp_path / "pwned")}, tmp_path / "crafted.ckpt")
+    torch.save({"state_dict": {}, "global_step": 1, "x": _Payload(tmp_path / "pwned", shell=True)},
+               tmp_path / "shell.ckpt")
+    return {
+        "empty_dir": (tmp_path / "empty_dir", "an empty directory, not a checkpoint"),
+        "other_dir": (tmp_path / "other_dir", "a directory, not a checkpoint (no .metadata index"),
+        "ckpt_dir": (tmp_path / "ckpt_dir", "a folder of 1 checkpoint(s) (step0000003.ckpt), not one: name one"),
+        "run_dir": (tmp_path / "run", f"a run directory, not a checkpoint: name a file in its checkpoints/, or "
+                                      f"resume it with --run.dir {tmp_path / 'run'} --ckpt_path last"),
+        "half_sharded": (tmp_path / "half_sharded", "a sharded checkpoint folder without its .metadata index"),
+        "empty_file": (tmp_path / "empty.ckpt", "an empty file (0 bytes), not a checkpoint"),
+        "parquet": (tmp_path / "shard.parquet", "a parquet file, not a checkpoint"),
+        "yaml": (tmp_path / "config.yaml", "a text file (YAML? a config?), not a checkpoint"),
+        "tensor": (tmp_path / "tensor.pt", "holds a bare Tensor, not a checkpoint"),
+        "crafted_pickle": (tmp_path / "crafted.ckpt", "holds objects other than tensors and plain types "
+                                                      "(getattr): refused (unpickling it could run code)"),
+        "shell_pickle": (tmp_path / "shell.ckpt", f"holds objects other than tensors and plain types "
+                                                  f"({os.system.__module__}.system): refused"),
+    }
+
+
+def test_a_ckpt_path_that_is_not_a_checkpoint_is_named_for_what_it_is(tmp_path):
+    """Before: every folder was "a sharded checkpoint without its .metadata index"; an empty file, a saved
+    tensor and best gave EOFError / AttributeError / ValueError tracebacks, and torch's text advised the
+    unsafe weights_only=False. A crafted pickle is refused without running its payload."""
+    from train.checkpoint import requested_hparams
+
+    for name, (path, want) in _not_checkpoints(tmp_path).items():
+        with pytest.raises(ConfigError) as info:
+            requested_hparams(str(path), tmp_path / "run" / "checkpoints", fallback=False)
+        msg = str(info.value)
+        assert msg.startswith(f"--ckpt_path {path}: {want}"), (name, msg)
+        assert "\n" not in msg and "weights_only" not in msg and "--trust" not in msg, (name, msg)
+    assert not (tmp_path / "pwned").exists()
+    for name in ("best", "hpc", "registry"):
+        with pytest.raises(ConfigError, match=rf"^--ckpt_path {name}: this CLI writes no '{name}' checkpoint; "
+                                              "use --ckpt_path last"):
+            requested_hparams(name, tmp_path / "run" / "checkpoints", fallback=False)
+
+
+def test_export_suggests_trust_checkpoint_only_for_pickled_objects(tmp_path):
+    """Before: export_hf.py on a folder or a truncated file suggested --trust-checkpoint."""
+    from scripts.export_hf import main
+
+    cases = _not_checkpoints(tmp_path)
+    _save(tmp_path / "whole.ckpt", 3, time.time())
+    data = (tmp_path / "whole.ckpt").read_bytes()
+    (tmp_path / "truncated.ckpt").write_bytes(data[: len(data) // 2])
+    for path in (cases["other_dir"][0], cases["empty_dir"][0], tmp_path / "truncated.ckpt"):
+        with pytest.raises(ConfigError) as info:
+            from train.export import load_checkpoint
+
+            load_checkpoint(path)
+        assert "--trust-checkpoint" not in str(info.value) and str(path) in str(info.value), str(info.value)
+    with pytest.raises(ConfigError, match=r"refused \(unpickling it could run code\).*--trust-checkpoint"):
+        from train.export import load_checkpoint
+
+        load_checkpoint(cases["crafted_pickle"][0])
+    assert main([str(tmp_path / "truncated.ckpt"), "--out", str(tmp_path / "hf")]) == 2
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "hf").exists()
+
+
+def test_ckpt_path_last_without_a_checkpoint_is_refused_and_last_or_new_starts_fresh(tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Before: --ckpt_path last in a run dir without checkpoints (the README's resume line after a demo
+    that wrote elsewhere) retrained from step 0 behind one warning. Refused before anything is written."""
+    from train.checkpoint import requested_hparams
+    from train.cli import main
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    run = tmp_path / "run"
+    rc = main(["fit", "--config", str(ROOT / "configs" / "demo.yaml"), "--run.wandb", "false", "--run.dir", str(run),
+               "--ckpt_path", "last"])
+    err = capsys.readouterr().err
+    assert rc == 2 and [ln for ln in err.splitlines() if ln.startswith("error:")] == [
+        f"error: --ckpt_path last: {run} has no checkpoint to resume ({run / 'checkpoints'} holds no *.ckpt); "
+        "to start a new run there leave out --ckpt_path, or pass --ckpt_path last_or_new (resume if there is one)"]
+    assert not run.exists()
+    assert requested_hparams("last_or_new", run / "checkpoints", fallback=False) == {}
+    assert resolve_checkpoint("last_or_new", run / "checkpoints", fallback=False) is None
+
+
+def test_a_malformed_sidecar_is_an_error_and_a_file_changed_after_its_check_is_checked_again(tmp_path, caplog):
+    """Before: a malformed sidecar counted as none (the file was only opened) and a missing one said nothing."""
+    from train.callbacks import checksum_path
+    from train.checkpoint import checkpoint_problem
+
+    path = tmp_path / "last.ckpt"
+    marker = bytes(range(7, 247))
+    w = torch.frombuffer(bytearray(marker * 8), dtype=torch.uint8).clone()
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": w}, "global_step": 3}, path)
+    assert checkpoint_problem(path) is None
+    _flip_tensor_byte(path, marker)  # at once, in place: same inode and size
+    assert "does not match last.ckpt.sha256" in checkpoint_problem(path)
+    for bad in ("", "deadbeef  last.ckpt\n", "x" * 64 + "  last.ckpt\n"):
+        checksum_path(path).write_text(bad)
+        assert checkpoint_problem(path).startswith("its sidecar last.ckpt.sha256 is malformed ("), bad
+    checksum_path(path).unlink()
+    with caplog.at_level("WARNING"):
+        assert resolve_checkpoint(str(path), tmp_path, fallback=False) == str(path)
+    assert f"checkpoint {path} has no sidecar last.ckpt.sha256: its bytes cannot be verified" in caplog.text
