@@ -20,7 +20,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from data import files
 from data.formatting import duration
 from train import lightning_internals as internals
-from train.rundir import RunDir
+from train.rundir import RunDir, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class DataStateCallback(L.Callback):
             for other in path.parent.glob("rank*.jsonl"):
                 if int(other.stem[4:]) >= trainer.world_size:
                     _drop_lines_from(other, next_step)
-        self._file = open(path, "a")
+        self._file = files.open_append(path)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
         dm = trainer.datamodule
@@ -106,12 +106,12 @@ class DataStateCallback(L.Callback):
 
 
 def _drop_lines_from(path: Path, step: int) -> None:
-    """Keep the order-log lines of steps before ``step`` (the rest is about to be trained again)."""
+    """Keep the order-log lines of steps before ``step`` (the rest is about to be trained again); a last
+    line cut by a crash is dropped with a warning (train/rundir.py ``read_jsonl``)."""
+    files.refuse_link(path, "the order log")
     if path.exists():
-        keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] < step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(k + "\n" for k in keep))
-        os.replace(tmp, path)
+        keep = [d for d in read_jsonl(path) if d["step"] < step]
+        files.write_text(path, "".join(json.dumps(d, separators=(",", ":")) + "\n" for d in keep))
 
 
 class ThroughputCallback(L.Callback):
@@ -351,8 +351,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = _temporary(path)
+        tmp.unlink(missing_ok=True)  # a stale temporary of this pid, or a link left there: never written through
         try:
-            with open(tmp, "wb") as f:
+            with open(tmp, "xb") as f:
                 torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
                 f.flush()
                 os.fsync(f.fileno())

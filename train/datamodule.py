@@ -49,7 +49,7 @@ from data.simulate import order_line
 from data.steps import StepSchedule
 from data.tokenizer import EOT_ID
 from data.types import TENSOR_KEYS, TrainingContext
-from train.cursor_files import claim_step_dir, load_checkpoint_cursors, save_rank_cursors
+from train.cursor_files import claim_step_dir, gather_digests, load_checkpoint_cursors, save_rank_cursors
 from train.faults import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
@@ -275,9 +275,10 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             return {**state, "cursors": [mine]}
         strategy = self.trainer.strategy
         cursor_dir = strategy.broadcast(claim_step_dir(ckpt_dir, step) if self.trainer.is_global_zero else None, src=0)
-        save_rank_cursors(ckpt_dir / cursor_dir, self.rank, mine, state["next_step"])
+        digest = save_rank_cursors(ckpt_dir / cursor_dir, self.rank, mine, state["next_step"])
+        digests = gather_digests(strategy, digest, self.world_size)  # the checkpoint records every rank's
         strategy.barrier("WellMixedData.state_dict")  # every rank's file is in place before the checkpoint names it
-        return {**state, "cursor_dir": cursor_dir}
+        return {**state, "cursor_dir": cursor_dir, "cursor_sha256": digests}
 
     def _checkpoint_dir(self) -> Path | None:
         """Where the cursor files go: the folder of the trainer's ModelCheckpoint (the CLI's

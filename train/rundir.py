@@ -21,10 +21,15 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from data.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -130,11 +135,32 @@ def read_order_log(run_dir: str | Path, required: bool = True) -> list[dict]:
                                 "run with --data.order_log true")
     lines: dict[tuple[int, int], dict] = {}
     for path in files:
-        for text in path.read_text().splitlines():
-            if text.strip():
-                d = json.loads(text)
-                lines[(int(d["step"]), int(d["rank"]))] = d
+        for d in read_jsonl(path):
+            lines[(int(d["step"]), int(d["rank"]))] = d
     return [lines[k] for k in sorted(lines)]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of an append-only JSON-lines file (an order log), in file order.
+
+    A last line that does not parse is what a crash while appending leaves (the line cut mid-write):
+    it is dropped with a warning naming the file and line (the step it held is trained again on
+    resume). A line that does not parse before the last one is damage, not a crash: ConfigError
+    naming the file and line."""
+    texts = path.read_text().split("\n")
+    out = []
+    for i, text in enumerate(texts):
+        if not text.strip():
+            continue
+        try:
+            out.append(json.loads(text))
+        except ValueError as e:
+            if any(t.strip() for t in texts[i + 1:]):
+                raise ConfigError(f"{path} line {i + 1} is not a JSON line ({e}); the file is damaged: restore it "
+                                  "from a copy, or remove the line (its step then has no order-log record)") from None
+            log.warning("%s: line %d is cut short (%d characters, a crash while appending it?); dropped",
+                        path, i + 1, len(text))
+    return out
 
 
 def tokens_per_step(run_dir: str | Path) -> dict[int, dict[str, int]]:

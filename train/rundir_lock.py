@@ -19,6 +19,7 @@ import socket
 import time
 from pathlib import Path
 
+from data import files
 from data.errors import ConfigError
 
 LOCK_NAME = ".run.lock"
@@ -39,8 +40,12 @@ def acquire_run_dir(run_dir: str | Path) -> Path:
     path = run_dir / LOCK_NAME
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        files.refuse_link(path, "run.dir: the lock file")
+        # O_NOFOLLOW: a link planted at the lock's name fails here instead of truncating its target
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
+        if path.is_symlink():  # made between the check and the open
+            files.refuse_link(path, "run.dir: the lock file")
         raise ConfigError(
             f"run.dir: cannot write {run_dir} ({e.strerror or e}); make it writable (check permissions, "
             "quota, a read-only mount) or choose another --run.dir"
