@@ -73,6 +73,10 @@ class DataStateCallback(L.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         internals.align_accumulation_phase(trainer)
+        if trainer.is_global_zero:  # metrics.csv rows of the steps about to be trained again
+            for logger in trainer.loggers:
+                if isinstance(logger, internals.ResumableCSVLogger):
+                    logger.drop_steps_from(trainer.global_step)
         dm = trainer.datamodule
         if not dm.order_log:
             return

@@ -101,8 +101,33 @@ def read_config(run_dir: str | Path) -> dict:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, str]]:
-    """Every row of ``csv/metrics.csv`` as a dict of strings (empty where a row lacks a key)."""
-    return read_csv_rows(RunDir(run_dir).metrics_csv, run_dir)
+    """One row per step of ``csv/metrics.csv``, sorted by step, as a dict of strings (empty where no row of
+    the step has the key): see :func:`one_row_per_step`."""
+    return one_row_per_step(read_csv_rows(RunDir(run_dir).metrics_csv, run_dir))
+
+
+def one_row_per_step(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows of a metrics file as one row per step, whatever resumes and kills left in it.
+
+    Within one launch steps never go back, and a step's metrics may come in several rows (training and
+    validation are logged separately): those are merged, a later value of a key winning. A step lower
+    than one already read is a resume: the launch trains that step and everything after it again, so
+    what earlier launches logged from there on is dropped (a file written before the logger cut it at
+    the resume, train/lightning_internals.py, reads as one clean run too)."""
+    merged: dict[int, dict[str, str]] = {}
+    last = -1
+    for row in rows:
+        try:
+            step = int(row.get("step") or "")
+        except ValueError:
+            continue  # a row without a step (none is written so) cannot be placed
+        if step < last:
+            merged = {s: r for s, r in merged.items() if s < step}
+        last = step
+        into = merged.setdefault(step, {})
+        into.update({k: v for k, v in row.items() if v not in (None, "")})
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: merged[s].get(k, "") for k in keys} for s in sorted(merged)]
 
 
 def read_eval_metrics(run_dir: str | Path) -> list[dict[str, str]]:
