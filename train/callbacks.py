@@ -98,8 +98,11 @@ class DataStateCallback(L.Callback):
         dm = trainer.datamodule
         dm.record(batch)
         if self._file is not None:
-            loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
-            loss *= trainer.accumulate_grad_batches  # Lightning hands back the loss divided by A
+            if isinstance(outputs, dict) and "raw_loss" in outputs:  # PretrainModule: as computed, NaN included
+                loss = outputs["raw_loss"].item()
+            else:  # Lightning hands back the loss divided by A
+                loss = (outputs["loss"].item() if isinstance(outputs, dict) else float(outputs))
+                loss *= trainer.accumulate_grad_batches
             self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
             self._file.flush()
 
