@@ -9,6 +9,7 @@ untouched. Temp names start with ``.`` and end in ``.tmp`` so that clean-up code
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import threading
@@ -84,3 +85,16 @@ def open_append(path: str | os.PathLike) -> IO[str]:
             refuse_link(path)
         raise e
     return os.fdopen(fd, "a")
+
+
+class WriteError(ConfigError):
+    """A file the run writes could not be written (a full disk, no inodes left, a quota, permissions): one
+    line naming the file and what to do, like every refusal, instead of an OSError traceback."""
+
+
+def write_error(path: str | os.PathLike, e: BaseException, then: str) -> WriteError:
+    """``could not write PATH: <reason> (disk full or out of inodes?); <then>`` for a failed write of ``path``."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    reason = getattr(e, "strerror", None) or first
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "write failed" in reason  # torch's zip writer
+    return WriteError(f"could not write {path}: {reason}{' (disk full or out of inodes?)' if full else ''}; {then}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -103,8 +104,12 @@ class DataStateCallback(L.Callback):
             else:  # Lightning hands back the loss divided by A
                 loss = (outputs["loss"].item() if isinstance(outputs, dict) else float(outputs))
                 loss *= trainer.accumulate_grad_batches
-            self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
-            self._file.flush()
+            try:
+                self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
+                self._file.flush()
+            except OSError as e:
+                raise files.write_error(self._path(trainer), e, "free space (or inodes), then resume with "
+                                        "--ckpt_path last (a line cut short is dropped on resume)") from e
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._file is not None:
@@ -329,15 +334,21 @@ def link_checkpoint(src: Path, dst: Path) -> None:
     """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
     atomically through a temporary like AtomicCheckpointIO's writes; ``src``'s checksum goes with it."""
     tmp = _temporary(dst)
-    tmp.unlink(missing_ok=True)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-    checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
-    os.replace(tmp, dst)
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
+        os.replace(tmp, dst)
+    except OSError as e:  # out of space or inodes: the copy (a link needs an inode too) failed
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise files.write_error(dst, e, f"{src} holds the same state and is intact; free space (or inodes), then "
+                                f"resume with --ckpt_path {src}") from e
     digest = read_checksum(src)
     if digest is not None:
         _write_checksum(dst, digest)
@@ -358,8 +369,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = _temporary(path)
-        tmp.unlink(missing_ok=True)  # a stale temporary of this pid, or a link left there: never written through
         try:
+            tmp.unlink(missing_ok=True)  # a stale temporary of this pid, or a link left there: never written through
             with open(tmp, "xb") as f:
                 torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
                 f.flush()
@@ -368,12 +379,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             checksum_path(path).unlink(missing_ok=True)
             os.replace(tmp, path)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
-            tmp.unlink(missing_ok=True)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise OSError(
-                f"could not write checkpoint {path}: {first} (disk full?); the previous checkpoint is intact, "
-                f"the partial file was removed"
-            ) from e
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise files.write_error(f"checkpoint {path}", e, "the previous checkpoint is intact and the partial file "
+                                    "was removed; free space (or inodes), then resume with --ckpt_path last") from e
         _write_checksum(path, digest)
 
     def remove_checkpoint(self, path) -> None:

@@ -55,6 +55,8 @@ CURSOR_ROOT = "cursors"
 """The folder under the checkpoint directory that holds one step directory per checkpoint."""
 _STEP_DIR = re.compile(r"^step(\d+)(?:-v(\d+))?$")
 _EARLIER = "resume from an earlier checkpoint with --ckpt_path FILE (or --run.ckpt_fallback true)"
+_NO_CHECKPOINT = ("no checkpoint was written for this step, the previous ones are intact; free space (or inodes), "
+                  "then resume with --ckpt_path last")
 
 
 def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
@@ -64,15 +66,18 @@ def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
     existing checkpoint references is never written into again."""
     root = Path(ckpt_dir) / CURSOR_ROOT
     files.refuse_link(root, "the data cursor folder")
-    root.mkdir(parents=True, exist_ok=True)
     version = 0
-    while True:
-        name = f"step{step:07d}" + (f"-v{version}" if version else "")
-        try:
-            (root / name).mkdir()
-            return f"{CURSOR_ROOT}/{name}"
-        except FileExistsError:
-            version += 1
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        while True:
+            name = f"step{step:07d}" + (f"-v{version}" if version else "")
+            try:
+                (root / name).mkdir()
+                return f"{CURSOR_ROOT}/{name}"
+            except FileExistsError:
+                version += 1
+    except OSError as e:
+        raise files.write_error(root / f"step{step:07d}", e, _NO_CHECKPOINT) from e
 
 
 def rank_file(step_dir: str | PathLike, rank: int) -> Path:
@@ -86,7 +91,10 @@ def save_rank_cursors(step_dir: str | PathLike, rank: int, cursors: list[dict | 
     buf = io.BytesIO()
     torch.save({"rank": rank, "next_step": next_step, "cursors": cursors}, buf)
     data = buf.getvalue()
-    files.write_bytes(rank_file(step_dir, rank), data)
+    try:
+        files.write_bytes(rank_file(step_dir, rank), data)
+    except OSError as e:
+        raise files.write_error(rank_file(step_dir, rank), e, _NO_CHECKPOINT) from e
     return hashlib.sha256(data).hexdigest()
 
 

@@ -122,6 +122,13 @@ class _AppendingWriter(ExperimentWriter):
             with self._fs.open(self.metrics_file_path, "r", newline="") as f:
                 self.metrics_keys = next(csv.reader(f), [])  # new columns rewrite the file with both
 
+    def save(self) -> None:
+        try:
+            super().save()
+        except OSError as e:
+            raise files.write_error(self.metrics_file_path, e, "free space (or inodes), then resume with "
+                                    "--ckpt_path last") from e
+
     def _rewrite(self, fieldnames: list[str], rows: list[dict]) -> None:
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=fieldnames, restval="", extrasaction="ignore")

@@ -5,8 +5,10 @@ train/callbacks.py, train/loggers.py, train/rundir_lock.py, train/cursor_files.p
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,39 @@ def test_the_csv_logger_cuts_the_rows_of_replayed_steps_when_training_resumes(tm
         ("0", "10.0"), ("1", "9.0"), ("2", "8.0"), ("3", "7.0"), ("4", "16.0"), ("5", "15.0"), ("6", "14.0")]
     assert read_metrics(tmp_path) == rows
     assert [p.name for p in (tmp_path / "csv").iterdir() if p.name.endswith(".tmp")] == []
+
+
+def _enospc(*a, **kw):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_at_the_cursor_folder_or_file_is_one_named_line(tmp_path, monkeypatch):
+    """Before: a raw OSError from mkdir (no inodes left) or from the cursor file's write."""
+    from train.cursor_files import claim_step_dir, save_rank_cursors
+
+    monkeypatch.setattr(Path, "mkdir", _enospc)
+    with pytest.raises(files.WriteError, match=rf"^could not write {tmp_path / 'cursors' / 'step0000003'}: No space "
+                                               r"left on device \(disk full or out of inodes\?\); no checkpoint was "
+                                               r"written for this step, .*--ckpt_path last$"):
+        claim_step_dir(tmp_path, 3)
+    monkeypatch.undo()
+    step_dir = tmp_path / claim_step_dir(tmp_path, 3)
+    monkeypatch.setattr(os, "replace", _enospc)
+    with pytest.raises(files.WriteError, match=rf"^could not write {step_dir / 'rank00000.pt'}: No space left"):
+        save_rank_cursors(step_dir, 0, [None], 3)
+    assert list(step_dir.iterdir()) == []  # no temporary left behind
+
+
+def test_a_full_disk_at_the_metrics_file_is_one_named_line(tmp_path, monkeypatch):
+    from train.lightning_internals import ResumableCSVLogger
+
+    logger = ResumableCSVLogger(save_dir=str(tmp_path), name="csv", version="")
+    logger.log_metrics({"train/loss": 1.0}, step=0)
+    logger.save()
+    logger.log_metrics({"train/loss": 1.0, "train/lr": 0.1}, step=1)  # a new column: the file is rewritten
+    monkeypatch.setattr(os, "replace", _enospc)
+    with pytest.raises(files.WriteError, match=rf"^could not write {RunDir(tmp_path).metrics_csv}: No space"):
+        logger.save()
+    monkeypatch.undo()
+    with open(RunDir(tmp_path).metrics_csv) as f:  # the rewrite is atomic: the file as it was
+        assert list(csv.DictReader(f)) == [{"step": "0", "train/loss": "1.0"}]

@@ -1,11 +1,17 @@
-"""Non-finite losses and gradients (train/module.py ``on_nonfinite``): a skipped step changes no weight,
-no checkpoint holds a non-finite weight, and the logs keep NaN as NaN. In-process runs of ``train fit``
-(the CLI's main) on the tiny model, with a module subclass that injects the fault."""
+"""Faults inside a training run, with in-process runs of ``train fit`` (the CLI's main) on the tiny model:
+
+- non-finite losses and gradients (train/module.py ``on_nonfinite``): a skipped step changes no weight, no
+  checkpoint holds a non-finite weight, and the logs keep NaN as NaN (a module subclass injects the fault);
+- a full disk (or no inodes left) while the run writes: one ``error:`` line naming the file, exit 2.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import shutil
 import sys
 
 import pytest
@@ -129,3 +135,21 @@ def test_a_checkpoint_of_nonfinite_weights_is_refused_before_it_is_written():
     with pytest.raises(FloatingPointError, match=r"^the weights hold non-finite values at step 7: no checkpoint "
                                                  r"written \(the last one written stands\)"):
         module.on_save_checkpoint({})
+
+
+@pytest.mark.slow
+def test_out_of_inodes_at_the_last_checkpoint_link_is_one_line_and_exit_2(workdir, tmp_path, monkeypatch, capsys):
+    """Before: a raw OSError traceback from the hard link (and its copy fallback) of last.ckpt."""
+    def no_inode(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "link", no_inode)
+    monkeypatch.setattr(shutil, "copyfile", no_inode)
+    run_dir = tmp_path / "run"
+    rc, err = _fit(workdir, run_dir, monkeypatch, capsys, "none")
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert rc == 2 and "Traceback" not in err, err[-3000:]
+    assert errors == [f"error: could not write {run_dir / 'checkpoints' / 'last.ckpt'}: No space left on device "
+                      f"(disk full or out of inodes?); {run_dir / 'checkpoints' / 'step0000001.ckpt'} holds the same "
+                      f"state and is intact; free space (or inodes), then resume with --ckpt_path "
+                      f"{run_dir / 'checkpoints' / 'step0000001.ckpt'}"], err[-3000:]
