@@ -55,6 +55,10 @@ from train.faults import check_schedule_unchanged, schedule_fingerprint
 log = logging.getLogger(__name__)
 
 
+class ReportedByRankZero(SystemExit):
+    """Ends a rank (exit code 2) whose error global rank 0 reports for every rank, so it is printed once."""
+
+
 def to_torch(batch: dict) -> dict:
     out = dict(batch)
     for key in TENSOR_KEYS:
@@ -228,7 +232,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         return self.trainer.world_size if self.trainer else 1
 
     def train_dataloader(self) -> DataLoader:
-        cursors, next_step = self._resumed_cursors(), 0
+        cursors, next_step = self._agreed_resumed_cursors(), 0
         if self._resume is not None:
             next_step = self._resume.next_step
         ds = ConsumerDataset(self.manifest, self, self.rank, self.world_size, self.steps, cursors, next_step)
@@ -303,6 +307,32 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         elif resume.mine is None:
             resume.mine = self._load_cursors(resume.state, [self.rank])[0]  # the same layout: its own file only
         return resume.mine
+
+    def _agreed_resumed_cursors(self) -> list[dict | None] | None:
+        """:meth:`_resumed_cursors`, with every rank learning whether any rank's cursors are unusable.
+
+        Each rank reads its own file here; alone, a rank with a damaged file would end with its error while
+        the others wait in their next collective (and die of a lost connection). Instead the ranks agree
+        (one all-reduce, one broadcast of the message): global rank 0 raises the failing rank's ConfigError,
+        every other rank ends with exit code 2 and no message of its own."""
+        try:
+            cursors, problem = self._resumed_cursors(), None
+        except ConfigError as e:
+            cursors, problem = None, e
+        resuming = self._resume is not None and self._resume.state is not None  # alike on every rank
+        if self.world_size == 1 or not resuming:
+            if problem is not None:
+                raise problem
+            return cursors
+        strategy = self.trainer.strategy
+        mine = torch.tensor(float(self.rank if problem is not None else self.world_size), device=strategy.root_device)
+        first = int(strategy.reduce(mine, reduce_op="min").item())
+        if first == self.world_size:
+            return cursors
+        message = strategy.broadcast(str(problem) if self.rank == first else None, src=first)
+        if self.trainer.is_global_zero:
+            raise ConfigError(message)
+        raise ReportedByRankZero(2)
 
     def _load_cursors(self, state: dict[str, Any], ranks: list[int] | None) -> list[list[dict | None]]:
         """The checkpoint's cursors of ``ranks`` (all: None), read from its files and range-checked."""

@@ -2,7 +2,8 @@
 
 - non-finite losses and gradients (train/module.py ``on_nonfinite``): a skipped step changes no weight, no
   checkpoint holds a non-finite weight, and the logs keep NaN as NaN (a module subclass injects the fault);
-- a full disk (or no inodes left) while the run writes: one ``error:`` line naming the file, exit 2.
+- a full disk (or no inodes left) while the run writes: one ``error:`` line naming the file, exit 2;
+- a damaged data cursor file of one DDP rank: one ``error:`` line for the whole run (a subprocess on 2 ranks).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 
 import pytest
 import torch
-from training_runs import TINY
+from training_runs import DDP, TINY, Run, copy_checkpoint
 
 from train.module import PretrainModule
 
@@ -153,3 +154,24 @@ def test_out_of_inodes_at_the_last_checkpoint_link_is_one_line_and_exit_2(workdi
                       f"(disk full or out of inodes?); {run_dir / 'checkpoints' / 'step0000001.ckpt'} holds the same "
                       f"state and is intact; free space (or inodes), then resume with --ckpt_path "
                       f"{run_dir / 'checkpoints' / 'step0000001.ckpt'}"], err[-3000:]
+
+
+@pytest.mark.slow
+def test_a_damaged_cursor_file_of_rank_1_is_one_line_and_every_rank_exits(workdir, env, ref_ddp, tmp_path):
+    """Before: rank 1 printed its error and exited, and rank 0 died in its next collective with a gloo
+    "Connection closed by peer" traceback."""
+    ref_dir, _ = ref_ddp
+    ckpt = copy_checkpoint(ref_dir / "checkpoints" / "step0000009.ckpt", tmp_path / "run" / "checkpoints")
+    cursor_dir = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)["WellMixedData"]["cursor_dir"]
+    damaged = ckpt.parent / cursor_dir / "rank00001.pt"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    damaged.write_bytes(bytes(data))
+    run = Run(workdir, tmp_path / "run", TINY + DDP + ["--ckpt_path", str(ckpt)], env, "damaged")
+    rc = run.wait(timeout=240)
+    out = run.log(tail=10**6)
+    errors = [ln for ln in out.splitlines() if ln.startswith("error:")]
+    assert rc == 2, out[-3000:]
+    assert len(errors) == 1 and f"data cursor file {damaged} (rank 1 of checkpoint {ckpt})" in errors[0], out[-3000:]
+    assert "--ckpt_path FILE" in errors[0]
+    assert "Traceback" not in out and "Connection closed" not in out, out[-3000:]
