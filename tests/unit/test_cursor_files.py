@@ -33,8 +33,13 @@ STEP = 4
 class Broadcast:
     """The strategy of every simulated rank: rank 0's broadcast value is what the others receive."""
 
+    root_device = torch.device("cpu")
+
     def __init__(self):
         self.value = None
+
+    def reduce(self, tensor, reduce_op="sum"):  # the other ranks contribute nothing that changes it
+        return tensor
 
     def broadcast(self, obj, src=0):
         if obj is not None:
@@ -165,7 +170,7 @@ def test_a_missing_or_foreign_cursor_file_is_named(make_cfg, trained, tmp_path):
     dm.trainer = _trainer(1, 2, tmp_path, Broadcast(), ckpt_path=str(ckpt))
     dm.load_state_dict(state)
     assert dm._resumed_cursors() == trained[1]  # rank 1 needs only its own file
-    dm.trainer.global_rank = 0
+    dm.trainer.global_rank, dm.trainer.is_global_zero = 0, True
     dm.load_state_dict(state)
     with pytest.raises(ConfigError, match=rf"data cursor file {step_dir / 'rank00000.pt'} \(rank 0 of checkpoint "
                                           rf"{ckpt}\) is missing .*--ckpt_path FILE"):
