@@ -25,40 +25,36 @@ SHORT = ["--data.schedule.train_tokens", "500", "--data.num_workers", "0", "--ru
 
 
 class Faulty(PretrainModule):
-    """NaN at optimizer step ``AT``: the loss of its first micro-batch (``WHAT = "loss"``) or, the loss
-    finite, the gradient of one weight (``"grad"``). Snapshots the weights around that step."""
+    """NaN at the optimizer steps of ``FAULTS``: in the loss of the step's first micro-batch (``"loss"``), or,
+    the loss finite, in the gradient of one weight (``"grad"``). Snapshots the weights at each step's start."""
 
-    AT, WHAT = 1, "loss"
+    FAULTS: dict[int, str] = {}
     seen: dict = {}
 
     def _token_losses(self, batch):
         losses = super()._token_losses(batch)
-        if self.WHAT == "loss" and self.global_step == self.AT and not self._injected():
+        if self.FAULTS.get(self.global_step) == "loss" and self._first_time("loss"):
             return losses * float("nan")
         return losses
 
     def on_after_backward(self):
-        if self.WHAT == "grad" and self.global_step == self.AT and not self._injected():
+        if self.FAULTS.get(self.global_step) == "grad" and self._first_time("grad"):
             self.model.tok_emb.weight.grad[0, 0] = float("nan")
 
-    def _injected(self) -> bool:
-        done = self.seen.get("injected", False)
-        self.seen["injected"] = True
-        return done
+    def _first_time(self, what: str) -> bool:
+        key = (what, self.global_step)
+        first = key not in self.seen
+        self.seen[key] = True
+        return first
 
     def on_train_batch_start(self, batch, batch_idx):
-        if self.global_step == self.AT and "before" not in self.seen:
-            self.seen["before"] = [p.detach().clone() for p in self.parameters()]
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        if self.global_step == self.AT + 1 and "after" not in self.seen:
-            self.seen["after"] = [p.detach().clone() for p in self.parameters()]
+        self.seen.setdefault(self.global_step, [p.detach().clone() for p in self.parameters()])
 
 
-def _fit(workdir, run_dir, monkeypatch, capsys, what: str, *extra: str) -> tuple[int, str]:
+def _fit(workdir, run_dir, monkeypatch, capsys, faults: dict[int, str], *extra: str) -> tuple[int, str]:
     import train.cli
 
-    Faulty.WHAT, Faulty.seen = what, {}
+    Faulty.FAULTS, Faulty.seen = faults, {}
     monkeypatch.setattr(train.cli, "PretrainModule", Faulty)
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     monkeypatch.chdir(workdir)
@@ -75,38 +71,29 @@ def _checkpoints_finite(run_dir) -> list[str]:
     return bad
 
 
-CASES = {
-    "nan_loss": ("loss", []),
-    "nan_grad_accumulated_clipped": ("grad", ["--data.batch_size", "2", "--trainer.accumulate_grad_batches", "2",
-                                              "--trainer.gradient_clip_val", "1.0"]),
-}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
-def test_skip_takes_no_optimizer_step_and_logs_nan_as_nan(workdir, tmp_path, monkeypatch, capsys, case):
-    """Before: a NaN gradient at step 1 was applied (the loss was finite, only the loss was checked; under
-    accumulation the skip flag of one micro-batch was reset by the next), the run ended rc 0 with an all-NaN
-    last.ckpt, and the order log recorded the NaN loss as 0.0."""
-    what, extra = CASES[case]
+def test_skip_takes_no_optimizer_step_and_logs_nan_as_nan(workdir, tmp_path, monkeypatch, capsys):
+    """Accumulation 2 and gradient clipping; a NaN loss in step 1's first micro-batch, a NaN gradient (the
+    loss finite) in step 2's. Before: the NaN gradient was applied (only the loss was checked, and under
+    accumulation the next micro-batch reset the skip), the run ended rc 0 with an all-NaN last.ckpt, and
+    the order log recorded the NaN loss as 0.0."""
     run_dir = tmp_path / "run"
-    rc, err = _fit(workdir, run_dir, monkeypatch, capsys, what, "--model.on_nonfinite", "skip", *extra)
+    rc, err = _fit(workdir, run_dir, monkeypatch, capsys, {1: "loss", 2: "grad"}, "--model.on_nonfinite", "skip",
+                   "--data.batch_size", "2", "--trainer.accumulate_grad_batches", "2",
+                   "--trainer.gradient_clip_val", "1.0")
     assert rc == 0, err[-3000:]
-    before, after = Faulty.seen["before"], Faulty.seen["after"]
-    assert all(torch.equal(a, b) for a, b in zip(before, after)), "a skipped step changed the weights"
+    weights = Faulty.seen
+    assert not all(torch.equal(a, b) for a, b in zip(weights[0], weights[1])), "step 0 trained"
+    for step in (1, 2):
+        assert all(torch.equal(a, b) for a, b in zip(weights[step], weights[step + 1])), f"skipped step {step} trained"
     assert _checkpoints_finite(run_dir) == []
     lines = [json.loads(ln) for ln in (run_dir / "order_log" / "rank0.jsonl").read_text().splitlines()]
-    accumulate = 2 if extra else 1
-    losses = [ln["loss"] for ln in lines if ln["step"] // accumulate == Faulty.AT]
-    if what == "loss":
-        assert math.isnan(losses[0]) and not any(math.isnan(x) for x in losses[1:]), losses
-        from train.rundir import read_metrics, series
+    losses = [ln["loss"] for ln in lines]
+    assert [math.isnan(x) for x in losses[:6]] == [False, False, True, False, False, False], losses
+    from train.rundir import read_metrics, series
 
-        assert [v for s, v in series(read_metrics(run_dir), "train/loss") if s == Faulty.AT][0] != 0.0
-        assert math.isnan([v for s, v in series(read_metrics(run_dir), "train/loss") if s == Faulty.AT][0])
-    else:
-        assert not any(math.isnan(x) for x in losses)
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["skipped_steps"] == 1
+    assert math.isnan(dict(series(read_metrics(run_dir), "train/loss"))[1])
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["skipped_steps"] == 2
 
 
 @pytest.mark.slow
@@ -115,9 +102,9 @@ def test_a_nonfinite_gradient_stops_before_the_update_and_no_checkpoint_holds_na
     """Before: with a finite loss the NaN gradient was applied, a checkpoint with NaN weights was written, and
     the run stopped one step later on the NaN loss (so --ckpt_path last failed again)."""
     run_dir = tmp_path / "run"
-    rc, err = _fit(workdir, run_dir, monkeypatch, capsys, "grad")
+    rc, err = _fit(workdir, run_dir, monkeypatch, capsys, {1: "grad"})
     assert rc == 3, err[-3000:]
-    assert f"error: non-finite gradient at step {Faulty.AT} (the loss was finite)" in err
+    assert "error: non-finite gradient at step 1 (the loss was finite)" in err
     assert "Traceback" not in err
     assert _checkpoints_finite(run_dir) == []
 
@@ -147,7 +134,7 @@ def test_out_of_inodes_at_the_last_checkpoint_link_is_one_line_and_exit_2(workdi
     monkeypatch.setattr(os, "link", no_inode)
     monkeypatch.setattr(shutil, "copyfile", no_inode)
     run_dir = tmp_path / "run"
-    rc, err = _fit(workdir, run_dir, monkeypatch, capsys, "none")
+    rc, err = _fit(workdir, run_dir, monkeypatch, capsys, {})
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert rc == 2 and "Traceback" not in err, err[-3000:]
     assert errors == [f"error: could not write {run_dir / 'checkpoints' / 'last.ckpt'}: No space left on device "
