@@ -10,11 +10,14 @@ Resume, as DESIGN.md section 5 asks:
   callback after the optimizer step, so prefetched batches never leak into a checkpoint);
 - :meth:`state_dict` is called on every rank when a checkpoint is written; each rank writes its own
   workers' cursors to ``<checkpoint dir>/cursors/stepNNNNNNN/rankRRRRR.pt`` (~318 KB per worker at the
-  real shape) and the checkpoint holds only ``cursor_dir`` (train/cursor_files.py: layout, atomicity,
-  clean-up). No rank receives another's cursors; without a checkpoint directory (library use, one
-  rank) they are kept inline in the state as before;
+  real shape) and the checkpoint holds only ``cursor_dir`` and each file's sha256, ``cursor_sha256``
+  (train/cursor_files.py: layout, atomicity, verification, clean-up). No rank receives another's
+  cursors; without a checkpoint directory (library use, one rank) they are kept inline in the state
+  as before;
 - on resume with the same ranks x workers each rank reads only its own file; an elastic resume reads
-  every old rank's file on every rank (the re-cut needs all old consumers' pending work). The files
+  every old rank's file on every rank (the re-cut needs all old consumers' pending work). The ranks
+  then agree on whether every rank's cursors were usable, so a damaged file of one rank ends every
+  rank with one error line (printed by global rank 0), not a lost connection on the others. The files
   are read when the DataLoader is built (the trainer then knows the checkpoint's path), so
   ``WellMixedData.load_from_checkpoint`` rebuilds the config without them;
 - on resume the DataLoader worker ``i`` takes over consumer ``(i + next_step) % W``, because the
