@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import os
@@ -125,22 +126,51 @@ def test_a_checkpoint_of_nonfinite_weights_is_refused_before_it_is_written():
         module.on_save_checkpoint({})
 
 
-@pytest.mark.slow
-def test_out_of_inodes_at_the_last_checkpoint_link_is_one_line_and_exit_2(workdir, tmp_path, monkeypatch, capsys):
-    """Before: a raw OSError traceback from the hard link (and its copy fallback) of last.ckpt."""
-    def no_inode(*a, **kw):
-        raise OSError(errno.ENOSPC, "No space left on device")
+def _no_space(*a, **kw):
+    raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(os, "link", no_inode)
-    monkeypatch.setattr(shutil, "copyfile", no_inode)
+
+def _full_while_saving_weights(monkeypatch):
+    """torch.save of a checkpoint file fails as torch's zip writer reports a full disk (cursor files, which
+    are serialised in memory first, are written)."""
+    real_save = torch.save
+
+    def save(obj, f, *a, **kw):
+        if isinstance(f, io.BytesIO):
+            return real_save(obj, f, *a, **kw)
+        f.write(b"PK\x03\x04")
+        raise RuntimeError("[enforce fail at inline_container.cc:783] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+def _no_inode_for_the_last_link(monkeypatch):
+    monkeypatch.setattr(os, "link", _no_space)
+    monkeypatch.setattr(shutil, "copyfile", _no_space)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", [_full_while_saving_weights, _no_inode_for_the_last_link])
+def test_a_full_disk_while_training_is_one_line_and_exit_2(workdir, tmp_path, monkeypatch, capsys, fault):
+    """Before: the "could not write checkpoint ... (disk full?)" line came last of three chained tracebacks,
+    and no inode left for last.ckpt's hard link (and its copy fallback) was a raw OSError traceback."""
+    fault(monkeypatch)
     run_dir = tmp_path / "run"
     rc, err = _fit(workdir, run_dir, monkeypatch, capsys, {})
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert rc == 2 and "Traceback" not in err, err[-3000:]
-    assert errors == [f"error: could not write {run_dir / 'checkpoints' / 'last.ckpt'}: No space left on device "
-                      f"(disk full or out of inodes?); {run_dir / 'checkpoints' / 'step0000001.ckpt'} holds the same "
-                      f"state and is intact; free space (or inodes), then resume with --ckpt_path "
-                      f"{run_dir / 'checkpoints' / 'step0000001.ckpt'}"], err[-3000:]
+    ckpts = run_dir / "checkpoints"
+    if fault is _no_inode_for_the_last_link:
+        want = (f"error: could not write {ckpts / 'last.ckpt'}: No space left on device (disk full or out of "
+                f"inodes?); {ckpts / 'step0000001.ckpt'} holds the same state and is intact; free space (or inodes), "
+                f"then resume with --ckpt_path {ckpts / 'step0000001.ckpt'}")
+    else:
+        want = (f"error: could not write checkpoint {ckpts / 'step0000001.ckpt'}: [enforce fail at "
+                "inline_container.cc:783] . PytorchStreamWriter failed writing file data/0: file write failed (disk "
+                "full or out of inodes?); the previous checkpoint is intact and the partial file was removed; free "
+                "space (or inodes), then resume with --ckpt_path last")
+    assert errors == [want], err[-3000:]
 
 
 @pytest.mark.slow
