@@ -42,6 +42,19 @@ def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_p
     assert target.read_bytes() == PRECIOUS
 
 
+def test_a_lock_file_with_another_name_is_refused_and_that_file_untouched(tmp_path):
+    from train.rundir_lock import LOCK_NAME, acquire_run_dir
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    target = tmp_path / "precious.ckpt"
+    target.write_bytes(PRECIOUS)
+    os.link(target, run_dir / LOCK_NAME)
+    with pytest.raises(ConfigError, match=r"^run.dir: the lock file .* has another name \(a hard link\)"):
+        acquire_run_dir(run_dir)
+    assert target.read_bytes() == PRECIOUS
+
+
 def test_every_file_a_run_writes_refuses_a_symlink_at_its_name(tmp_path):
     from train.cursor_files import claim_step_dir
     from train.lightning_internals import ResumableCSVLogger
