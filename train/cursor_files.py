@@ -55,6 +55,9 @@ CURSOR_ROOT = "cursors"
 """The folder under the checkpoint directory that holds one step directory per checkpoint."""
 _STEP_DIR = re.compile(r"^step(\d+)(?:-v(\d+))?$")
 _EARLIER = "resume from an earlier checkpoint with --ckpt_path FILE (or --run.ckpt_fallback true)"
+EARLIER_SEVERAL_RANKS = ("resume from an earlier checkpoint with --ckpt_path FILE (on several ranks "
+                         "--run.ckpt_fallback checks only that the cursor files exist)")
+"""The way out where each rank reads its own file: the fallback's check did not read it (train/faults.py)."""
 _NO_CHECKPOINT = ("no checkpoint was written for this step, the previous ones are intact; free space (or inodes), "
                   "then resume with --ckpt_path last")
 
@@ -82,6 +85,11 @@ def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
 
 def rank_file(step_dir: str | PathLike, rank: int) -> Path:
     return Path(step_dir) / f"rank{rank:05d}.pt"
+
+
+def way_out_on_several_ranks(message: str) -> str:
+    """``message`` with the way out that holds when several ranks each read their own file."""
+    return message.replace(_EARLIER, EARLIER_SEVERAL_RANKS)
 
 
 def save_rank_cursors(step_dir: str | PathLike, rank: int, cursors: list[dict | None], next_step: int) -> str:

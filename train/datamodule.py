@@ -52,7 +52,13 @@ from data.simulate import order_line
 from data.steps import StepSchedule
 from data.tokenizer import EOT_ID
 from data.types import TENSOR_KEYS, TrainingContext
-from train.cursor_files import claim_step_dir, gather_digests, load_checkpoint_cursors, save_rank_cursors
+from train.cursor_files import (
+    claim_step_dir,
+    gather_digests,
+    load_checkpoint_cursors,
+    save_rank_cursors,
+    way_out_on_several_ranks,
+)
 from train.faults import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
@@ -332,7 +338,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         first = int(strategy.reduce(mine, reduce_op="min").item())
         if first == self.world_size:
             return cursors
-        message = strategy.broadcast(str(problem) if self.rank == first else None, src=first)
+        message = way_out_on_several_ranks(strategy.broadcast(str(problem) if self.rank == first else None, src=first))
         if self.trainer.is_global_zero:
             raise ConfigError(message)
         raise ReportedByRankZero(2)
