@@ -102,7 +102,7 @@ def check_ranges(cursor: dict) -> None:
                 need(f"{key}[{i}][0] (source)", addr[0], hi=len(sources))
                 for j, part in enumerate(("shard", "row", "epoch", "offset"), start=1):
                     need(f"{key}[{i}][{j}] ({part})", addr[j])
-    except (KeyError, TypeError, AttributeError, ValueError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError, zlib.error) as e:  # zlib: a damaged packed buffer
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{who}: malformed ({type(e).__name__}: {e}); {_DAMAGED}") from None

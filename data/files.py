@@ -9,12 +9,15 @@ untouched. Temp names start with ``.`` and end in ``.tmp`` so that clean-up code
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from data.errors import ConfigError
 
 
 def temp_path(path: str | os.PathLike) -> Path:
@@ -28,6 +31,8 @@ def atomic_path(path: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
     """Yield a temp path to write; on success it replaces ``path`` (mode 0644, like a plain write)."""
     path = Path(path)
     tmp = temp_path(path)
+    with contextlib.suppress(FileNotFoundError):  # a stale temp (or a link planted there) is not written through
+        os.unlink(tmp)
     try:
         yield tmp
         if fsync:
@@ -52,3 +57,44 @@ def write_text(path: str | os.PathLike, text: str, fsync: bool = True) -> None:
 
 def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1, fsync: bool = True) -> None:
     write_text(path, json.dumps(obj, indent=indent) + "\n", fsync)
+
+
+class LinkRefused(ConfigError):
+    """A file the run writes itself is a symbolic link: never written through (it would overwrite the target)."""
+
+
+def refuse_link(path: str | os.PathLike, what: str = "") -> None:
+    """Raise :class:`LinkRefused` when ``path`` is a symbolic link (a missing path or a plain file is fine).
+
+    For the files a run creates and rewrites in its own directory: writing through a planted or leftover
+    link truncates whatever it points to (a checkpoint, a file outside the run)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise LinkRefused(f"{what or path.name} {path} is a symbolic link (to {os.readlink(path)}); a run writes "
+                          "this file itself and never through a link: remove the link (the file it points to is "
+                          "untouched), or choose another --run.dir")
+
+
+def open_append(path: str | os.PathLike) -> IO[str]:
+    """``open(path, "a")`` that refuses a symbolic link at ``path`` (``O_NOFOLLOW``; :class:`LinkRefused`)."""
+    refuse_link(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if Path(path).is_symlink():  # created between the check and the open
+            refuse_link(path)
+        raise e
+    return os.fdopen(fd, "a")
+
+
+class WriteError(ConfigError):
+    """A file the run writes could not be written (a full disk, no inodes left, a quota, permissions): one
+    line naming the file and what to do, like every refusal, instead of an OSError traceback."""
+
+
+def write_error(path: str | os.PathLike, e: BaseException, then: str) -> WriteError:
+    """``could not write PATH: <reason> (disk full or out of inodes?); <then>`` for a failed write of ``path``."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    reason = getattr(e, "strerror", None) or first
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "write failed" in reason  # torch's zip writer
+    return WriteError(f"could not write {path}: {reason}{' (disk full or out of inodes?)' if full else ''}; {then}")

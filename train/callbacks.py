@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -20,7 +21,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from data import files
 from data.formatting import duration
 from train import lightning_internals as internals
-from train.rundir import RunDir
+from train.rundir import RunDir, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ class DataStateCallback(L.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         internals.align_accumulation_phase(trainer)
+        if trainer.is_global_zero:  # metrics.csv rows of the steps about to be trained again
+            for logger in trainer.loggers:
+                if isinstance(logger, internals.ResumableCSVLogger):
+                    logger.drop_steps_from(trainer.global_step)
         dm = trainer.datamodule
         if not dm.order_log:
             return
@@ -88,16 +93,23 @@ class DataStateCallback(L.Callback):
             for other in path.parent.glob("rank*.jsonl"):
                 if int(other.stem[4:]) >= trainer.world_size:
                     _drop_lines_from(other, next_step)
-        self._file = open(path, "a")
+        self._file = files.open_append(path)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
         dm = trainer.datamodule
         dm.record(batch)
         if self._file is not None:
-            loss = outputs["loss"].item() if isinstance(outputs, dict) else float(outputs)
-            loss *= trainer.accumulate_grad_batches  # Lightning hands back the loss divided by A
-            self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
-            self._file.flush()
+            if isinstance(outputs, dict) and "raw_loss" in outputs:  # PretrainModule: as computed, NaN included
+                loss = outputs["raw_loss"].item()
+            else:  # Lightning hands back the loss divided by A
+                loss = (outputs["loss"].item() if isinstance(outputs, dict) else float(outputs))
+                loss *= trainer.accumulate_grad_batches
+            try:
+                self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
+                self._file.flush()
+            except OSError as e:
+                raise files.write_error(self._path(trainer), e, "free space (or inodes), then resume with "
+                                        "--ckpt_path last (a line cut short is dropped on resume)") from e
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._file is not None:
@@ -106,12 +118,12 @@ class DataStateCallback(L.Callback):
 
 
 def _drop_lines_from(path: Path, step: int) -> None:
-    """Keep the order-log lines of steps before ``step`` (the rest is about to be trained again)."""
+    """Keep the order-log lines of steps before ``step`` (the rest is about to be trained again); a last
+    line cut by a crash is dropped with a warning (train/rundir.py ``read_jsonl``)."""
+    files.refuse_link(path, "the order log")
     if path.exists():
-        keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] < step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(k + "\n" for k in keep))
-        os.replace(tmp, path)
+        keep = [d for d in read_jsonl(path) if d["step"] < step]
+        files.write_text(path, "".join(json.dumps(d, separators=(",", ":")) + "\n" for d in keep))
 
 
 class ThroughputCallback(L.Callback):
@@ -322,15 +334,21 @@ def link_checkpoint(src: Path, dst: Path) -> None:
     """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
     atomically through a temporary like AtomicCheckpointIO's writes; ``src``'s checksum goes with it."""
     tmp = _temporary(dst)
-    tmp.unlink(missing_ok=True)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-    checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
-    os.replace(tmp, dst)
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
+        os.replace(tmp, dst)
+    except OSError as e:  # out of space or inodes: the copy (a link needs an inode too) failed
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise files.write_error(dst, e, f"{src} holds the same state and is intact; free space (or inodes), then "
+                                f"resume with --ckpt_path {src}") from e
     digest = read_checksum(src)
     if digest is not None:
         _write_checksum(dst, digest)
@@ -352,7 +370,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = _temporary(path)
         try:
-            with open(tmp, "wb") as f:
+            tmp.unlink(missing_ok=True)  # a stale temporary of this pid, or a link left there: never written through
+            with open(tmp, "xb") as f:
                 torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
                 f.flush()
                 os.fsync(f.fileno())
@@ -360,12 +379,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             checksum_path(path).unlink(missing_ok=True)
             os.replace(tmp, path)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
-            tmp.unlink(missing_ok=True)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise OSError(
-                f"could not write checkpoint {path}: {first} (disk full?); the previous checkpoint is intact, "
-                f"the partial file was removed"
-            ) from e
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise files.write_error(f"checkpoint {path}", e, "the previous checkpoint is intact and the partial file "
+                                    "was removed; free space (or inodes), then resume with --ckpt_path last") from e
         _write_checksum(path, digest)
 
     def remove_checkpoint(self, path) -> None:

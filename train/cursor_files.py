@@ -18,6 +18,11 @@ writes its own DataLoader workers' cursors beside the checkpoints::
 - **Relative to the checkpoint's folder** (the folder of a ``.ckpt`` file, or of a sharded FSDP
   checkpoint folder): ``checkpoints/`` can be moved as a whole; a single checkpoint copied elsewhere
   needs its ``cursors/<step>`` directory beside it.
+- **Verified.** Each rank's file is hashed as it is written (sha256 of its bytes); the digests of all
+  ranks are gathered (32 bytes per rank) into the checkpoint's data state as ``cursor_sha256``, and
+  every read checks the file against it before unpickling: an edited address, a flipped bit of an
+  RNG state or of a packed buffer is refused, naming the file. A checkpoint written before digests
+  existed loads its files unverified, with a warning naming each.
 - **Read what is needed.** A resume with the same ranks x workers reads only the rank's own file
   (~318 KB x workers). An elastic resume reads every old rank's file on every rank: the re-cut
   (data/elastic.py) pools the pending work of all old consumers, so that cost is inherent to it.
@@ -30,6 +35,8 @@ writes its own DataLoader workers' cursors beside the checkpoints::
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 import re
 import shutil
@@ -48,6 +55,11 @@ CURSOR_ROOT = "cursors"
 """The folder under the checkpoint directory that holds one step directory per checkpoint."""
 _STEP_DIR = re.compile(r"^step(\d+)(?:-v(\d+))?$")
 _EARLIER = "resume from an earlier checkpoint with --ckpt_path FILE (or --run.ckpt_fallback true)"
+EARLIER_SEVERAL_RANKS = ("resume from an earlier checkpoint with --ckpt_path FILE (on several ranks "
+                         "--run.ckpt_fallback checks only that the cursor files exist)")
+"""The way out where each rank reads its own file: the fallback's check did not read it (train/faults.py)."""
+_NO_CHECKPOINT = ("no checkpoint was written for this step, the previous ones are intact; free space (or inodes), "
+                  "then resume with --ckpt_path last")
 
 
 def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
@@ -56,28 +68,51 @@ def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
     Global rank 0 only; the others get the name by broadcast. ``mkdir`` is the claim, so a directory an
     existing checkpoint references is never written into again."""
     root = Path(ckpt_dir) / CURSOR_ROOT
-    root.mkdir(parents=True, exist_ok=True)
+    files.refuse_link(root, "the data cursor folder")
     version = 0
-    while True:
-        name = f"step{step:07d}" + (f"-v{version}" if version else "")
-        try:
-            (root / name).mkdir()
-            return f"{CURSOR_ROOT}/{name}"
-        except FileExistsError:
-            version += 1
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        while True:
+            name = f"step{step:07d}" + (f"-v{version}" if version else "")
+            try:
+                (root / name).mkdir()
+                return f"{CURSOR_ROOT}/{name}"
+            except FileExistsError:
+                version += 1
+    except OSError as e:
+        raise files.write_error(root / f"step{step:07d}", e, _NO_CHECKPOINT) from e
 
 
 def rank_file(step_dir: str | PathLike, rank: int) -> Path:
     return Path(step_dir) / f"rank{rank:05d}.pt"
 
 
-def save_rank_cursors(step_dir: str | PathLike, rank: int, cursors: list[dict | None], next_step: int) -> Path:
-    """One rank's cursors (one per DataLoader worker), atomically. ``rank`` and ``next_step`` are stored
-    with them, so a file of another rank or checkpoint put in its place is recognised on load."""
-    path = rank_file(step_dir, rank)
-    with files.atomic_path(path) as tmp:
-        torch.save({"rank": rank, "next_step": next_step, "cursors": cursors}, tmp)
-    return path
+def way_out_on_several_ranks(message: str) -> str:
+    """``message`` with the way out that holds when several ranks each read their own file."""
+    return message.replace(_EARLIER, EARLIER_SEVERAL_RANKS)
+
+
+def save_rank_cursors(step_dir: str | PathLike, rank: int, cursors: list[dict | None], next_step: int) -> str:
+    """One rank's cursors (one per DataLoader worker), atomically; the sha256 of the bytes written.
+    ``rank`` and ``next_step`` are stored with them, so a file of another rank or checkpoint put in its
+    place is recognised on load."""
+    buf = io.BytesIO()
+    torch.save({"rank": rank, "next_step": next_step, "cursors": cursors}, buf)
+    data = buf.getvalue()
+    try:
+        files.write_bytes(rank_file(step_dir, rank), data)
+    except OSError as e:
+        raise files.write_error(rank_file(step_dir, rank), e, _NO_CHECKPOINT) from e
+    return hashlib.sha256(data).hexdigest()
+
+
+def gather_digests(strategy, digest: str, world_size: int) -> list[str]:
+    """Every rank's cursor-file digest, in rank order, on every rank (an all-gather of 32 bytes per rank)."""
+    if world_size == 1:
+        return [digest]
+    mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.int32, device=strategy.root_device)
+    rows = strategy.all_gather(mine).reshape(world_size, 32).cpu()
+    return [bytes(row.tolist()).hex() for row in rows]
 
 
 def cursor_files(ckpt_path: str | PathLike, state: dict[str, Any]) -> list[Path]:
@@ -107,15 +142,21 @@ def load_checkpoint_cursors(ckpt_path: str | PathLike | None, state: dict[str, A
         raise ConfigError(f"the data state names per-rank cursor files ({state['cursor_dir']}) but not the "
                           "checkpoint they lie beside: load it through Trainer.fit(ckpt_path=...)")
     step_dir = Path(ckpt_path).parent / state["cursor_dir"]
+    digests = _recorded_digests(ckpt_path, state)
     rows = []
     for rank in ranks:
         path = rank_file(step_dir, rank)
         what = f"data cursor file {path} (rank {rank} of checkpoint {ckpt_path})"
         try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
+            raw = path.read_bytes()
         except FileNotFoundError:
             raise ConfigError(f"{what} is missing (a checkpoint moved without its {CURSOR_ROOT}/ folder, or a "
                               f"partial copy?); copy it back, or {_EARLIER}") from None
+        except OSError as e:
+            raise ConfigError(f"{what} is unreadable ({e.strerror or e}); {_EARLIER}") from None
+        _verify(raw, digests, rank, what, path)
+        try:
+            data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise ConfigError(f"{what} is unreadable ({type(e).__name__}: {first[:200]}); {_EARLIER}") from None
@@ -126,6 +167,37 @@ def load_checkpoint_cursors(ckpt_path: str | PathLike | None, state: dict[str, A
                               f"{(rank, state['next_step'])}); {_EARLIER}")
         rows.append(data["cursors"])
     return rows
+
+
+def _recorded_digests(ckpt_path, state: dict[str, Any]) -> list[str] | None:
+    """The per-rank sha256 digests the checkpoint records; None for a checkpoint written before them."""
+    digests = state.get("cursor_sha256")
+    if digests is None:
+        return None
+    world = int(state["world_size"])
+    if (not isinstance(digests, list) or len(digests) != world
+            or not all(isinstance(d, str) and len(d) == 64 for d in digests)):
+        raise ConfigError(f"checkpoint {ckpt_path}: its data state's cursor_sha256 is malformed (not {world} "
+                          f"sha256 digests); {_EARLIER}")
+    return digests
+
+
+_unverified_warned: set[str] = set()
+
+
+def _verify(raw: bytes, digests: list[str] | None, rank: int, what: str, path: Path) -> None:
+    """The file's bytes against the digest its checkpoint records (a warning, once per file, without one)."""
+    if digests is None:
+        if str(path) not in _unverified_warned:
+            _unverified_warned.add(str(path))
+            log.warning("%s is not verified: its checkpoint records no cursor digests (written by an older "
+                        "version); a damaged file would be used as it is", what)
+        return
+    got = hashlib.sha256(raw).hexdigest()
+    if got != digests[rank]:
+        raise ConfigError(f"{what} does not match the sha256 its checkpoint records ({got[:16]}... vs "
+                          f"{digests[rank][:16]}...): changed after it was written (an edit, a disk or copy "
+                          f"error); {_EARLIER}")
 
 
 def _step_dir_order(path: Path) -> tuple[int, int]:
@@ -152,7 +224,7 @@ def remove_unreferenced(ckpt_dir: str | PathLike, cache: dict | None = None) -> 
     a run that keeps every checkpoint does not re-open all of them at each save."""
     ckpt_dir = Path(ckpt_dir)
     root = ckpt_dir / CURSOR_ROOT
-    if not root.is_dir():
+    if not root.is_dir() or root.is_symlink():  # never delete through a link (claim_step_dir refuses one)
         return []
     dirs = sorted((p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)), key=_step_dir_order)
     if len(dirs) <= 1:

@@ -10,11 +10,14 @@ Resume, as DESIGN.md section 5 asks:
   callback after the optimizer step, so prefetched batches never leak into a checkpoint);
 - :meth:`state_dict` is called on every rank when a checkpoint is written; each rank writes its own
   workers' cursors to ``<checkpoint dir>/cursors/stepNNNNNNN/rankRRRRR.pt`` (~318 KB per worker at the
-  real shape) and the checkpoint holds only ``cursor_dir`` (train/cursor_files.py: layout, atomicity,
-  clean-up). No rank receives another's cursors; without a checkpoint directory (library use, one
-  rank) they are kept inline in the state as before;
+  real shape) and the checkpoint holds only ``cursor_dir`` and each file's sha256, ``cursor_sha256``
+  (train/cursor_files.py: layout, atomicity, verification, clean-up). No rank receives another's
+  cursors; without a checkpoint directory (library use, one rank) they are kept inline in the state
+  as before;
 - on resume with the same ranks x workers each rank reads only its own file; an elastic resume reads
-  every old rank's file on every rank (the re-cut needs all old consumers' pending work). The files
+  every old rank's file on every rank (the re-cut needs all old consumers' pending work). The ranks
+  then agree on whether every rank's cursors were usable, so a damaged file of one rank ends every
+  rank with one error line (printed by global rank 0), not a lost connection on the others. The files
   are read when the DataLoader is built (the trainer then knows the checkpoint's path), so
   ``WellMixedData.load_from_checkpoint`` rebuilds the config without them;
 - on resume the DataLoader worker ``i`` takes over consumer ``(i + next_step) % W``, because the
@@ -49,10 +52,20 @@ from data.simulate import order_line
 from data.steps import StepSchedule
 from data.tokenizer import EOT_ID
 from data.types import TENSOR_KEYS, TrainingContext
-from train.cursor_files import claim_step_dir, load_checkpoint_cursors, save_rank_cursors
+from train.cursor_files import (
+    claim_step_dir,
+    gather_digests,
+    load_checkpoint_cursors,
+    save_rank_cursors,
+    way_out_on_several_ranks,
+)
 from train.faults import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
+
+
+class ReportedByRankZero(SystemExit):
+    """Ends a rank (exit code 2) whose error global rank 0 reports for every rank, so it is printed once."""
 
 
 def to_torch(batch: dict) -> dict:
@@ -228,7 +241,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         return self.trainer.world_size if self.trainer else 1
 
     def train_dataloader(self) -> DataLoader:
-        cursors, next_step = self._resumed_cursors(), 0
+        cursors, next_step = self._agreed_resumed_cursors(), 0
         if self._resume is not None:
             next_step = self._resume.next_step
         ds = ConsumerDataset(self.manifest, self, self.rank, self.world_size, self.steps, cursors, next_step)
@@ -275,9 +288,10 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             return {**state, "cursors": [mine]}
         strategy = self.trainer.strategy
         cursor_dir = strategy.broadcast(claim_step_dir(ckpt_dir, step) if self.trainer.is_global_zero else None, src=0)
-        save_rank_cursors(ckpt_dir / cursor_dir, self.rank, mine, state["next_step"])
+        digest = save_rank_cursors(ckpt_dir / cursor_dir, self.rank, mine, state["next_step"])
+        digests = gather_digests(strategy, digest, self.world_size)  # the checkpoint records every rank's
         strategy.barrier("WellMixedData.state_dict")  # every rank's file is in place before the checkpoint names it
-        return {**state, "cursor_dir": cursor_dir}
+        return {**state, "cursor_dir": cursor_dir, "cursor_sha256": digests}
 
     def _checkpoint_dir(self) -> Path | None:
         """Where the cursor files go: the folder of the trainer's ModelCheckpoint (the CLI's
@@ -302,6 +316,32 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         elif resume.mine is None:
             resume.mine = self._load_cursors(resume.state, [self.rank])[0]  # the same layout: its own file only
         return resume.mine
+
+    def _agreed_resumed_cursors(self) -> list[dict | None] | None:
+        """:meth:`_resumed_cursors`, with every rank learning whether any rank's cursors are unusable.
+
+        Each rank reads its own file here; alone, a rank with a damaged file would end with its error while
+        the others wait in their next collective (and die of a lost connection). Instead the ranks agree
+        (one all-reduce, one broadcast of the message): global rank 0 raises the failing rank's ConfigError,
+        every other rank ends with exit code 2 and no message of its own."""
+        try:
+            cursors, problem = self._resumed_cursors(), None
+        except ConfigError as e:
+            cursors, problem = None, e
+        resuming = self._resume is not None and self._resume.state is not None  # alike on every rank
+        if self.world_size == 1 or not resuming:
+            if problem is not None:
+                raise problem
+            return cursors
+        strategy = self.trainer.strategy
+        mine = torch.tensor(float(self.rank if problem is not None else self.world_size), device=strategy.root_device)
+        first = int(strategy.reduce(mine, reduce_op="min").item())
+        if first == self.world_size:
+            return cursors
+        message = way_out_on_several_ranks(strategy.broadcast(str(problem) if self.rank == first else None, src=first))
+        if self.trainer.is_global_zero:
+            raise ConfigError(message)
+        raise ReportedByRankZero(2)
 
     def _load_cursors(self, state: dict[str, Any], ranks: list[int] | None) -> list[list[dict | None]]:
         """The checkpoint's cursors of ``ranks`` (all: None), read from its files and range-checked."""

@@ -21,12 +21,16 @@ another accumulation, the dead-worker checkpoint, a resumed metrics.csv, last.ck
 from __future__ import annotations
 
 import csv
+import io
 import logging
+import os
 
 import lightning
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+from data import files
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +95,10 @@ class ResumableCSVLogger(CSVLogger):
 
     Lightning's CSV writer removes the file when it starts, so a resumed run kept only the rows
     logged after the resume (a 308-step run resumed at step 300 was left with 8 steps of history).
-    Rows a killed run logged past its checkpoint stay; readers keep the last value per step.
+    When training starts at step g, :meth:`drop_steps_from` cuts the rows of steps >= g (logged by a
+    launch that was killed after its checkpoint; about to be trained and logged again), so the file
+    holds each step once. Every rewrite of the file is atomic, and ``metrics.csv`` / ``hparams.yaml``
+    are never written through a symbolic link.
     """
 
     @property
@@ -102,9 +109,46 @@ class ResumableCSVLogger(CSVLogger):
             self._experiment = _AppendingWriter(log_dir=self.log_dir)
         return self._experiment
 
+    def drop_steps_from(self, step: int) -> int:
+        """Remove the rows of steps >= ``step`` from ``metrics.csv`` (global rank 0); how many were removed."""
+        return self.experiment.drop_steps_from(step)
+
 
 class _AppendingWriter(ExperimentWriter):
     def _check_log_dir_exists(self) -> None:  # Lightning's deletes metrics.csv here
+        for name in (self.NAME_METRICS_FILE, self.NAME_HPARAMS_FILE):
+            files.refuse_link(os.path.join(self.log_dir, name), "the metrics file")
         if self._fs.isfile(self.metrics_file_path):
             with self._fs.open(self.metrics_file_path, "r", newline="") as f:
                 self.metrics_keys = next(csv.reader(f), [])  # new columns rewrite the file with both
+
+    def save(self) -> None:
+        try:
+            super().save()
+        except OSError as e:
+            raise files.write_error(self.metrics_file_path, e, "free space (or inodes), then resume with "
+                                    "--ckpt_path last") from e
+
+    def _rewrite(self, fieldnames: list[str], rows: list[dict]) -> None:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=fieldnames, restval="", extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        files.write_text(self.metrics_file_path, out.getvalue())
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:  # Lightning's rewrites in place
+        with open(self.metrics_file_path, newline="") as f:
+            self._rewrite(fieldnames, list(csv.DictReader(f)))
+
+    def drop_steps_from(self, step: int) -> int:
+        self.metrics = [m for m in self.metrics if int(m.get("step", -1)) < step]
+        if not os.path.isfile(self.metrics_file_path):
+            return 0
+        with open(self.metrics_file_path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            fieldnames = list(reader.fieldnames or [])
+        keep = [r for r in rows if not (r.get("step") or "").isdigit() or int(r["step"]) < step]
+        if len(keep) < len(rows):
+            self._rewrite(fieldnames, keep)
+        return len(rows) - len(keep)

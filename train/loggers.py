@@ -26,7 +26,7 @@ import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 
 from data.errors import ConfigError
-from data.files import temp_path, write_text
+from data.files import refuse_link, temp_path, write_text
 from train.rundir import RunDir, read_config
 
 log = logging.getLogger("wellmixed")
@@ -102,6 +102,7 @@ def wandb_run_id(run_dir: Path) -> str:
     of its newest wandb run (``offline-run-<time>-<id>`` / ``run-<time>-<id>``).
     """
     path = RunDir(run_dir).wandb / "run_id"
+    refuse_link(path, "the wandb run id file")
     if path.is_file():
         return path.read_text().strip()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,6 +116,7 @@ def wandb_run_id(run_dir: Path) -> str:
         alphabet = string.ascii_lowercase + string.digits  # wandb's own ids: 8 characters of these
         run_id = "".join(secrets.choice(alphabet) for _ in range(8))
     tmp = temp_path(path)
+    tmp.unlink(missing_ok=True)  # never written through a link left at the temp name
     tmp.write_text(run_id + "\n")
     try:
         os.link(tmp, path)
@@ -237,7 +239,9 @@ def save_launch_config(run_dir: Path, text: str) -> Path:
     paths.root.mkdir(parents=True, exist_ok=True)
     taken = [int(p.stem[7:]) for p in paths.root.glob("config-*.yaml") if p.stem[7:].isdigit()]
     path = paths.launch_config(max(taken, default=0) + 1)
-    with open(path, "x") as f:  # exclusive: two launches racing for a number do not overwrite each other
+    refuse_link(paths.config, "the run's config")
+    # exclusive (O_EXCL): two launches racing for a number do not overwrite each other, a link is not followed
+    with open(path, "x") as f:
         f.write(text)
     write_text(paths.config, text)
     return path

@@ -143,32 +143,73 @@ class PretrainModule(L.LightningModule):
         counts = torch.bincount(src, minlength=n).double()
         return sums, counts
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
+        """The loss to backpropagate, and ``raw_loss`` (the micro-batch's mean token loss as computed, NaN
+        included) for the order log. A non-finite loss on any rank stops the run, or (``skip``) marks the
+        whole optimizer step skipped: every micro-batch of it still runs forward and backward (DDP ranks
+        stay in step), and :meth:`on_before_optimizer_step` drops the gradients."""
         tok_loss = self._token_losses(batch)
         loss = tok_loss.mean()
         finite = torch.isfinite(loss).float()
         all_finite = self.trainer.strategy.reduce(finite, reduce_op="min") > 0  # same decision on every rank
-        self._skip = False
+        backward = loss
         if not all_finite:
-            step = self.global_step
             if self.on_nonfinite == "stop":
                 raise FloatingPointError(
-                    f"non-finite loss at step {step} (rank {self.global_rank}: {loss.item()}); "
+                    f"non-finite loss at step {self.global_step} (rank {self.global_rank}: {loss.item()}); "
                     "lower data.schedule.lr.peak, or set model.on_nonfinite: skip to skip such steps"
                 )
-            self._skip = True
-            self.skipped_steps += 1
-            log.warning("non-finite loss at step %d: step skipped (%d so far)", step, self.skipped_steps)
-            loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
+            self._mark_skipped("loss")
+            backward = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
         if self.global_step % self.log_every == 0:
             self._log_train(batch, tok_loss, loss)
-        return loss
+        return {"loss": backward, "raw_loss": loss.detach()}
+
+    def _mark_skipped(self, what: str) -> None:
+        if self._skip:  # another micro-batch of the same optimizer step
+            return
+        self._skip = True
+        self.skipped_steps += 1
+        log.warning("non-finite %s at step %d: step skipped (%d so far); no parameter update", what,
+                    self.global_step, self.skipped_steps)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        if self._skip:  # AdamW leaves parameters without gradients (and their moments) untouched
+        """After the step's last backward, before clipping and the update: a non-finite gradient (the loss
+        may be finite) stops the run or skips the step like a non-finite loss; a skipped step's gradients
+        are dropped, so AdamW leaves every parameter and its moments untouched."""
+        if not self._skip and not self._finite(p.grad for p in self.parameters()):
+            if self.on_nonfinite == "stop":
+                raise FloatingPointError(
+                    f"non-finite gradient at step {self.global_step} (the loss was finite); no update was made. "
+                    "Lower data.schedule.lr.peak, or set model.on_nonfinite: skip to skip such steps")
+            self._mark_skipped("gradient")
+        if self._skip:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     p.grad = None
+        self._skip = False
+
+    def _finite(self, tensors) -> bool:
+        """Every element of ``tensors`` (None skipped; a sharded tensor's local part) finite on every rank."""
+        ok = torch.ones((), device=self.device)
+        for t in tensors:
+            if t is not None:
+                t = t.to_local() if hasattr(t, "to_local") else t
+                ok = ok * torch.isfinite(t).all()
+        return bool(self.trainer.strategy.reduce(ok, reduce_op="min") > 0)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """No checkpoint holds non-finite weights: a run whose parameters went NaN or inf stops here (every
+        rank decides alike), and the checkpoint is not written, so the last one written stays the newest."""
+        if not self._finite(p.detach() for p in self.parameters()):
+            raise FloatingPointError(
+                f"the weights hold non-finite values at step {self.global_step}: no checkpoint written (the last "
+                "one written stands). Resume from it with --ckpt_path FILE, and lower data.schedule.lr.peak or "
+                "set model.on_nonfinite: skip")
+        checkpoint["skipped_steps"] = self.skipped_steps
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.skipped_steps = int(checkpoint.get("skipped_steps", 0))
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip by global norm ourselves: Lightning refuses to clip with a fused AdamW under mixed

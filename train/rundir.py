@@ -21,10 +21,15 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from data.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,8 +101,33 @@ def read_config(run_dir: str | Path) -> dict:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, str]]:
-    """Every row of ``csv/metrics.csv`` as a dict of strings (empty where a row lacks a key)."""
-    return read_csv_rows(RunDir(run_dir).metrics_csv, run_dir)
+    """One row per step of ``csv/metrics.csv``, sorted by step, as a dict of strings (empty where no row of
+    the step has the key): see :func:`one_row_per_step`."""
+    return one_row_per_step(read_csv_rows(RunDir(run_dir).metrics_csv, run_dir))
+
+
+def one_row_per_step(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The rows of a metrics file as one row per step, whatever resumes and kills left in it.
+
+    Within one launch steps never go back, and a step's metrics may come in several rows (training and
+    validation are logged separately): those are merged, a later value of a key winning. A step lower
+    than one already read is a resume: the launch trains that step and everything after it again, so
+    what earlier launches logged from there on is dropped (a file written before the logger cut it at
+    the resume, train/lightning_internals.py, reads as one clean run too)."""
+    merged: dict[int, dict[str, str]] = {}
+    last = -1
+    for row in rows:
+        try:
+            step = int(row.get("step") or "")
+        except ValueError:
+            continue  # a row without a step (none is written so) cannot be placed
+        if step < last:
+            merged = {s: r for s, r in merged.items() if s < step}
+        last = step
+        into = merged.setdefault(step, {})
+        into.update({k: v for k, v in row.items() if v not in (None, "")})
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: merged[s].get(k, "") for k in keys} for s in sorted(merged)]
 
 
 def read_eval_metrics(run_dir: str | Path) -> list[dict[str, str]]:
@@ -130,11 +160,32 @@ def read_order_log(run_dir: str | Path, required: bool = True) -> list[dict]:
                                 "run with --data.order_log true")
     lines: dict[tuple[int, int], dict] = {}
     for path in files:
-        for text in path.read_text().splitlines():
-            if text.strip():
-                d = json.loads(text)
-                lines[(int(d["step"]), int(d["rank"]))] = d
+        for d in read_jsonl(path):
+            lines[(int(d["step"]), int(d["rank"]))] = d
     return [lines[k] for k in sorted(lines)]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of an append-only JSON-lines file (an order log), in file order.
+
+    A last line that does not parse is what a crash while appending leaves (the line cut mid-write):
+    it is dropped with a warning naming the file and line (the step it held is trained again on
+    resume). A line that does not parse before the last one is damage, not a crash: ConfigError
+    naming the file and line."""
+    texts = path.read_text().split("\n")
+    out = []
+    for i, text in enumerate(texts):
+        if not text.strip():
+            continue
+        try:
+            out.append(json.loads(text))
+        except ValueError as e:
+            if any(t.strip() for t in texts[i + 1:]):
+                raise ConfigError(f"{path} line {i + 1} is not a JSON line ({e}); the file is damaged: restore it "
+                                  "from a copy, or remove the line (its step then has no order-log record)") from None
+            log.warning("%s: line %d is cut short (%d characters, a crash while appending it?); dropped",
+                        path, i + 1, len(text))
+    return out
 
 
 def tokens_per_step(run_dir: str | Path) -> dict[int, dict[str, int]]:

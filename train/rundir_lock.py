@@ -16,9 +16,11 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
+from data import files
 from data.errors import ConfigError
 
 LOCK_NAME = ".run.lock"
@@ -39,12 +41,17 @@ def acquire_run_dir(run_dir: str | Path) -> Path:
     path = run_dir / LOCK_NAME
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        files.refuse_link(path, "run.dir: the lock file")
+        # O_NOFOLLOW: a link planted at the lock's name fails here instead of truncating its target
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as e:
+        if path.is_symlink():  # made between the check and the open
+            files.refuse_link(path, "run.dir: the lock file")
         raise ConfigError(
             f"run.dir: cannot write {run_dir} ({e.strerror or e}); make it writable (check permissions, "
             "quota, a read-only mount) or choose another --run.dir"
         ) from None
+    _refuse_shared(fd, path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -59,6 +66,18 @@ def acquire_run_dir(run_dir: str | Path) -> Path:
              .encode())
     _held[key] = fd
     return path
+
+
+def _refuse_shared(fd: int, path: Path) -> None:
+    """The lock file is rewritten (truncated) by its holder: refuse one that is not a plain file of its own
+    (a hard link to another file, a FIFO, a device), whose other name would lose its bytes."""
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+        return
+    os.close(fd)
+    what = "has another name (a hard link)" if stat.S_ISREG(st.st_mode) else "is not a regular file"
+    raise ConfigError(f"run.dir: the lock file {path} {what}; a run rewrites this file itself: remove it (the "
+                      "other name keeps its bytes), or choose another --run.dir")
 
 
 def release_run_dir(run_dir: str | Path) -> None:

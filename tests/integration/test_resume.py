@@ -18,6 +18,7 @@ data layer (OrderSimulator, SourceStream) and on a real 2-rank -> 1-rank resume.
 
 from __future__ import annotations
 
+import csv
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -130,6 +131,9 @@ def test_sigkill_one_process_two_workers_in_the_anneal(workdir, env, ref_single,
     # the LR decays through the anneal, step by step across the resume
     lrs = [ln["lr"] for ln in got[0][anneal:]]
     assert all(a > b for a, b in zip(lrs, lrs[1:])), lrs
+    # metrics.csv holds each step once: the rows the killed run logged past its checkpoint were cut at the resume
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(n)), (seed, resumed_from, done)
 
 
 def _small_curated(tmp: Path, demo_corpus: Path, rows: int) -> Path:

@@ -6,7 +6,9 @@ cursors of a real OrderSimulator run (2 ranks x 2 workers, 4 steps) as what each
 
 from __future__ import annotations
 
+import hashlib
 import pickle
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,8 +33,13 @@ STEP = 4
 class Broadcast:
     """The strategy of every simulated rank: rank 0's broadcast value is what the others receive."""
 
+    root_device = torch.device("cpu")
+
     def __init__(self):
         self.value = None
+
+    def reduce(self, tensor, reduce_op="sum"):  # the other ranks contribute nothing that changes it
+        return tensor
 
     def broadcast(self, obj, src=0):
         if obj is not None:
@@ -65,14 +72,48 @@ def trained(make_cfg):
     return [[pack_cursor(c.state_dict()) for c in rank] for rank in sim.consumers]
 
 
+class Collectives:
+    """The strategy of simulated ranks running in threads: broadcast, barrier and all_gather meet at a
+    threading.Barrier, as the real collectives meet across processes."""
+
+    root_device = torch.device("cpu")
+
+    def __init__(self, world: int):
+        self.meet, self.slots = threading.Barrier(world), [None] * world
+
+    def rank(self, rank: int) -> SimpleNamespace:
+        def exchange(obj):
+            self.slots[rank] = obj
+            self.meet.wait()
+            out = list(self.slots)
+            self.meet.wait()
+            return out
+
+        return SimpleNamespace(root_device=self.root_device, broadcast=lambda obj, src=0: exchange(obj)[src],
+                               barrier=lambda name=None: exchange(None) and None,
+                               all_gather=lambda t: torch.stack(exchange(t)))
+
+
 def _save(make_cfg, trained, ckpt_dir: Path, world: int = 2) -> dict:
-    """Every simulated rank's state_dict (each writes its file); rank 0's state into a checkpoint file."""
-    strategy, states = Broadcast(), []
+    """Every simulated rank's state_dict (each writes its file, one thread per rank); rank 0's state into a
+    checkpoint file."""
+    collectives, states = Collectives(world), [None] * world
+    dms = []
     for rank in range(world):
         dm = _datamodule(make_cfg)
-        dm.trainer = _trainer(rank, world, ckpt_dir, strategy)
+        dm.trainer = _trainer(rank, world, ckpt_dir, collectives.rank(rank))
         dm._trained = dict(enumerate(trained[rank]))
-        states.append(dm.state_dict())
+        dms.append(dm)
+
+    def save(rank):
+        states[rank] = dms[rank].state_dict()
+
+    threads = [threading.Thread(target=save, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(s is not None for s in states)
     AtomicCheckpointIO().save_checkpoint({"state_dict": {}, "global_step": STEP, "WellMixedData": states[0]},
                                          ckpt_dir / f"step{STEP:07d}.ckpt")
     return states[0]
@@ -94,7 +135,7 @@ def test_the_checkpoint_state_does_not_grow_with_the_consumers(make_cfg, trained
     """Before: every rank's cursors were gathered into it ([rank][worker], ~318 KB each at the real shape)."""
     one = _save(make_cfg, trained[:1], tmp_path / "one", world=1)
     two = _save(make_cfg, trained, tmp_path / "two", world=2)
-    assert len(pickle.dumps(one)) == len(pickle.dumps(two)) < 2_000
+    assert len(pickle.dumps(one)) < 2_000 and len(pickle.dumps(two)) - len(pickle.dumps(one)) < 100  # a digest per rank
     assert sum(len(pickle.dumps(r)) for r in trained) > 10 * len(pickle.dumps(two))
 
 
@@ -102,8 +143,8 @@ def test_same_layout_resume_reads_only_its_own_file_elastic_reads_all(make_cfg, 
     state = _save(make_cfg, trained, tmp_path)
     ckpt = tmp_path / f"step{STEP:07d}.ckpt"
     read = []
-    real_load = torch.load
-    monkeypatch.setattr(torch, "load", lambda path, *a, **kw: read.append(Path(path).name) or real_load(path, *a, **kw))
+    real_read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: read.append(path.name) or real_read(path))
 
     dm = _datamodule(make_cfg)
     dm.trainer = _trainer(1, 2, tmp_path, Broadcast(), ckpt_path=str(ckpt))
@@ -129,15 +170,19 @@ def test_a_missing_or_foreign_cursor_file_is_named(make_cfg, trained, tmp_path):
     dm.trainer = _trainer(1, 2, tmp_path, Broadcast(), ckpt_path=str(ckpt))
     dm.load_state_dict(state)
     assert dm._resumed_cursors() == trained[1]  # rank 1 needs only its own file
-    dm.trainer.global_rank = 0
+    dm.trainer.global_rank, dm.trainer.is_global_zero = 0, True
     dm.load_state_dict(state)
     with pytest.raises(ConfigError, match=rf"data cursor file {step_dir / 'rank00000.pt'} \(rank 0 of checkpoint "
                                           rf"{ckpt}\) is missing .*--ckpt_path FILE"):
         dm.train_dataloader()
     (step_dir / "rank00001.pt").rename(step_dir / "rank00000.pt")  # the wrong rank's file in its place
+    with pytest.raises(ConfigError, match=r"rank00000.pt \(rank 0 of .*\) does not match the sha256 its checkpoint "
+                                          r"records .*--ckpt_path FILE"):
+        load_checkpoint_cursors(ckpt, state, ranks=[0])
+    old = {k: v for k, v in state.items() if k != "cursor_sha256"}  # a checkpoint written before digests
     with pytest.raises(ConfigError, match=r"rank00000.pt \(rank 0 of .*\) does not belong to it \(rank, next step "
                                           r"\(1, 4\), expected \(0, 4\)\)"):
-        load_checkpoint_cursors(ckpt, state, ranks=[0])
+        load_checkpoint_cursors(ckpt, old, ranks=[0])
     with pytest.raises(ConfigError, match="names per-rank cursor files .* Trainer.fit"):
         load_checkpoint_cursors(None, state)
 
@@ -194,3 +239,63 @@ def test_clean_up_keeps_what_checkpoints_reference_and_the_newest(tmp_path):
     assert [p.name for p in remove_unreferenced(tmp_path, cache)] == ["step0000006"]
     assert set(cache.values()) == {dirs[9], dirs[12]}
     assert remove_unreferenced(tmp_path / "nothing") == []
+
+
+def _rewrite(path: Path, change) -> None:
+    """Load a rank file, change its first worker's cursor, save it back (what an edit or a bad disk does)."""
+    data = torch.load(path, weights_only=True)
+    change(data["cursors"][0])
+    torch.save(data, path)
+
+
+def _edit_buffer_address(cursor: dict) -> None:
+    from data.cursor import buffer_addrs, pack_ints
+
+    addrs = buffer_addrs(cursor["sources"]["web"]["buffer"])
+    addrs[0, 1] = (addrs[0, 1] + 1) % 8  # another row of the same shard: in range, so range checks pass
+    cursor["sources"]["web"]["buffer"] = pack_ints(addrs)
+
+
+def _flip_rng_bit(cursor: dict) -> None:
+    cursor["sources"]["web"]["rng"]["state"]["state"] ^= 1 << 17
+
+
+def _flip_packed_buffer(cursor: dict) -> None:
+    buf = cursor["sources"]["web"]["buffer"]
+    cursor["sources"]["web"]["buffer"] = buf[:20] + ("A" if buf[20] != "A" else "B") + buf[21:]
+
+
+@pytest.mark.parametrize("change", [_edit_buffer_address, _flip_rng_bit, _flip_packed_buffer])
+def test_a_changed_cursor_file_is_refused_naming_it_and_the_way_out(make_cfg, trained, tmp_path, change):
+    """Each of these passed (an edited address, a flipped RNG bit: a silently different order) or crashed
+    (the packed buffer: a zlib.error traceback) before the checkpoint recorded each file's sha256."""
+    state = _save(make_cfg, trained, tmp_path)
+    ckpt = tmp_path / f"step{STEP:07d}.ckpt"
+    path = tmp_path / state["cursor_dir"] / "rank00001.pt"
+    _rewrite(path, change)
+    for ranks in ([1], None):  # same-layout resume (its own file), elastic resume (every file)
+        with pytest.raises(ConfigError, match=rf"^data cursor file {path} \(rank 1 of checkpoint {ckpt}\) does not "
+                                              r"match the sha256 its checkpoint records .*--ckpt_path FILE.*"
+                                              r"--run.ckpt_fallback true\)$"):
+            load_checkpoint_cursors(ckpt, state, ranks)
+    from train.faults import checkpoint_problem  # resume's check of --ckpt_path, and the fallback's
+
+    assert "does not match the sha256" in checkpoint_problem(ckpt)
+    assert state["cursor_sha256"][0] == hashlib.sha256((tmp_path / state["cursor_dir"] / "rank00000.pt")
+                                                       .read_bytes()).hexdigest()
+
+
+def test_a_checkpoint_without_digests_loads_its_cursors_with_a_warning_naming_the_file(make_cfg, trained, tmp_path,
+                                                                                       caplog):
+    state = _save(make_cfg, trained, tmp_path)
+    ckpt = tmp_path / f"step{STEP:07d}.ckpt"
+    old = {k: v for k, v in state.items() if k != "cursor_sha256"}
+    assert load_checkpoint_cursors(ckpt, old) == trained
+    path = tmp_path / state["cursor_dir"] / "rank00000.pt"
+    assert f"data cursor file {path} (rank 0 of checkpoint {ckpt}) is not verified" in caplog.text
+    # unverified, a flipped packed buffer is still one line from the range check, not a zlib.error traceback
+    _rewrite(path, _flip_packed_buffer)
+    from data.cursor import check_ranges
+
+    with pytest.raises(ConfigError, match=r"malformed \(error: Error -3 while decompressing"):
+        check_ranges(load_checkpoint_cursors(ckpt, old, [0])[0][0])
