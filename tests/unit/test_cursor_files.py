@@ -278,7 +278,7 @@ def test_a_changed_cursor_file_is_refused_naming_it_and_the_way_out(make_cfg, tr
                                               r"match the sha256 its checkpoint records .*--ckpt_path FILE.*"
                                               r"--run.ckpt_fallback true\)$"):
             load_checkpoint_cursors(ckpt, state, ranks)
-    from train.faults import checkpoint_problem  # resume's check of --ckpt_path, and the fallback's
+    from train.checkpoint import checkpoint_problem  # resume's check of --ckpt_path, and the fallback's
 
     assert "does not match the sha256" in checkpoint_problem(ckpt)
     assert state["cursor_sha256"][0] == hashlib.sha256((tmp_path / state["cursor_dir"] / "rank00000.pt")
