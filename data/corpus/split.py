@@ -240,7 +240,7 @@ def read_cost(sources: dict[str, SourceConfig], min_chunks: int, text_column: st
                 nbytes += table.nbytes
                 table = table.slice(chunk.start - first, chunk.stop - chunk.start)
                 if info.filter:
-                    table = table.filter(matches(table.column(info.filter.column), info.filter.values))
+                    table = table.filter(matches(table.column(info.filter.column), info.filter.patterns))
                 docs += len(table.column(text_column).to_pylist())
         t2 = time.perf_counter()
     return {"manifest_s": t1 - t0, "read_s": t2 - t1, "rows_decoded": rows, "bytes_decoded": nbytes, "docs": docs}
