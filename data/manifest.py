@@ -32,6 +32,7 @@ import json
 import logging
 import math
 import os
+import textwrap
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -422,7 +423,8 @@ def _mapping(cfg: DataConfig, files_per_source: dict[str, list[str]], scanned: d
     for w in report.warnings:
         log.warning("%s", w)
     if report.errors:
-        raise ConfigError("\n".join(report.errors) + "\n" + report.text())
+        report_lines = textwrap.indent(report.text(problems=False), "  ")  # continues the problems above it
+        raise ConfigError("\n".join(report.errors) + "\n" + report_lines)
     return report
 
 

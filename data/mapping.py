@@ -61,8 +61,8 @@ class MappingReport:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-    def text(self) -> str:
-        return format_mapping(self)
+    def text(self, problems: bool = True) -> str:
+        return format_mapping(self, problems)
 
 
 def _claims(filt, column: str, value: str) -> bool:
@@ -152,8 +152,9 @@ def _judge(report: MappingReport, cfg: DataConfig, doubled: dict) -> None:
                              "in the same files: its rows would be trained twice; narrow the patterns")
 
 
-def format_mapping(report: MappingReport) -> str:
-    """Per mixture source, each pattern and the values it matched; then the unclaimed values."""
+def format_mapping(report: MappingReport, problems: bool = True) -> str:
+    """Per mixture source, each pattern and the values it matched; then the unclaimed values (and, with
+    ``problems``, the errors and warnings)."""
     lines = ["corpus mapping (filter patterns -> values in the files; rows and token_count sums)"]
     for sm in report.sources:
         if sm.column is None:
@@ -181,7 +182,8 @@ def format_mapping(report: MappingReport) -> str:
             share = vt / tokens if tokens else 0.0
             label = value if value is not None else "(null)"
             lines.append(f"    {label:<40} {rows:>12,} rows {vt:>16,} tokens {share:>8.3%}")
-    lines += [f"error: {e}" for e in report.errors] + [f"warning: {w}" for w in report.warnings]
+    if problems:
+        lines += [f"error: {e}" for e in report.errors] + [f"warning: {w}" for w in report.warnings]
     return "\n".join(lines)
 
 
