@@ -46,6 +46,7 @@ import pyarrow.parquet as pq
 from data.config import SCHEMA, DataConfig, FilterConfig, no_match_reason
 from data.errors import ConfigError
 from data.mapping import MappingReport, build_mapping
+from data.shuffled import shuffle_problems
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +296,9 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
         files_per_source[name] = files
     if empty:
         raise ConfigError("no input files:\n  " + "\n  ".join(empty))
+    incomplete = shuffle_problems(sorted({p for files in files_per_source.values() for p in files}))
+    if incomplete:
+        raise ConfigError("\n".join(incomplete))
 
     cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
     scanned: dict[tuple[str, str], dict] = {}

@@ -105,7 +105,8 @@ def build_mapping(cfg: DataConfig, files_per_source: dict[str, list[str]],
                     if others:
                         doubled.setdefault((filt.column, value), set()).update([name, *others])
         sources.append(sm)
-    unclaimed, totals = _unclaimed(cfg, readers, values_of)
+    filtered = {src.filter.column for src in cfg.sources.values() if src.filter is not None}
+    unclaimed, totals = _unclaimed(cfg, readers, {k: v for k, v in values_of.items() if k[1] in filtered})
     report = MappingReport(sources, unclaimed, totals)
     _judge(report, cfg, doubled)
     return report
