@@ -628,10 +628,10 @@ def _load_cache(path: Path) -> dict:
 
 
 def _save_cache(path: Path, cache: dict) -> None:
+    from data.files import write_text
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, path)
+        write_text(path, json.dumps(cache), fsync=False)  # a lost cache only costs a rescan
     except OSError as e:  # a read-only cache dir only costs a rescan next time
         log.warning("could not write manifest cache %s: %s", path, e)
