@@ -12,6 +12,10 @@ A run's YAML has a ``data:`` section with these keys (``configs/demo.yaml`` is t
       batch_size: 8                  # sequences per rank per step (micro-batch)
       seq_len: 2048
 
+A filter's ``values`` must each match some value in the source's files; ``optional`` patterns may match
+nothing (alternative spellings of one sub-source). Values no source claims are refused above
+``unclaimed`` (a share of the tokens, default 0.001) and warned about below it (data/mapping.py).
+
 Parsing goes through jsonargparse, so unknown keys and wrong types are refused with the key named;
 relations between fields are checked in :meth:`DataConfig.validate`.
 """
