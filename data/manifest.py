@@ -16,6 +16,16 @@ leaves those rows out, data/reader.py). The cache keeps
 each file's scan (null counts included) and each source's sample outcome, so a cached start-up
 re-applies every check without reading text.
 
+Where sources filter mixed files, the scan also counts rows and tokens per value of the filter column;
+the mapping report built from them (data/mapping.py) stops the build on a pattern that matches nothing,
+on unclaimed values above ``data.unclaimed`` of the tokens and on a value two sources claim. The
+fingerprint a checkpoint keeps covers each file's size, footer hash (:func:`file_digest`, read at every
+start and part of the cache key) and ``token_count`` checksum, so a file rewritten in place is named at
+resume. A folder of global-shuffle buckets without its completion record is refused (data/shuffled.py).
+Also named here: a configured column missing from every file (the key to set), a sampled text that is
+not valid UTF-8 (file and row), a source whose sampled texts are all empty, and ``token_count`` zeros
+when tokens are to be held out.
+
 The unit of splitting is the *chunk*: a row range inside one row group of one shard. A source gets
 one chunk per row group, and its row groups are split into equal row ranges until it has at least
 ``min_chunks_per_source`` chunks, so a 2-shard curated source still spreads over 64 consumers. The
