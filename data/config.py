@@ -5,11 +5,16 @@ A run's YAML has a ``data:`` section with these keys (``configs/demo.yaml`` is t
     data:
       sources:                       # mixture source -> files (and an optional row filter)
         web:     {paths: ["demo_corpus/web/*.parquet"]}
-        curated: {paths: ["dolma3/*.parquet"], filter: {column: source, values: ["arxiv*", "wiki*"]}}
+        curated: {paths: ["dolma3/*.parquet"], filter: {column: source, values: ["finemath*", "rpj*arxiv*"],
+                                                          optional: ["dolma1_7*wiki*"]}}
       weights: {web: 0.62, code: 0.18, books: 0.12, curated: 0.08}   # fixed mixture (or `schedule:`)
       seed: 1234
       batch_size: 8                  # sequences per rank per step (micro-batch)
       seq_len: 2048
+
+A filter's ``values`` must each match some value in the source's files; ``optional`` patterns may match
+nothing (alternative spellings of one sub-source). Values no source claims are refused above
+``unclaimed`` (a share of the tokens, default 0.001) and warned about below it (data/mapping.py).
 
 Parsing goes through jsonargparse, so unknown keys and wrong types are refused with the key named;
 relations between fields are checked in :meth:`DataConfig.validate`.
@@ -17,6 +22,7 @@ relations between fields are checked in :meth:`DataConfig.validate`.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -40,7 +46,15 @@ class FilterConfig:
     column: Literal["source", "category"]
     """Column to filter on: Dolma3's ``source`` (sub-source) or ``category``."""
     values: list[str]
-    """Patterns; sub-source values may carry suffixes, so ``wikipedia*`` is the usual form."""
+    """Patterns; each must match at least one value in the files, or start-up fails naming it."""
+    optional: list[str] = dataclasses.field(default_factory=list)
+    """Patterns that also select rows but may match nothing (a sub-source a download may lack); the
+    start-up mapping report still lists what each one matched."""
+
+    @property
+    def patterns(self) -> list[str]:
+        """Every pattern that selects rows: the required ones, then the optional ones."""
+        return [*self.values, *self.optional]
 
 
 @dataclass
@@ -122,6 +136,9 @@ class DataConfig:
     """Implied epochs per source above which start-up warns (or fails, with ``max_epochs_error``)."""
     max_epochs_error: bool = False
     """Fail at start-up (instead of warning) when a source would be repeated more than ``max_epochs``."""
+    unclaimed: float = 0.001
+    """Share of the tokens in the filtered sources' files whose filter-column value no mixture source
+    claims (those rows are never read): above it start-up fails, below it warns (data/mapping.py)."""
     expected_tokens: Optional[dict[str, int]] = None
     """Published tokens per source, for planning (scripts/plan.py) before the corpus is downloaded."""
     order_log: bool = False
@@ -151,6 +168,8 @@ class DataConfig:
         for key in ("batch_size", "seq_len", "open_shards", "buffer_size", "min_chunks_per_source"):
             if getattr(self, key) < 1:
                 out.append(f"data.{key}: {getattr(self, key)} must be >= 1")
+        if not 0.0 <= self.unclaimed <= 1.0:
+            out.append(f"data.unclaimed: {self.unclaimed} must be a share of tokens in [0, 1]")
         if self.num_workers < 0:
             out.append(f"data.num_workers: {self.num_workers} must be >= 0 (0 reads in the main process)")
         if (self.weights is None) == (self.schedule is None):
@@ -160,7 +179,7 @@ class DataConfig:
         for name, src in self.sources.items():
             if not src.paths:
                 out.append(f"data.sources.{name}.paths is empty: give at least one parquet glob")
-            if src.filter is not None and not src.filter.values:
+            if src.filter is not None and not src.filter.patterns:
                 out.append(f"data.sources.{name}.filter.values is empty: give patterns to keep")
         if self.schedule is not None:
             out += _schedule_problems(self.schedule, self.source_names)

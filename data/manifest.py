@@ -16,6 +16,16 @@ leaves those rows out, data/reader.py). The cache keeps
 each file's scan (null counts included) and each source's sample outcome, so a cached start-up
 re-applies every check without reading text.
 
+Where sources filter mixed files, the scan also counts rows and tokens per value of the filter column;
+the mapping report built from them (data/mapping.py) stops the build on a pattern that matches nothing,
+on unclaimed values above ``data.unclaimed`` of the tokens and on a value two sources claim. The
+fingerprint a checkpoint keeps covers each file's size, footer hash (:func:`file_digest`, read at every
+start and part of the cache key) and ``token_count`` checksum, so a file rewritten in place is named at
+resume. A folder of global-shuffle buckets without its completion record is refused (data/shuffled.py).
+Also named here: a configured column missing from every file (the key to set), a sampled text that is
+not valid UTF-8 (file and row), a source whose sampled texts are all empty, and ``token_count`` zeros
+when tokens are to be held out.
+
 The unit of splitting is the *chunk*: a row range inside one row group of one shard. A source gets
 one chunk per row group, and its row groups are split into equal row ranges until it has at least
 ``min_chunks_per_source`` chunks, so a 2-shard curated source still spreads over 64 consumers. The
@@ -32,6 +42,7 @@ import json
 import logging
 import math
 import os
+import textwrap
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,10 +55,12 @@ import pyarrow.parquet as pq
 
 from data.config import SCHEMA, DataConfig, FilterConfig, no_match_reason
 from data.errors import ConfigError
+from data.mapping import MappingReport, build_mapping
+from data.shuffled import shuffle_problems
 
 log = logging.getLogger(__name__)
 
-MANIFEST_VERSION = 2  # bump when the cached entry layout changes (the cache file name carries it)
+MANIFEST_VERSION = 3  # bump when the cached entry layout changes (the cache file name carries it)
 SAMPLE_ROWS = 16  # documents per source whose token_count is compared with a real cl100k count
 TOKEN_COUNT_RATIO = (0.5, 2.0)  # allowed token_count / real count over a source's sample
 SAMPLE_SCAN_ROWS = 256  # rows read from the start of a sampled row group (never the whole group)
@@ -68,6 +81,7 @@ class Shard:
     path: str
     stem: str  # prefix of document IDs: "<stem>:<row>"
     row_groups: list[tuple[int, int]]  # (first row, rows) per row group
+    digest: str = ""  # the file's size, footer and token_count column (:func:`file_digest`, the scan)
 
 
 @dataclass
@@ -92,19 +106,36 @@ class Manifest:
     sources: dict[str, SourceInfo]
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, problem)
     null_texts: dict[str, list[list[int]]] = field(default_factory=dict)  # path -> [row group, nulls] (footers)
+    mapping: MappingReport | None = None  # filter patterns -> values (data/mapping.py)
 
     @property
     def source_names(self) -> list[str]:
         return list(self.sources)
 
     def fingerprint(self) -> str:
-        """Identifies the corpus as the data path sees it (files, row groups, filters, chunking)."""
+        """Identifies the corpus as the data path sees it: files, row groups, each file's bytes as far as
+        its size, parquet footer (every column chunk's offsets, sizes and statistics) and token_count
+        column show them, filters and chunking."""
         h = hashlib.sha256()
         for s in self.shards:
-            h.update(f"{s.stem}|{s.row_groups}\n".encode())
+            h.update(f"{s.stem}|{s.row_groups}|{s.digest}\n".encode())
         for name, src in self.sources.items():
             h.update(f"{name}|{src.filter}|{len(src.chunks)}|{src.docs}|{src.tokens}\n".encode())
         return h.hexdigest()[:16]
+
+    def file_digests(self) -> dict[str, str]:
+        """Per file (its doc-ID stem): the digest the fingerprint is made of, for naming a changed file."""
+        return {s.stem: s.digest for s in self.shards}
+
+    def changed_files(self, old: dict[str, str] | None) -> list[str]:
+        """The files whose digest differs from ``old`` (:meth:`file_digests` of a saved run), named by path."""
+        if not old:
+            return []
+        now = {s.stem: s for s in self.shards}
+        out = [f"{now[k].path} (bytes changed)" for k in now if k in old and old[k] != now[k].digest]
+        out += [f"{now[k].path} (new)" for k in now if k not in old]
+        out += [f"{k} (gone)" for k in old if k not in now]
+        return out
 
     def doc_id(self, shard: int, row: int) -> str:
         return f"{self.shards[shard].stem}:{row}"
@@ -150,6 +181,8 @@ def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, tex
         raise ValueError(problem)
     groups = []
     first = 0
+    values: dict = {}
+    crc = 0
     cols = ["token_count"] + ([filt.column] if filt else [])
     for i in range(pf.num_row_groups):
         rows = pf.metadata.row_group(i).num_rows
@@ -164,12 +197,48 @@ def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, tex
         if negative:
             raise ValueError(f"row group {i}: token_count has {negative} negative value(s) (min "
                              f"{pc.min(counts).as_py()}); it must be each document's cl100k token count")
+        crc = zlib.crc32(counts.to_numpy().tobytes(), crc)
         if filt:
-            mask = matches(table.column(filt.column), filt.values)
+            _count_values(table, filt.column, values)
+            mask = matches(table.column(filt.column), filt.patterns)
             counts = pc.filter(counts, mask)
         groups.append([first, rows, len(counts), int(pc.sum(counts).as_py() or 0)])
         first += rows
-    return {"row_groups": groups, "text_nulls": _footer_nulls(pf, text_column)}
+    return {"row_groups": groups, "text_nulls": _footer_nulls(pf, text_column), "counts_crc": crc,
+            "values": [[v, *c] for v, c in values.items()] if filt else None}
+
+
+def _count_values(table: pa.Table, column: str, out: dict) -> None:
+    """Rows and token_count sums per distinct value of ``column`` (the mapping report's input)."""
+    agg = table.group_by(column).aggregate([("token_count", "count"), ("token_count", "sum")])
+    for value, rows, tokens in zip(*(agg.column(c).to_pylist() for c in (column, "token_count_count",
+                                                                            "token_count_sum"))):
+        acc = out.setdefault(value, [0, 0])
+        acc[0] += rows
+        acc[1] += tokens or 0
+
+
+def file_digest(path: str) -> str:
+    """The file's size and a hash of its parquet footer, read from the file's tail (no data read).
+
+    The footer holds every column chunk's offsets, compressed and uncompressed sizes and statistics,
+    so a rewrite that changes any text changes it (short of an edit that keeps every page's size and
+    every min/max); the scan adds a checksum of the token_count column, which catches reordered rows.
+    An unreadable tail gives ``"unreadable"`` (the scan then names the problem)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < 12:
+                return "unreadable"
+            f.seek(size - 8)
+            tail = f.read(8)
+            n = int.from_bytes(tail[:4], "little")
+            if tail[4:] != b"PAR1" or n + 12 > size:
+                return "unreadable"
+            f.seek(size - 8 - n)
+            return f"{size}:{hashlib.sha256(f.read(n)).hexdigest()[:16]}"
+    except OSError:
+        return "unreadable"
 
 
 def _footer_nulls(pf: pq.ParquetFile, text_column: str) -> list[list[int]]:
@@ -237,6 +306,9 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
         files_per_source[name] = files
     if empty:
         raise ConfigError("no input files:\n  " + "\n  ".join(empty))
+    incomplete = shuffle_problems(sorted({p for files in files_per_source.values() for p in files}))
+    if incomplete:
+        raise ConfigError("\n".join(incomplete))
 
     cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
     scanned: dict[tuple[str, str], dict] = {}
@@ -244,12 +316,16 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
     bad: list[tuple[str, str]] = []
     cache = _load_cache(cache_path)
     todo: dict[str, tuple[str, FilterConfig | None]] = {}  # cache key -> (path, filter) to scan
+    all_paths = sorted({p for files in files_per_source.values() for p in files})
+    with ThreadPoolExecutor(max(1, min(len(all_paths), SCAN_THREADS))) as pool:  # footers only: cheap
+        digests = dict(zip(all_paths, pool.map(file_digest, all_paths)))
     for name, files in files_per_source.items():
         filt = cfg.sources[name].filter
-        fkey = json.dumps([filt.column, filt.values]) if filt else ""
+        fkey = json.dumps([filt.column, filt.patterns]) if filt else ""
         for path in files:
             st = os.stat(path)
-            key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{fkey}|{sorted(needed.items())}"
+            key = (f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{digests[path]}|{fkey}|"
+                   f"{sorted(needed.items())}")
             keys[(name, path)] = key
             if key not in cache:
                 todo[key] = (path, filt)
@@ -277,7 +353,7 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
     if bad:
         if cfg.on_bad_shard == "error":
             raise ConfigError(
-                f"{len(bad)} bad input file(s):\n  "
+                _shared_problem(bad, cfg, len(digests)) + f"{len(bad)} bad input file(s):\n  "
                 + "\n  ".join(f"{p}: {why}" for p, why in bad)
                 + "\nFix or remove them, or set data.on_bad_shard: skip to leave them out (logged and counted)."
             )
@@ -287,7 +363,9 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
     good_paths = sorted({p for (_, p) in scanned})
     stems = _stems(good_paths)
     index = {p: i for i, p in enumerate(good_paths)}
-    shards = [Shard(p, stems[p], []) for p in good_paths]
+    crcs = {p: e.get("counts_crc") for (_, p), e in scanned.items()}
+    shards = [Shard(p, stems[p], [], f"{digests[p]}:{crcs[p]}") for p in good_paths]
+    mapping = _mapping(cfg, files_per_source, scanned)
     sources: dict[str, SourceInfo] = {}
     for name, files in files_per_source.items():
         groups = []  # (shard, first, rows, docs, tokens)
@@ -300,6 +378,11 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
             groups.extend((shard, *g) for g in entry["row_groups"] if g[2] > 0)
         if not groups:
             raise ConfigError(f"data.sources.{name}: no documents (all files bad, empty, or filtered out)")
+        if cfg.val_tokens_per_source > 0 and not any(g[4] for g in groups):
+            raise ConfigError(f"data.sources.{name}: the token_count column sums to 0 over its "
+                              f"{sum(g[3] for g in groups):,} document(s), so no tokens can be held out "
+                              "(data.val_tokens_per_source); token_count "
+                              "must hold each document's cl100k count: recompute it (data/tokenizer.py count_tokens)")
         chunks, docs_of, tokens_of = _cut_chunks(groups, cfg.min_chunks_per_source)
         train, val = _hold_out(chunks, tokens_of, cfg.val_tokens_per_source, name)
         tokens = sum(g[4] for g in groups)
@@ -337,7 +420,43 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
         _save_cache(cache_path, cache)
     if problems:
         raise ConfigError("\n".join(problems))
-    return Manifest(shards=shards, sources=sources, skipped=bad, null_texts=null_texts)
+    return Manifest(shards=shards, sources=sources, skipped=bad, null_texts=null_texts, mapping=mapping)
+
+
+def _mapping(cfg: DataConfig, files_per_source: dict[str, list[str]], scanned: dict) -> MappingReport | None:
+    """The mapping report of the scanned files (None without any filter); its errors stop the build."""
+    if not any(src.filter for src in cfg.sources.values()):
+        return None
+    values_of = {}
+    for (name, path), entry in scanned.items():
+        filt = cfg.sources[name].filter
+        if filt is not None and entry.get("values") is not None:
+            values_of[(path, filt.column)] = {v: [r, t] for v, r, t in entry["values"]}
+    good = {name: [p for p in files if (name, p) in scanned] for name, files in files_per_source.items()}
+    report = build_mapping(cfg, good, values_of)
+    for w in report.warnings:
+        log.warning("%s", w)
+    if report.errors:
+        report_lines = textwrap.indent(report.text(problems=False), "  ")  # continues the problems above it
+        raise ConfigError("\n".join(report.errors) + "\n" + report_lines)
+    return report
+
+
+def _shared_problem(bad: list[tuple[str, str]], cfg: DataConfig, n_files: int) -> str:
+    """One leading line when every bad file misses the same configured column: the key to fix."""
+    problems = {why for _, why in bad}
+    if len(problems) != 1 or not next(iter(problems)).startswith("missing column '"):
+        return ""
+    column = next(iter(problems)).split("'")[1]
+    try:
+        cols = ", ".join(pq.read_schema(bad[0][0]).names)
+    except Exception:  # noqa: BLE001 -- only the hint is lost
+        cols = "?"
+    where = f"column '{column}' is missing from {len(bad)} of {n_files} input file(s) (their columns: {cols})"
+    for key in ("text_column", "id_column"):
+        if column == getattr(cfg, key):
+            return f"data.{key}: {where}; set data.{key} to the column that holds it\n"
+    return f"{where}: every shard needs the Dolma3 columns {', '.join(SCHEMA)}\n"
 
 
 def null_text_problems(null_texts: dict[str, list[list[int]]], cfg: DataConfig) -> list[str]:
@@ -390,11 +509,11 @@ def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: 
             continue
         table = pa.Table.from_batches([batch])
         if filt:
-            table = table.filter(matches(table.column(filt.column), filt.values))
+            table = table.filter(matches(table.column(filt.column), filt.patterns))
         if not table.num_rows:
             continue
         rows = sorted(rng.permutation(table.num_rows)[:per_group].tolist())
-        texts = [t or "" for t in table.column(text_column).take(rows).to_pylist()]
+        texts = _sample_texts(table.column(text_column), rows, path, shards[shard].row_groups[rg][0], text_column)
         counted = sum(table.column("token_count").take(rows).to_pylist())
         real = sum(count_tokens(texts, num_threads=1))
         acc = per_file.setdefault(path, [0, 0, 0])
@@ -404,6 +523,11 @@ def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: 
     n, counted, real = (sum(v[i] for v in per_file.values()) for i in range(3))
     out = {"problem": None, "rows": n, "counted": counted, "real": real}
     lo, hi = TOKEN_COUNT_RATIO
+    if n and real == 0 and counted > 0:  # token_count 0 as well: the source-wide check below names it
+        out["problem"] = (f"data.sources.{name}: all {n} sampled document(s) have an empty `{text_column}` (in "
+                          f"{', '.join(sorted(per_file))}; token_count sums to {counted:,} over them); the source "
+                          "would train on EOT tokens only: fix its files, data.text_column, or drop the source")
+        return out
 
     def off(c: int, r: int) -> bool:  # a difference of a few tokens gives no verdict
         return not lo * r <= c <= hi * r and abs(c - r) > SAMPLE_ROWS
@@ -422,6 +546,18 @@ def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: 
     out["problem"] = (f"data.sources.{name}: token_count does not match the text ({where}); the sample of {n} "
                       f"row(s) must be within x{lo:g}..x{hi:g} of the real cl100k count: recompute the column with "
                       "cl100k_base (data/tokenizer.py count_tokens) or fix the file")
+    return out
+
+
+def _sample_texts(column: pa.ChunkedArray, rows: list[int], path: str, first: int, text_column: str) -> list[str]:
+    """The sampled texts (null as empty); a text that is not valid UTF-8 is named by file and row."""
+    out = []
+    for row, value in zip(rows, column.take(rows).cast(pa.large_binary()).to_pylist()):
+        try:
+            out.append((value or b"").decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: row {first + row}: column '{text_column}' is not valid "
+                              f"UTF-8 ({e.reason} at byte {e.start}); fix or re-encode the file") from None
     return out
 
 
@@ -502,10 +638,10 @@ def _load_cache(path: Path) -> dict:
 
 
 def _save_cache(path: Path, cache: dict) -> None:
+    from data.files import write_text
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, path)
+        write_text(path, json.dumps(cache), fsync=False)  # a lost cache only costs a rescan
     except OSError as e:  # a read-only cache dir only costs a rescan next time
         log.warning("could not write manifest cache %s: %s", path, e)

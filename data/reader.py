@@ -134,7 +134,7 @@ class ShardReader:
         if filt:
             col = self._read(source, chunk.shard, rg, [filt.column]).column(0)
             col = col.slice(chunk.start - first, chunk.stop - chunk.start)
-            keep &= matches(col, filt.values).to_numpy(zero_copy_only=False)
+            keep &= matches(col, filt.patterns).to_numpy(zero_copy_only=False)
         if self._may_hold_nulls(chunk.shard, rg):
             nulls = self._null_rows(chunk.shard, rg, first)
             bad = [r for r in rows[keep] if r in nulls]

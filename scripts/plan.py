@@ -87,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         from data.plan import stream_table
 
         consumers = args.world_size * max(1, cfg.num_workers)
+        manifest = build_manifest(cfg)
+        if manifest.mapping is not None:
+            print("\n" + manifest.mapping.text())
         print("\neffective streams per consumer (the epoch barrier caps what a small source can hold):")
-        print(stream_table(build_manifest(cfg), cfg, consumers))
+        print(stream_table(manifest, cfg, consumers))
     print("\n" + memory_plan(args.config, cfg.batch_size, schedule.config.seq_len.end, args.gpu_memory_gib))
     plot_schedule(schedule, out)
     print(f"wrote {out}")

@@ -1,7 +1,7 @@
 """Split a mixed corpus (e.g. a globally shuffled one) into one shard set per mixture source.
 
     python scripts/split_by_source.py 'shuffled/*.parquet' --out by_source --column source \\
-        --map 'web=common_crawl*,cc*' --map 'code=stack_edu*' --map 'books=books*' --map 'curated=wiki*,arxiv*'
+        --map 'web=common_crawl*' --map 'code=stack[-_]edu*' --map 'pdfs=olmocr*,s2pdf*' --map 'curated=finemath*,rpj*'
 
 What it does, the options' meaning and the measurements: the library, ``data/corpus/split.py``.
 """

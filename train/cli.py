@@ -305,6 +305,10 @@ class WellMixedCLI(LightningCLI):
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         dm.prepare(self.trainer.accumulate_grad_batches)
+        if self.trainer.is_global_zero:  # filter patterns -> values: logged and kept in the run dir
+            from data.mapping import write_mapping_report
+
+            write_mapping_report(dm.manifest.mapping, run.dir)
         if dm.manifest.null_texts and dm.on_bad_shard == "error":  # not hours in, when the reader gets there
             from data.manifest import null_text_problems
 

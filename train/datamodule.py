@@ -278,6 +278,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             "accumulate": self.accumulate,
             "seed": self.seed,
             "fingerprint": self.manifest.fingerprint() if self.manifest else None,
+            "corpus_files": self.manifest.file_digests() if self.manifest else None,
             "schedule": schedule_fingerprint(self.schedule, self.weights),
         }
         ckpt_dir = self._checkpoint_dir()
@@ -364,7 +365,10 @@ class WellMixedData(DataConfig, L.LightningDataModule):
                                  self.allow_changed_schedule, step)
         changed = []
         if state["fingerprint"] != self.manifest.fingerprint():
-            changed.append(f"the corpus changed (fingerprint {state['fingerprint']} -> {self.manifest.fingerprint()})")
+            files = self.manifest.changed_files(state.get("corpus_files"))
+            changed.append(f"the corpus changed (fingerprint {state['fingerprint']} -> {self.manifest.fingerprint()}"
+                           + (f"; {len(files)} file(s): {', '.join(files[:5])}{' ...' if len(files) > 5 else ''}"
+                              if files else "") + ")")
         if state["seed"] != self.seed:
             changed.append(f"data.seed changed ({state['seed']} -> {self.seed})")
         if changed:

@@ -37,6 +37,9 @@ class CorpusSummary:
     rows: int = 0
     tokens: int = 0
     values: dict[str, dict[str | None, ValueCount]] = field(default_factory=lambda: {c: {} for c in COLUMNS})
+    per_file: dict[tuple[str, str], dict[str | None, list[int]]] = field(default_factory=dict)
+    """(path, column) -> value -> [rows, tokens]: the mapping report's input (data/mapping.py)."""
+    paths: list[str] = field(default_factory=list)
 
 
 def inspect_corpus(root: str | Path, pattern: str = "**/*.parquet") -> CorpusSummary:
@@ -44,7 +47,7 @@ def inspect_corpus(root: str | Path, pattern: str = "**/*.parquet") -> CorpusSum
     files = sorted(glob.glob(os.path.join(str(Path(root).expanduser()), pattern), recursive=True))
     if not files:
         raise FileNotFoundError(f"no parquet file under {root} ({pattern})")
-    out = CorpusSummary(files=len(files))
+    out = CorpusSummary(files=len(files), paths=files)
     for path in files:
         table = pq.read_table(path, columns=[c for c in (*COLUMNS, "token_count")
                                              if c in pq.read_schema(path).names])
@@ -55,10 +58,15 @@ def inspect_corpus(root: str | Path, pattern: str = "**/*.parquet") -> CorpusSum
             if column not in table.column_names:
                 continue
             counts = out.values[column]
+            mine = out.per_file.setdefault((path, column), {})
             for i, value in enumerate(table.column(column).to_pylist()):
                 c = counts.setdefault(value, ValueCount())
+                n = (tokens[i] or 0) if tokens else 0
                 c.rows += 1
-                c.tokens += (tokens[i] or 0) if tokens else 0
+                c.tokens += n
+                acc = mine.setdefault(value, [0, 0])
+                acc[0] += 1
+                acc[1] += n
     return out
 
 
@@ -72,7 +80,7 @@ def mixture_sources(filters: dict[str, dict | None], column: str, value: str | N
         if flt is None:
             out.append(f"{name}(all rows)")
         elif flt["column"] == column and value is not None and any(
-                fnmatch.fnmatchcase(value, pat) for pat in flt["values"]):
+                fnmatch.fnmatchcase(value, pat) for pat in [*flt["values"], *flt.get("optional", [])]):
             out.append(name)
     return out
 
@@ -123,4 +131,81 @@ def format_report(summary: CorpusSummary, filters: dict[str, dict | None] | None
             lines.append(f"\nnot taken by any filter (never trained on): {', '.join(unmapped)}")
         if doubled:
             lines.append("taken by several filters (trained twice): " + "; ".join(doubled))
+    return "\n".join(lines)
+
+
+SLOTS = {  # mixture source -> Dolma 3 sub-source families (compared with '-' read as '_')
+    "web": ("common_crawl",),
+    "code": ("stack_edu",),
+    "pdfs": ("olmocr_science_pdfs", "s2pdf"),
+    "curated": ("finemath", "rpj", "arxiv", "dolma1_7", "wiki"),
+}
+
+
+def propose_sources(summary: CorpusSummary, paths: str = "$DOLMA3_DIR/**/*.parquet") -> str:
+    """A ``sources:`` block for the ``source`` values found: each Dolma 3 family as spelled in the files
+    (both spellings when both occur) put in its slot; values of no known family listed as comments."""
+    patterns: dict[str, list[str]] = {slot: [] for slot in SLOTS}
+    left: list[str] = []
+    total = summary.tokens or 1
+    for value, c in sorted(summary.values["source"].items(), key=lambda kv: str(kv[0])):
+        norm = (value or "").replace("-", "_")
+        slot, family = next(((s, f) for s, fams in SLOTS.items() for f in fams if norm.startswith(f)), (None, None))
+        if slot is None:
+            left.append(f"#   {value!s:<40} {c.rows:>10,} rows {c.tokens / total:>8.3%} of the tokens")
+            continue
+        pat = value[:len(family)] + "*"
+        if pat not in patterns[slot]:
+            patterns[slot].append(pat)
+    lines = ["  sources:   # proposed by scripts/inspect_corpus.py from the `source` values above; paste under data:"]
+    for slot, pats in patterns.items():
+        if pats:
+            quoted = ", ".join(f'"{p}"' for p in pats)
+            lines.append(f'    {slot + ":":<9}{{paths: ["{paths}"], filter: {{column: source, values: [{quoted}]}}}}')
+    if left:
+        lines += ["  # values of no Dolma 3 family (never read unless a pattern above takes them; start-up refuses",
+                  "  # them above data.unclaimed of the tokens):"] + ["  " + ln for ln in left]
+    return "\n".join(lines)
+
+
+def duplicate_counts(paths: list[str], sample_rows: int = 20_000, seed: int = 0) -> dict[str | None, list[int]]:
+    """``source`` value -> [sampled rows, rows whose text already occurred in the sample] over up to
+    ``sample_rows`` rows of row groups drawn at random (the mix upsamples documents up to 7x)."""
+    import hashlib
+
+    import numpy as np
+    import pyarrow as pa
+
+    groups = [(p, g) for p in paths for g in range(pq.ParquetFile(p).num_row_groups)]
+    seen: set[bytes] = set()
+    out: dict[str | None, list[int]] = {}
+    taken = 0
+    for i in np.random.default_rng(seed).permutation(len(groups)):
+        if taken >= sample_rows:
+            break
+        path, g = groups[i]
+        cols = [c for c in ("source", "text") if c in pq.read_schema(path).names]
+        if "text" not in cols:
+            continue
+        table = pq.ParquetFile(path).read_row_group(g, columns=cols)
+        texts = table.column("text").cast(pa.large_binary()).to_pylist()
+        values = table.column("source").to_pylist() if "source" in cols else [None] * len(texts)
+        for value, text in zip(values, texts):
+            digest = hashlib.blake2b(text or b"", digest_size=16).digest()
+            acc = out.setdefault(value, [0, 0])
+            acc[0] += 1
+            acc[1] += digest in seen
+            seen.add(digest)
+        taken += len(texts)
+    return out
+
+
+def format_duplicates(counts: dict[str | None, list[int]]) -> str:
+    rows = sum(n for n, _ in counts.values())
+    dups = sum(d for _, d in counts.values())
+    lines = [f"duplicate texts in a sample of {rows:,} rows: {dups:,} ({dups / max(rows, 1):.2%}) repeat an "
+             "earlier text of the sample",
+             f"  {'source':<40} {'sampled':>10} {'duplicates':>10}"]
+    for value, (n, d) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"  {value!s:<40} {n:>10,} {d:>10,}")
     return "\n".join(lines)

@@ -52,10 +52,10 @@ import pyarrow.parquet as pq
 from data import files
 from data.corpus import PAGE_OPTIONS
 from data.errors import ConfigError
+from data.shuffled import REPORT
 
 SHUFFLE_VERSION = 1  # bump when the assignment or permutation changes: outputs of older runs are refused
 FOOTER_KEY = b"wellmixed.shuffle"
-REPORT = "shuffle_report.json"
 _MASK64 = (1 << 64) - 1
 
 
@@ -91,6 +91,13 @@ class ShuffleSpec:
     def __post_init__(self) -> None:
         if not self.inputs:
             raise ConfigError("global shuffle: no input files")
+        out = Path(self.out).resolve()
+        inside = sorted({str(Path(p).resolve().parent) for p in self.inputs
+                         if out == Path(p).resolve().parent or Path(p).resolve().parent in out.parents})
+        if inside:
+            raise ConfigError(f"--out {self.out} is inside the input folder {inside[0]}: the buckets would land "
+                              "among the input shards (and be read as input by the next glob); choose a folder "
+                              "outside every input folder")
         if not isinstance(self.buckets, int) or self.buckets < 1:
             raise ConfigError(f"--buckets must be a positive integer (got {self.buckets!r})")
         if self.row_group_rows < 1 or self.buffer_mb <= 0:
@@ -423,6 +430,9 @@ def gather(spec: ShuffleSpec, task_index: int = 0, num_tasks: int = 1, workers: 
             f"(files {missing[:10]}{' ...' if len(missing) > 10 else ''}): run the scatter phase first"
         )
     items = buckets if buckets is not None else task_items(spec.buckets, task_index, num_tasks)
+    for b in items:
+        bucket_done(spec, b)  # refuses another run's buckets before the record is touched
+    drop_stale_report(spec)
     return _run(gather_bucket, spec, items, workers, progress)
 
 
@@ -450,7 +460,8 @@ def shuffle(spec: ShuffleSpec, workers: int = 1, keep_tmp: bool = False,
     only when some bucket is missing and its parts were already cleaned up (or never made).
     """
     t0 = time.perf_counter()
-    missing = [b for b in range(spec.buckets) if not bucket_done(spec, b)]
+    missing = [b for b in range(spec.buckets) if not bucket_done(spec, b)]  # refuses another run's buckets
+    drop_stale_report(spec)
     scattered: list[dict] = []
     if missing or input_stats(spec) is None:
         scattered = scatter(spec, workers=workers, progress=progress and functools.partial(progress, "scatter"))
@@ -532,6 +543,7 @@ def verify(spec: ShuffleSpec) -> dict:
         "rows_per_bucket": _spread([s.rows for s in per_bucket]),
         "tokens_per_bucket": _spread([s.tokens for s in per_bucket]),
         "bytes_per_bucket": _spread(sizes),
+        "bucket_bytes": {spec.output(b).name: size for b, size in enumerate(sizes)},  # readers check it
         "input": stats_in.to_dict(),
     }
 
@@ -596,6 +608,18 @@ def source_share_check(stats_in: RowStats, per_bucket: list[RowStats], min_expec
 
 def _spread(values: list[int]) -> dict:
     return {"min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
+
+
+def drop_stale_report(spec: ShuffleSpec) -> None:
+    """Remove a completion record of another run (other inputs, seed or buckets) before writing any
+    bucket: until this run's own report is written, readers then see the folder as incomplete."""
+    path = Path(spec.out) / REPORT
+    try:
+        identity = json.loads(path.read_text()).get("identity")
+    except (OSError, ValueError):
+        identity = None
+    if path.exists() and identity != spec.identity():
+        path.unlink()
 
 
 def write_report(spec: ShuffleSpec, report: dict) -> Path:

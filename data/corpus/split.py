@@ -1,7 +1,7 @@
 """Split a mixed corpus (e.g. a globally shuffled one) into one shard set per mixture source.
 
     python scripts/split_by_source.py 'shuffled/*.parquet' --out by_source --column source \\
-        --map 'web=common_crawl*,cc*' --map 'code=stack_edu*' --map 'books=books*' --map 'curated=wiki*,arxiv*'
+        --map 'web=common_crawl*' --map 'code=stack[-_]edu*' --map 'pdfs=olmocr*,s2pdf*' --map 'curated=finemath*,rpj*'
 
 Streams the inputs a row group at a time and appends every row to ``OUT/<source>/part-NNNNN.parquet``
 (the input schema; row order kept; each part written under a temp name and renamed when complete).
@@ -240,7 +240,7 @@ def read_cost(sources: dict[str, SourceConfig], min_chunks: int, text_column: st
                 nbytes += table.nbytes
                 table = table.slice(chunk.start - first, chunk.stop - chunk.start)
                 if info.filter:
-                    table = table.filter(matches(table.column(info.filter.column), info.filter.values))
+                    table = table.filter(matches(table.column(info.filter.column), info.filter.patterns))
                 docs += len(table.column(text_column).to_pylist())
         t2 = time.perf_counter()
     return {"manifest_s": t1 - t0, "read_s": t2 - t1, "rows_decoded": rows, "bytes_decoded": nbytes, "docs": docs}

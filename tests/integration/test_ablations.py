@@ -31,7 +31,8 @@ from train.rundir import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 
 PAIRS = sorted(run.PAIRS)
-SOURCES = ("web", "code", "books", "curated")
+SOURCES = ("web", "code", "books", "curated")  # the demo corpus's sources
+SOURCES_OF = {"demo": SOURCES, "350m_2b": ("web", "code", "pdfs", "curated")}  # each pair's config's sources
 
 
 # -- configs -------------------------------------------------------------------------------------
@@ -78,9 +79,9 @@ def test_arms_differ_only_in_the_mixture(arms, pair):
 
 @pytest.mark.parametrize("pair", PAIRS)
 def test_fixed_arm_draws_the_scheduled_tokens_per_source(arms, pair):
-    sched, fixed = (build_schedule(arms[pair][arm]["data"]["schedule"], list(SOURCES)) for arm in run.ARMS)
+    sched, fixed = (build_schedule(arms[pair][arm]["data"]["schedule"], list(SOURCES_OF[pair])) for arm in run.ARMS)
     planned_s, planned_f = tokens_per_source(sched), tokens_per_source(fixed)
-    for s in SOURCES:
+    for s in SOURCES_OF[pair]:
         assert planned_f[s] == pytest.approx(planned_s[s], rel=1e-6)
     for attr in ("total_steps", "total_tokens", "decay_start"):
         assert getattr(fixed, attr) == getattr(sched, attr), attr
@@ -98,7 +99,7 @@ def test_350m_2b_is_the_full_run_at_ten_percent(arms):
     assert differing - scaled <= {"data.order_log"} | {k for k in differing if k.startswith("run.")}, differing
     for key in scaled:
         assert ablation[key] * 10 == full[key], key
-    schedule = build_schedule(arms["350m_2b"]["scheduled"]["data"]["schedule"], list(SOURCES))
+    schedule = build_schedule(arms["350m_2b"]["scheduled"]["data"]["schedule"], list(SOURCES_OF["350m_2b"]))
     assert schedule.decay_start / schedule.total_steps == pytest.approx(0.9, abs=1e-3)  # anneal in the last 10%
     assert schedule.lr(schedule.total_steps - 1) == 0.0
     assert schedule.mixture_weights(schedule.decay_start)["curated"] == 0.35

@@ -39,19 +39,22 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_values_rows_tokens_and_the_mixture_source_each_filter_gives(tmp_path):
     make_dolma3_layout(tmp_path)
     r = run(str(tmp_path), "--config", "configs/pretrain_350m_20b.yaml")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # reddit_dump is unclaimed: train fit would refuse the mapping
     out = r.stdout
     total = sum(n * t for _, n, t in ROWS.values())
     assert f"6 files, 17 rows, {total:,} tokens" in out
-    lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("  ") and len(ln.split()) >= 5}
+    table = out.split("corpus mapping")[0]  # the value table (the mapping report follows it)
+    lines = {ln.split()[0]: ln.split() for ln in table.splitlines() if ln.startswith("  ") and len(ln.split()) >= 5}
     assert lines["common_crawl-food-0012"][1:3] == ["5", "500"] and lines["common_crawl-food-0012"][-1] == "web"
     assert lines["stack_edu-python"][-1] == "code"
-    assert lines["olmocr_science_pdfs-1"][-1] == "books"
+    assert lines["olmocr_science_pdfs-1"][-1] == "pdfs"
     assert lines["finemath-3plus"][-1] == "curated" and lines["wikipedia"][-1] == "curated"
     assert lines["reddit_dump"][-1] == "-"
     assert "not taken by any filter (never trained on): source=reddit_dump" in out
     assert "curated      110" in out  # 4 x 25 + 1 x 10
-    assert "MATCHES NOTHING" not in out
+    assert "MATCHES NOTHING" not in out.split("corpus mapping")[0]
+    assert "error: data.unclaimed: `source` value(s) 'reddit_dump' (1 in all," in out
+    assert "  'wiki*' (optional):\n    wikipedia " in out  # the start-up mapping report
 
 
 def test_an_empty_folder_is_an_error_naming_it(tmp_path):

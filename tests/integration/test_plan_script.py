@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ["web", "code", "books", "curated"]
+SOURCES = ["web", "code", "books", "curated"]  # the demo corpus's sources
+REAL_SOURCES = ["web", "code", "pdfs", "curated"]  # configs/pretrain_350m_20b.yaml's
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -26,7 +27,7 @@ def table_rows(stdout: str) -> dict[str, list[str]]:
     effective-streams table follows it)."""
     table = stdout.split("effective streams")[0]
     return {line.split()[0]: line.split()[1:] for line in table.splitlines()
-            if line.split() and line.split()[0] in SOURCES}
+            if line.split() and line.split()[0] in SOURCES + REAL_SOURCES}
 
 
 def test_demo_config_on_demo_corpus(demo_corpus, cache_dir, tmp_path):
@@ -53,7 +54,7 @@ def test_350m_uses_expected_tokens(cache_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "data.expected_tokens" in r.stdout
     rows = table_rows(r.stdout)
-    assert sorted(rows) == sorted(SOURCES)
+    assert sorted(rows) == sorted(REAL_SOURCES)
     epochs = {s: float(cells[2]) for s, cells in rows.items()}
     assert all(0 < e < 1 for e in epochs.values()), epochs
     assert "warning:" not in r.stdout
@@ -68,12 +69,12 @@ def test_350m_uses_expected_tokens(cache_dir, tmp_path):
 def test_tokens_flag_warns_about_epochs(cache_dir, tmp_path):
     """--tokens overrides the counts; a source drawn more than --max-epochs times is warned about."""
     r = run_plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(tmp_path / "p.png"),
-                 "--tokens", "web=2e11,code=2e10,books=4e10,curated=1e8", cache_dir=cache_dir)
+                 "--tokens", "web=2e11,code=2e10,pdfs=4e10,curated=1e8", cache_dir=cache_dir)
     assert r.returncode == 0, r.stderr
     assert float(table_rows(r.stdout)["curated"][2]) > 4
     assert "warning: source 'curated' would be repeated" in r.stdout
     strict = run_plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(tmp_path / "p.png"),
-                      "--tokens", "web=2e11,code=2e10,books=4e10,curated=1e8", "--strict", cache_dir=cache_dir)
+                      "--tokens", "web=2e11,code=2e10,pdfs=4e10,curated=1e8", "--strict", cache_dir=cache_dir)
     assert strict.returncode == 2 and "curated" in strict.stderr
 
 

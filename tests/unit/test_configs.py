@@ -20,7 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 ALL_YAML = sorted(p.relative_to(ROOT).as_posix() for d in ("configs", "ablations") for p in (ROOT / d).rglob("*.yaml"))
 # ablations/ YAMLs that are not `train fit` configs, and the loader each goes through
-NOT_TRAIN = {"ablations/decision_rule.yaml", "ablations/schedule_mixture.yaml"}
+NOT_TRAIN = {"ablations/decision_rule.yaml", "ablations/schedule_mixture.yaml", "ablations/schedule_mixture_350m.yaml"}
 STATED = re.compile(r"^# Model: (\S+\.yaml) \(([\d,]+) parameters\)", re.M)
 
 

@@ -371,6 +371,7 @@ def _filtered_cfg(tmp_path, paths, filters=FILTERS, **kw) -> DataConfig:
         for name, pats in filters.items()
     }
     weights = {name: 1 / len(filters) for name in filters}
+    kw.setdefault("unclaimed", 1.0)  # stack_code is left out on purpose
     return DataConfig(sources=sources, weights=weights, manifest_cache=str(tmp_path / "cache"), **kw)
 
 
@@ -433,7 +434,7 @@ def test_filter_on_category_column(tmp_path, mixed_corpus):
     cfg = DataConfig(
         sources={"cc": SourceConfig(paths=[str(p) for p in mixed_corpus],
                                     filter=FilterConfig(column="category", values=["cc"]))},
-        weights={"cc": 1.0}, manifest_cache=str(tmp_path / "cache"),
+        weights={"cc": 1.0}, manifest_cache=str(tmp_path / "cache"), unclaimed=1.0,  # the rest left out
     )
     assert build_manifest(cfg).sources["cc"].docs == len(_hand_count(mixed_corpus, ["cc_*"]))
 

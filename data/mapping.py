@@ -1,0 +1,202 @@
+"""The start-up mapping report: which filter-column values each mixture source's patterns take.
+
+A corpus whose files mix sub-sources (Dolma 3: the ``source`` column) is mapped onto the mixture
+sources by fnmatch patterns (``data.sources.<name>.filter``). Patterns written from a dataset card
+can be wrong in two silent ways: one matches nothing (the source is then made of the other patterns
+alone), or a sub-source is spelled differently and no pattern takes it (its rows are never read).
+:func:`build_mapping` works from the per-file value counts the manifest scan already collects
+(footer-cheap: the filter and ``token_count`` columns only) and lists, per mixture source and per
+pattern, the distinct values matched with their rows and tokens; then every value no mixture source
+claims, with its share of the tokens in those files. Its problems (start-up errors, raised by
+data/manifest.py before any compute):
+
+- a pattern of ``filter.values`` that matches no value in the source's files (patterns listed in
+  ``filter.optional`` may match nothing);
+- unclaimed values holding more than ``data.unclaimed`` of the tokens (below it: a warning);
+- a value two mixture sources claim in the same file (its rows would be trained twice).
+
+The report is logged at start-up and written to ``<run.dir>/corpus_mapping.txt``;
+``scripts/inspect_corpus.py`` and ``scripts/plan.py`` print it too.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from data.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "corpus_mapping.txt"
+"""The report's name in the run directory."""
+
+ValueCounts = dict[str | None, list[int]]  # value -> [rows, tokens]; None: null (never claimed by a filter)
+
+
+@dataclass
+class PatternMatch:
+    pattern: str
+    optional: bool
+    values: ValueCounts = field(default_factory=dict)
+
+
+@dataclass
+class SourceMapping:
+    name: str
+    column: str | None  # None: no filter, every row of its files
+    files: int
+    patterns: list[PatternMatch] = field(default_factory=list)
+    rows: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class MappingReport:
+    sources: list[SourceMapping]
+    unclaimed: dict[str, ValueCounts]  # column -> values no source claims
+    totals: dict[str, list[int]]  # column -> [files, tokens] of the files the filters on it read
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def text(self, problems: bool = True) -> str:
+        return format_mapping(self, problems)
+
+
+def _claims(filt, column: str, value: str) -> bool:
+    """Whether a source's filter takes ``value`` of ``column`` (a source without a filter takes every row)."""
+    if filt is None:
+        return True
+    return value is not None and filt.column == column and any(fnmatch.fnmatchcase(value, p) for p in filt.patterns)
+
+
+def _add(counts: ValueCounts, value: str, rows: int, tokens: int) -> None:
+    acc = counts.setdefault(value, [0, 0])
+    acc[0] += rows
+    acc[1] += tokens
+
+
+def build_mapping(cfg: DataConfig, files_per_source: dict[str, list[str]],
+                  values_of: dict[tuple[str, str], ValueCounts]) -> MappingReport:
+    """The report from ``values_of[(path, column)]`` (every value of the filter column in that file)."""
+    readers: dict[str, list[str]] = {}  # path -> sources reading it
+    for name, files in files_per_source.items():
+        for path in files:
+            readers.setdefault(path, []).append(name)
+    sources, doubled = [], {}
+    for name, files in files_per_source.items():
+        filt = cfg.sources[name].filter
+        files = [p for p in files if filt is None or (p, filt.column) in values_of]
+        sm = SourceMapping(name, filt.column if filt else None, len(files))
+        if filt is not None:
+            sm.patterns = [PatternMatch(p, p not in filt.values) for p in filt.patterns]
+            for path in files:
+                for value, (rows, tokens) in values_of[(path, filt.column)].items():
+                    hit = next((pm for pm in sm.patterns if value is not None
+                                and fnmatch.fnmatchcase(value, pm.pattern)), None)
+                    if hit is None:
+                        continue
+                    _add(hit.values, value, rows, tokens)
+                    sm.rows, sm.tokens = sm.rows + rows, sm.tokens + tokens
+                    others = [o for o in readers[path] if o != name and _claims(cfg.sources[o].filter,
+                                                                                 filt.column, value)]
+                    if others:
+                        doubled.setdefault((filt.column, value), set()).update([name, *others])
+        sources.append(sm)
+    filtered = {src.filter.column for src in cfg.sources.values() if src.filter is not None}
+    unclaimed, totals = _unclaimed(cfg, readers, {k: v for k, v in values_of.items() if k[1] in filtered})
+    report = MappingReport(sources, unclaimed, totals)
+    _judge(report, cfg, doubled)
+    return report
+
+
+def _unclaimed(cfg: DataConfig, readers: dict[str, list[str]], values_of: dict[tuple[str, str], ValueCounts]):
+    """Per filter column: the values no source reading their file claims, and [files, tokens] read."""
+    unclaimed: dict[str, ValueCounts] = {}
+    totals: dict[str, list[int]] = {}
+    for (path, column), counts in sorted(values_of.items()):
+        if path not in readers:
+            continue
+        tot = totals.setdefault(column, [0, 0])
+        tot[0] += 1
+        for value, (rows, tokens) in counts.items():
+            tot[1] += tokens
+            if not any(_claims(cfg.sources[n].filter, column, value) for n in readers[path]):
+                _add(unclaimed.setdefault(column, {}), value, rows, tokens)
+    return unclaimed, totals
+
+
+def _judge(report: MappingReport, cfg: DataConfig, doubled: dict) -> None:
+    for sm in report.sources:
+        for pm in sm.patterns:
+            if not pm.values and not pm.optional:
+                report.errors.append(
+                    f"data.sources.{sm.name}.filter.values: pattern '{pm.pattern}' matches no `{sm.column}` value in "
+                    f"the source's {sm.files} file(s); fix the pattern (fnmatch, case-sensitive; the report lists "
+                    "the values there), or move it to filter.optional if the corpus may lack that sub-source")
+    for column, counts in report.unclaimed.items():
+        tokens = sum(t for _, t in counts.values())
+        share = tokens / report.totals[column][1] if report.totals[column][1] else 0.0
+        top = sorted(counts.items(), key=lambda kv: -kv[1][1])[:8]
+        names = ", ".join(f"'{v}'" if v is not None else "null" for v, _ in top)
+        line = (f"`{column}` value(s) {names}{' ...' if len(counts) > 8 else ''} ({len(counts)} in all, "
+                f"{share:.3%} of the tokens) are claimed by no mixture source: their rows are never read")
+        if share > cfg.unclaimed:
+            report.errors.append(f"data.unclaimed: {line}; above the limit {cfg.unclaimed:.3%}. Add patterns for "
+                                 "them to a source's filter, or raise data.unclaimed to leave them out")
+        else:
+            report.warnings.append(f"{line} (below data.unclaimed {cfg.unclaimed:.3%})")
+    for (column, value), names in sorted(doubled.items()):
+        report.errors.append(f"data.sources: `{column}` value '{value}' is claimed by {', '.join(sorted(names))} "
+                             "in the same files: its rows would be trained twice; narrow the patterns")
+
+
+def format_mapping(report: MappingReport, problems: bool = True) -> str:
+    """Per mixture source, each pattern and the values it matched; then the unclaimed values (and, with
+    ``problems``, the errors and warnings)."""
+    lines = ["corpus mapping (filter patterns -> values in the files; rows and token_count sums)"]
+    for sm in report.sources:
+        if sm.column is None:
+            lines.append(f"{sm.name}: no filter: every row of its {sm.files} file(s)")
+            continue
+        total = report.totals.get(sm.column, [0, 0])[1]
+        share = f"{sm.tokens / total:.2%}" if total else "-"
+        lines.append(f"{sm.name}: {sm.rows:,} rows, {sm.tokens:,} tokens ({share}) from {sm.files} file(s), "
+                     f"filter on `{sm.column}`")
+        for pm in sm.patterns:
+            tag = " (optional)" if pm.optional else ""
+            if not pm.values:
+                lines.append(f"  {pm.pattern!r}{tag}: MATCHES NOTHING")
+                continue
+            lines.append(f"  {pm.pattern!r}{tag}:")
+            for value, (rows, tokens) in sorted(pm.values.items(), key=lambda kv: -kv[1][1]):
+                lines.append(f"    {value:<40} {rows:>12,} rows {tokens:>16,} tokens")
+    for column, (files, tokens) in report.totals.items():
+        counts = report.unclaimed.get(column, {})
+        if not counts:
+            lines.append(f"unclaimed `{column}` values: none ({files} file(s), {tokens:,} tokens)")
+            continue
+        lines.append(f"unclaimed `{column}` values (never read):")
+        for value, (rows, vt) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
+            share = vt / tokens if tokens else 0.0
+            label = value if value is not None else "(null)"
+            lines.append(f"    {label:<40} {rows:>12,} rows {vt:>16,} tokens {share:>8.3%}")
+    if problems:
+        lines += [f"error: {e}" for e in report.errors] + [f"warning: {w}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+def write_mapping_report(report: MappingReport | None, run_dir: str | Path) -> Path | None:
+    """Log the report and write it to ``<run_dir>/corpus_mapping.txt`` (atomically)."""
+    from data.files import write_text
+
+    if report is None:
+        return None
+    text = report.text()
+    log.info("%s", text)
+    path = Path(run_dir) / REPORT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, text + "\n")
+    return path
