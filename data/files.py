@@ -92,9 +92,19 @@ class WriteError(ConfigError):
     line naming the file and what to do, like every refusal, instead of an OSError traceback."""
 
 
-def write_error(path: str | os.PathLike, e: BaseException, then: str) -> WriteError:
-    """``could not write PATH: <reason> (disk full or out of inodes?); <then>`` for a failed write of ``path``."""
+def write_error(path: str | os.PathLike, e: BaseException, then: str, kept: str = "") -> WriteError:
+    """One line for a failed write of ``path``: ``could not write PATH: <reason>; [KEPT; ]<remedy>, then THEN``.
+
+    The remedy follows the cause: a full disk or quota (``free space (or inodes)``), a folder that vanished
+    under the run (the run directory moved or removed while training), anything else (permissions ...)."""
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     reason = getattr(e, "strerror", None) or first
-    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "write failed" in reason  # torch's zip writer
-    return WriteError(f"could not write {path}: {reason}{' (disk full or out of inodes?)' if full else ''}; {then}")
+    code = getattr(e, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or "write failed" in reason:  # torch's zip writer says "write failed"
+        reason, remedy = f"{reason} (disk full or out of inodes?)", "free space (or inodes)"
+    elif code == errno.ENOENT:
+        reason, remedy = f"{reason} (its folder is gone: was the run directory moved or removed while the run " \
+                         "was writing?)", "restore the run directory"
+    else:
+        remedy = "make the file and its folder writable"
+    return WriteError(f"could not write {path}: {reason}; {kept + '; ' if kept else ''}{remedy}, then {then}")

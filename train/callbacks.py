@@ -108,8 +108,8 @@ class DataStateCallback(L.Callback):
                 self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
                 self._file.flush()
             except OSError as e:
-                raise files.write_error(self._path(trainer), e, "free space (or inodes), then resume with "
-                                        "--ckpt_path last (a line cut short is dropped on resume)") from e
+                raise files.write_error(self._path(trainer), e, "resume with --ckpt_path last (a line cut "
+                                        "short is dropped on resume)") from e
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._file is not None:
@@ -347,8 +347,8 @@ def link_checkpoint(src: Path, dst: Path) -> None:
     except OSError as e:  # out of space or inodes: the copy (a link needs an inode too) failed
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise files.write_error(dst, e, f"{src} holds the same state and is intact; free space (or inodes), then "
-                                f"resume with --ckpt_path {src}") from e
+        raise files.write_error(dst, e, f"resume with --ckpt_path {src}",
+                                f"{src} holds the same state and is intact") from e
     digest = read_checksum(src)
     if digest is not None:
         _write_checksum(dst, digest)
@@ -381,8 +381,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            raise files.write_error(f"checkpoint {path}", e, "the previous checkpoint is intact and the partial file "
-                                    "was removed; free space (or inodes), then resume with --ckpt_path last") from e
+            raise files.write_error(f"checkpoint {path}", e, "resume with --ckpt_path last", "the previous "
+                                    "checkpoint is intact and the partial file was removed") from e
         _write_checksum(path, digest)
 
     def remove_checkpoint(self, path) -> None:

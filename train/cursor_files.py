@@ -58,8 +58,7 @@ _EARLIER = "resume from an earlier checkpoint with --ckpt_path FILE (or --run.ck
 EARLIER_SEVERAL_RANKS = ("resume from an earlier checkpoint with --ckpt_path FILE (on several ranks "
                          "--run.ckpt_fallback checks only that the cursor files exist)")
 """The way out where each rank reads its own file: the fallback's check did not read it (train/faults.py)."""
-_NO_CHECKPOINT = ("no checkpoint was written for this step, the previous ones are intact; free space (or inodes), "
-                  "then resume with --ckpt_path last")
+_NO_CHECKPOINT = "no checkpoint was written for this step, the previous ones are intact"
 
 
 def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
@@ -80,7 +79,7 @@ def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
             except FileExistsError:
                 version += 1
     except OSError as e:
-        raise files.write_error(root / f"step{step:07d}", e, _NO_CHECKPOINT) from e
+        raise files.write_error(root / f"step{step:07d}", e, "resume with --ckpt_path last", _NO_CHECKPOINT) from e
 
 
 def rank_file(step_dir: str | PathLike, rank: int) -> Path:
@@ -102,7 +101,7 @@ def save_rank_cursors(step_dir: str | PathLike, rank: int, cursors: list[dict | 
     try:
         files.write_bytes(rank_file(step_dir, rank), data)
     except OSError as e:
-        raise files.write_error(rank_file(step_dir, rank), e, _NO_CHECKPOINT) from e
+        raise files.write_error(rank_file(step_dir, rank), e, "resume with --ckpt_path last", _NO_CHECKPOINT) from e
     return hashlib.sha256(data).hexdigest()
 
 

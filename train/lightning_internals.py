@@ -126,8 +126,7 @@ class _AppendingWriter(ExperimentWriter):
         try:
             super().save()
         except OSError as e:
-            raise files.write_error(self.metrics_file_path, e, "free space (or inodes), then resume with "
-                                    "--ckpt_path last") from e
+            raise files.write_error(self.metrics_file_path, e, "resume with --ckpt_path last") from e
 
     def _rewrite(self, fieldnames: list[str], rows: list[dict]) -> None:
         out = io.StringIO()

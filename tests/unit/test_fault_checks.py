@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from scripts_in_process import load_script
 
 from data.errors import ConfigError
 from train.callbacks import AtomicCheckpointIO
@@ -520,7 +521,7 @@ def test_a_ckpt_path_that_is_not_a_checkpoint_is_named_for_what_it_is(tmp_path):
 
 def test_export_suggests_trust_checkpoint_only_for_pickled_objects(tmp_path):
     """Before: export_hf.py on a folder or a truncated file suggested --trust-checkpoint."""
-    from scripts.export_hf import main
+    main = load_script("export_hf").main
 
     cases = _not_checkpoints(tmp_path)
     _save(tmp_path / "whole.ckpt", 3, time.time())
