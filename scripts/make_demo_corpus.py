@@ -3,6 +3,11 @@
     python scripts/make_demo_corpus.py --out demo_corpus [--force]
 """
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import time
 from pathlib import Path

@@ -40,7 +40,7 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from data.errors import ConfigError
+from data.errors import ConfigError, WellMixedError
 from train import faults
 from train import lightning_internals as internals
 from train import loggers as run_loggers
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     faults.FATAL_EXIT_AFTER_S = 60.0  # a fatal error ends this process within a minute (train/faults.py)
     try:
         WellMixedCLI(args=argv)
-    except (ConfigError, ModelConfigError) as e:
+    except (WellMixedError, ModelConfigError) as e:
         print(error_lines(e), file=sys.stderr)
         return 2
     except FloatingPointError as e:  # model.on_nonfinite: stop
