@@ -40,7 +40,7 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from data.errors import ConfigError, WellMixedError
+from data.errors import ConfigError, WellMixedError, error_lines
 from train import faults
 from train import lightning_internals as internals
 from train import loggers as run_loggers
@@ -57,7 +57,6 @@ from train.datamodule import WellMixedData
 from train.faults import (
     StopOnSignal,
     end_worker_processes,
-    error_lines,
     install_early_handlers,
 )
 from train.model import ModelConfigError

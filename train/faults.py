@@ -40,7 +40,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from data.errors import ConfigError, error_lines  # noqa: F401 (error_lines: re-exported for train/cli.py)
+from data.errors import ConfigError
 from train import lightning_internals as internals
 from train.early_signals import EARLY as _EARLY
 from train.early_signals import STOP_SIGNALS, install_early_handlers  # noqa: F401 (re-exported for the CLI)

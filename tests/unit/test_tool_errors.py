@@ -114,6 +114,15 @@ def test_dump_order_names_a_corrupt_tokenizer_cache_file(dump_order, tmp_path, c
     assert line.startswith(f"error: TIKTOKEN_CACHE_DIR: {bad}: sha256") and "delete that file" in line
 
 
+def test_inspect_corpus_names_a_file_that_is_not_parquet(tmp_path, capsys):
+    write_corpus(tmp_path, TEXTS)
+    bad = tmp_path / "web" / "b.parquet"
+    bad.write_bytes(b"PAR1 cut short by a failed download")
+    assert load_script("inspect_corpus").main([str(tmp_path)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {bad}: not a readable parquet file (") and "--pattern" in line
+
+
 def test_one_error_family_under_one_base():
     for cls in (ConfigError, DataError, TokenizerError, LinkRefused, WriteError):
         assert issubclass(cls, WellMixedError), cls
