@@ -24,6 +24,7 @@ prints such an error with :func:`error_lines` (``error: ...``, no traceback) and
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from typing import Callable
 
@@ -49,11 +50,23 @@ class TokenizerError(WellMixedError, RuntimeError):
     """The cl100k_base BPE file is missing, or is not the official file (data/tokenizer.py)."""
 
 
+_FROM_WORKER = re.compile(r"\ACaught (\w+) (in DataLoader worker process \d+)\.\nOriginal Traceback.*\n"
+                          r"(?:[\w.]+\.)?\1: (.+)\Z", re.S)
+"""torch's re-raise of a worker's error in the main process: its name, the worker, the whole traceback
+as text, and last the original message (torch/_utils.py ``ExceptionWrapper``)."""
+
+
 def error_lines(e: BaseException) -> str:
     """``error: <key>: <problem>; <what to do>``, one line per problem the error carries (several
     independent config problems are reported together, so one run shows them all); indented lines
-    continue the problem above them."""
-    lines = [ln if ln[:1].isspace() else f"error: {ln}" for ln in str(e).splitlines() if ln.strip()]
+    continue the problem above them. An error raised in a DataLoader worker (a corrupt corpus row met
+    during training) is its original message, naming the worker, without the worker's traceback."""
+    text = str(e)
+    worker = _FROM_WORKER.match(text)
+    if worker:
+        first, _, rest = worker.group(3).rstrip().partition("\n")
+        text = f"{first} ({worker.group(2)})" + (f"\n{rest}" if rest else "")
+    lines = [ln if ln[:1].isspace() else f"error: {ln}" for ln in text.splitlines() if ln.strip()]
     return "\n".join(lines) or f"error: {e!r}"
 
 

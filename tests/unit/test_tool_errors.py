@@ -157,6 +157,25 @@ def test_one_line_errors_prints_each_problem_as_an_error_line_and_lets_bugs_thro
         bug([])
 
 
+def test_an_error_from_a_dataloader_worker_is_its_own_line_without_the_worker_traceback():
+    """torch re-raises a worker's DataError in the main process with the worker's whole traceback as
+    its message; ``train fit`` prints the original line and the worker."""
+    from torch._utils import ExceptionWrapper
+
+    try:
+        try:
+            raise OSError("Unexpected end of stream")
+        except OSError as cause:
+            raise DataError("f.parquet: row group 3: `text` unreadable: Unexpected end of stream; fix it") from cause
+    except DataError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 1")
+    with pytest.raises(DataError) as info:
+        wrapped.reraise()
+    assert "Original Traceback" in str(info.value)
+    assert error_lines(info.value) == ("error: f.parquet: row group 3: `text` unreadable: Unexpected end of stream; "
+                                       "fix it (in DataLoader worker process 1)")
+
+
 def test_the_ablation_report_refuses_a_folder_without_runs_in_one_line(tmp_path, capsys):
     """Before: a SystemExit from deep inside the report (exit 1); now the family's line, exit 2."""
     from ablations.report import main
