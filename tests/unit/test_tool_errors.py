@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from training_runs import load_script
+from scripts_in_process import load_script
 
 from data.errors import ConfigError, DataError, TokenizerError, WellMixedError, error_lines, one_line_errors
 from data.files import LinkRefused, WriteError
