@@ -30,6 +30,11 @@ Absolute times are noisy on a shared machine; read the ratios.
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import dataclasses
 import gc

@@ -212,5 +212,5 @@ def test_report_and_cli(tmp_path, capsys):
     assert "FAIL  per-source loss smoothness" in printed and (tmp_path / "r" / "d.md").is_file()
     assert not (tmp_path / "r" / "diag_loss.png").exists()
     assert diagnose_run.main([str(run), "--no-plots"]) == 0
-    with pytest.raises(SystemExit):
-        diagnose_run.main([str(tmp_path)])  # not a run directory
+    assert diagnose_run.main([str(tmp_path)]) == 2  # not a run directory: one error line
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path}/csv/metrics.csv not found")

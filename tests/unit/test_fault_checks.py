@@ -180,7 +180,7 @@ def test_schedule_changes_name_every_changed_key_and_the_override_lets_them_pass
 
 
 def test_error_lines_prefix_each_problem_and_keep_continuations():
-    from train.faults import error_lines
+    from data.errors import error_lines
 
     got = error_lines(ConfigError("a: x; fix\nb: y; fix\n  detail of b"))
     assert got == "error: a: x; fix\nerror: b: y; fix\n  detail of b"
