@@ -107,6 +107,9 @@ class ConsumerStream:
                 f"data cursor belongs to consumer {cursor.consumer} of {cursor.num_consumers}, "
                 f"not {self.consumer} of {self.num_consumers}"
             )
+        if len(cursor.rows) != len(self.packer.rows):
+            raise ConfigError(f"data cursor holds {len(cursor.rows)} batch rows, but data.batch_size is "
+                              f"{len(self.packer.rows)}: resume with the batch size it was saved with")
         self.next_step = cursor.next_step
         for s in self.sources:
             s.restore(cursor.sources[s.name])
