@@ -9,10 +9,11 @@
 - ``random``: the seed article's ``rng.choices``: draw a source per document with probability
   proportional to w_s / (mean tokens per document of s), so token shares match only in expectation.
 
-What a choice commits is bounded (``data.commit: sequence``, the default): the packer places at most
-one sequence of a document per choice and hands the rest back to its source, which offers it (pieces
-in order) the next time the source is chosen, so a 200k-token book no longer pins a batch row for
-hundreds of steps and the long-run shares follow the target whatever the document lengths.
+What a choice commits is bounded (``data.commit: sequence``, the default; :class:`MixingPolicy`): a
+row takes at most one sequence of a document per choice, then the document is handed back to its
+source's queue, which offers it (pieces in order) the next time the source is chosen, so a 200k-token
+book no longer pins a batch row for hundreds of steps and the long-run shares follow the target
+whatever the document lengths.
 ``data.commit: document`` keeps the older rule (a row continues its document to the end) for
 benchmarks.
 
