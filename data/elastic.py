@@ -4,7 +4,7 @@ A resume with other ranks x workers (or another micro-batch or accumulation) can
 identical order: the global order was sliced by consumer. It can keep *exactly-once*: because a
 cursor holds addresses, not data (data/stream.py), the work every old consumer still owed can be
 pooled and dealt to the new consumers, which then continue with the new slicing. Pure functions over
-packed cursors and the manifest's chunk counts -- no file is read here.
+cursors (data/cursor.py) and the manifest's chunk counts -- no file is read here.
 
 What an old consumer ``c`` of ``C`` still owes, per source::
 

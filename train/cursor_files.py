@@ -124,7 +124,7 @@ def cursor_files(ckpt_path: str | PathLike, state: dict[str, Any]) -> list[Path]
 
 def load_checkpoint_cursors(ckpt_path: str | PathLike | None, state: dict[str, Any],
                             ranks: list[int] | None = None) -> list[list[dict | None]]:
-    """The packed cursors ``[rank][worker]`` of the checkpoint at ``ckpt_path`` (a ``.ckpt`` file or a
+    """The serialised cursors ``[rank][worker]`` of the checkpoint at ``ckpt_path`` (a ``.ckpt`` file or a
     sharded checkpoint folder) whose WellMixedData state is ``state``: one row per rank in ``ranks``
     (default: every rank of the checkpoint), in that order. Only those ranks' files are read.
 
