@@ -295,6 +295,10 @@ CURSOR_ATTACKS = [
                                                          r"\(an integer >= 0 and < 4\)"),
     (lambda c: c["sources"]["books"].__setitem__("taken", "3"), r"sources\.books\.taken = '3' is out of range"),
     (lambda c: c.__delitem__("mixer"), r"malformed \(KeyError: 'mixer'\)"),
+    (lambda c: c["mixer"]["target"].pop(), r"mixer\.target = \[.*\] is out of range \(one value per source \(4\)\)"),
+    (lambda c: c["sources"]["web"].__setitem__("rng", 3), r"sources\.web\.rng = 3 is out of range \(a PCG64 state\)"),
+    (lambda c: c.__delitem__("fingerprint"), r"malformed \(KeyError: 'fingerprint'\)"),
+    (lambda c: c.__setitem__("continuations", [[0, 1, 2, 3]]), r"continuations\[0\] = \[0, 1, 2, 3\] is out of range"),
 ]
 
 
