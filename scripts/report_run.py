@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from collections import Counter
 from pathlib import Path
 
+from data import files
 from train.rundir import read_metrics, series
 
 
@@ -53,9 +53,8 @@ def plot(rows, sources: list[str], out: Path) -> None:
         ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, out)
+    with files.atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:

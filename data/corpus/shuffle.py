@@ -310,7 +310,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
             flush()
     flush()
 
-    os.rename(partial, final)
+    files.publish(partial, final)
     marker = {
         "identity": spec.identity(),
         "file": path,
@@ -371,19 +371,14 @@ def gather_bucket(spec: ShuffleSpec, bucket: int) -> dict:
     perm = np.random.default_rng([spec.seed, 1, bucket]).permutation(table.num_rows)
     stats = RowStats()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with pq.ParquetWriter(tmp, schema, compression=spec.compression, **PAGE_OPTIONS) as writer:
-            for start in range(0, table.num_rows, spec.row_group_rows):
-                rows = table.take(pa.array(perm[start : start + spec.row_group_rows]))
-                stats.add_table(rows, spec)
-                writer.write_table(rows)
-            footer = {"identity": spec.identity(), "bucket": bucket, "stats": stats.to_dict()}
-            writer.add_key_value_metadata({FOOTER_KEY: json.dumps(footer).encode()})
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with files.atomic_path(path, fsync=False) as tmp, \
+            pq.ParquetWriter(tmp, schema, compression=spec.compression, **PAGE_OPTIONS) as writer:
+        for start in range(0, table.num_rows, spec.row_group_rows):
+            rows = table.take(pa.array(perm[start : start + spec.row_group_rows]))
+            stats.add_table(rows, spec)
+            writer.write_table(rows)
+        footer = {"identity": spec.identity(), "bucket": bucket, "stats": stats.to_dict()}
+        writer.add_key_value_metadata({FOOTER_KEY: json.dumps(footer).encode()})
     return {"bucket": bucket, "skipped": False, **footer}
 
 

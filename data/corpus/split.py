@@ -34,7 +34,6 @@ share them or decoding (not tokenizing) is the bottleneck, e.g. with pre-tokeniz
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from data import files
 from data.config import DataConfig, FilterConfig, SourceConfig
 from data.corpus import PAGE_OPTIONS
 from data.corpus.shuffle import cast_to_schema, split_rows_by_label, write_json_atomic
@@ -83,7 +83,7 @@ class _PartWriter:
         self.pending_rows = rest.num_rows
         if self.writer is None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.tmp = self.folder / f".part-{self.part:05d}.parquet.{os.getpid()}.tmp"
+            self.tmp = files.temp_path(self.folder / f"part-{self.part:05d}.parquet")
             self.writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression, **PAGE_OPTIONS)
         self.writer.write_table(head, row_group_size=rows)
         self.part_rows += head.num_rows
@@ -93,7 +93,7 @@ class _PartWriter:
     def _close_part(self) -> None:
         self.writer.close()
         final = self.folder / f"part-{self.part:05d}.parquet"
-        os.replace(self.tmp, final)
+        files.publish(self.tmp, final)
         self.parts.append(str(final))
         self.writer, self.tmp, self.part, self.part_rows = None, None, self.part + 1, 0
 
