@@ -31,9 +31,12 @@ one file is Lightning's ``python -m lightning.pytorch.utilities.consolidate_chec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from data.errors import ConfigError
+
+if TYPE_CHECKING:
+    from train.architecture import Architecture
 
 
 def check_global_batch(global_batch: int, batch_size: int, world_size: int, accumulate: int) -> None:
@@ -86,10 +89,10 @@ def resolve_strategy(strategy: Any) -> Any:
     return strategy
 
 
-def shard_per_block(model, mesh) -> None:
-    """FSDP2: ``fully_shard`` each transformer block, then the root (embedding = tied LM head, final
-    norm), so the forward all-gathers one block at a time. Called from the module's configure_model
-    under ModelParallelStrategy, before torch.compile."""
+def shard_per_block(model: Architecture, mesh) -> None:
+    """FSDP2: ``fully_shard`` each of ``model.blocks`` (train/architecture.py), then the root (GPT: embedding
+    = tied LM head, final norm), so the forward all-gathers one block at a time. Called from the module's
+    configure_model under ModelParallelStrategy, before torch.compile."""
     from torch.distributed.fsdp import fully_shard
 
     for block in model.blocks:
