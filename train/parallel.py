@@ -103,14 +103,7 @@ def shard_per_block(model: Architecture, mesh) -> None:
 def fsdp2_strategy(**overrides: Any):
     """Lightning's ModelParallelStrategy (FSDP2 over a 1-D data-parallel mesh, distributed checkpoints);
     the per-block ``fully_shard`` happens in PretrainModule.configure_model via :func:`shard_per_block`."""
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    class FSDP2Strategy(ModelParallelStrategy):
-        def setup_environment(self) -> None:
-            # Lightning's "auto" makes data parallel = nodes and tensor parallel = devices per node;
-            # this run shards over every rank (pure FSDP, no tensor parallelism)
-            self._data_parallel_size, self._tensor_parallel_size = self.world_size, 1
-            super().setup_environment()
+    from train.lightning_internals import FSDP2Strategy  # ModelParallelStrategy, data parallel over every rank
 
     kwargs: dict[str, Any] = {"save_distributed_checkpoint": True}
     kwargs.update(overrides)
