@@ -265,12 +265,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
     if marker is not None:
         return {**marker, "skipped": True}
     path = spec.inputs[index]
-    final = spec.tmp_dir / f"f-{index:05d}"
-    partial = spec.tmp_dir / f"f-{index:05d}.partial"
-    for leftover in (final, partial):  # from an interrupted task: never trusted, rebuilt
-        shutil.rmtree(leftover, ignore_errors=True)
-    partial.mkdir(parents=True)
-
+    final, partial = _fresh_parts_folder(spec, index)
     schema = reference_schema(spec)
     rng = np.random.default_rng([spec.seed, 0, index])
     stats = RowStats()
@@ -288,11 +283,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
                 pieces.clear()
         buffered, flushes = 0, flushes + 1
 
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:
-        raise ConfigError(f"{path}: not a readable parquet file: {e}") from None
-    _check_columns(pf.schema_arrow, path, spec)
+    pf = _open_input(path, spec)
     for rg in range(pf.num_row_groups):
         try:
             table = pf.read_row_group(rg)
@@ -320,6 +311,27 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
     }
     write_json_atomic(marker, _marker(spec, index))
     return {**marker, "skipped": False}
+
+
+def _fresh_parts_folder(spec: ShuffleSpec, index: int) -> tuple[Path, Path]:
+    """``(final, partial)`` folders of scatter task ``index``: leftovers of an interrupted task removed (never
+    trusted, rebuilt), ``partial`` created empty; it is published as ``final`` once every part is in."""
+    final = spec.tmp_dir / f"f-{index:05d}"
+    partial = spec.tmp_dir / f"f-{index:05d}.partial"
+    for leftover in (final, partial):
+        shutil.rmtree(leftover, ignore_errors=True)
+    partial.mkdir(parents=True)
+    return final, partial
+
+
+def _open_input(path: str, spec: ShuffleSpec) -> pq.ParquetFile:
+    """An input file, refused by name when it is not parquet or lacks the columns the shuffle needs."""
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:
+        raise ConfigError(f"{path}: not a readable parquet file: {e}") from None
+    _check_columns(pf.schema_arrow, path, spec)
+    return pf
 
 
 def read_footer(path: Path) -> Optional[dict]:
