@@ -55,7 +55,7 @@ from ablations.outcomes import (
     schedule_of,
 )
 from data.errors import ConfigError, one_line_errors
-from data.files import write_text
+from data.files import atomic_path, write_text
 from train.rundir import RunDir, read_config, read_metrics, series, tokens_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -525,10 +525,9 @@ def _cumulative_tokens(run_dir: Path) -> dict[str, np.ndarray]:
 def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
 
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
     return path.name
 
 

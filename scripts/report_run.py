@@ -16,11 +16,11 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
 
 import argparse
 import math
-import os
 import sys
 from collections import Counter
 from pathlib import Path
 
+from data import files
 from data.errors import ConfigError, one_line_errors
 from train.rundir import read_metrics, series
 
@@ -59,9 +59,8 @@ def plot(rows, sources: list[str], out: Path) -> None:
         ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, out)
+    with files.atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
 
 
 @one_line_errors
