@@ -11,9 +11,16 @@ lines. Needs radon (`pip install radon`); exits 2 with that line when it is miss
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import sys
 from pathlib import Path
+
+from data.errors import one_line_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FOLDERS = ("data", "train", "ablations", "scripts")
@@ -55,6 +62,7 @@ def measure(path: Path, max_lines: int, worst_rank: str) -> tuple[int, list[str]
     return analyze(text).sloc, long, complex_
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="*", default=list(DEFAULT_FOLDERS), help="files or folders (default: %(default)s)")
