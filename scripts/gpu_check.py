@@ -55,7 +55,7 @@ from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("train", "mask", "resume", "fsdp", "contenders")
-SECTION_LIMIT_S = {"train": 240, "mask": 100, "resume": 90, "fsdp": 80, "contenders": 170}
+SECTION_LIMIT_S = {"train": 240, "mask": 120, "resume": 60, "fsdp": 60, "contenders": 170}
 """Each section's own time limit on the GPU (the dry run's are 90 s: only a hang runs into them)."""
 TOLERANCE = {  # flex vs dense: max |logit diff|, |loss diff|, max over parameters of |grad diff| / |grad|
     "fp32": {"logits": 1e-3, "loss": 1e-4, "grad_rel": 1e-3},
@@ -73,6 +73,9 @@ log = logging.getLogger("gpu_check")
 def forked(target, log_path: Path, timeout_s: float, kill_when=None, env: dict | None = None) -> dict:
     """Run ``target()`` (returns an exit code) in a forked child in its own session, output to ``log_path``;
     SIGKILL its whole process group (DataLoader workers too) when ``kill_when()`` holds or at the timeout."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError("CUDA was initialised in the gpu_check process itself: a forked child could not use it")
     t0 = time.monotonic()
     pid = os.fork()
     if pid == 0:  # the child
@@ -128,14 +131,38 @@ def tail(path: Path | str, n: int = 3000) -> str:
 
 
 class SectionFailed(RuntimeError):
-    pass
+    """A section's run failed or ran out of time; ``figures`` holds what it measured before that."""
+
+    def __init__(self, message: str, figures: dict | None = None):
+        super().__init__(message)
+        self.figures = figures or {}
 
 
-def check_run(result: dict, what: str, expect_rc: int = 0) -> None:
+def check_run(result: dict, what: str, expect_rc: int = 0, figures: dict | None = None) -> None:
     if result["timed_out"]:
-        raise SectionFailed(f"{what}: timed out after {result['wall_s']} s\n{tail(result['log'])}")
+        raise SectionFailed(f"{what}: timed out after {result['wall_s']} s\n{tail(result['log'])}", figures)
     if result["rc"] != expect_rc:
-        raise SectionFailed(f"{what}: exit code {result['rc']} (expected {expect_rc})\n{tail(result['log'])}")
+        raise SectionFailed(f"{what}: exit code {result['rc']} (expected {expect_rc})\n{tail(result['log'])}", figures)
+
+
+def json_section(ctx: dict, name: str, fn, limit_s: float) -> dict:
+    """Run ``fn(ctx, save, deadline)`` in a forked child; ``save(figures)`` writes what it has measured so far,
+    so a child that runs out of time or memory still hands back the figures before that."""
+    path = ctx["work"] / f"{name}.json"
+
+    def run() -> int:
+        def save(figures: dict) -> None:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(figures, default=str))
+            tmp.replace(path)
+
+        save(fn(ctx, save, time.monotonic() + limit_s))
+        return 0
+
+    result = forked(run, ctx["work"] / f"{name}.log", limit_s, env=ctx["env"])
+    figures = json.loads(path.read_text()) if path.is_file() else {}
+    check_run(result, name, figures=figures)
+    return figures
 
 
 # --- the training command line ---------------------------------------------------------------------
@@ -147,7 +174,6 @@ def fit_args(ctx: dict, run_dir: Path, *, steps: int, ckpt_every: int = 100_000,
     resume and FSDP sections; the dry run scales everything to the tiny model on CPU."""
     args = ["fit", "--config", str(ROOT / "configs/pretrain_350m_20b.yaml"),
             "--config", str(ROOT / "configs/presets/1gpu.yaml"),
-            "--trainer.accumulate_grad_batches", "1",
             "--data.val_tokens_per_source", "0", "--run.val_every_n_steps", "100000",
             "--run.wandb", "false", "--run.print_every_n_steps", "5",
             "--run.ckpt_every_n_steps", str(ckpt_every), "--run.keep_last_k", "-1",
@@ -163,8 +189,12 @@ def fit_args(ctx: dict, run_dir: Path, *, steps: int, ckpt_every: int = 100_000,
                      compile="false")
     else:  # the real shape: 32 x 2048 at the end of a 4-step sequence-length warmup from 512
         shape = dict(model="350m.yaml", batch=32, start=512, end=2048, multiple=64, warmup=4, workers=4)
+        if (ctx.get("gpu_gib") or 141) < 120:  # an 80 GB H100: 32 x 2048 (86.6 GB estimated) does not fit
+            shape.update(batch=16, accumulate=2)
+    accumulate = shape.get("accumulate", 1)
     args += ["--model.model", str(ROOT / "configs/model" / shape["model"]),
-             "--data.batch_size", str(shape["batch"]), "--data.schedule.global_batch_size", str(shape["batch"]),
+             "--data.batch_size", str(shape["batch"]), "--trainer.accumulate_grad_batches", str(accumulate),
+             "--data.schedule.global_batch_size", str(shape["batch"] * accumulate),
              "--data.schedule.seq_len.start", str(shape["start"]), "--data.schedule.seq_len.end", str(shape["end"]),
              "--data.schedule.seq_len.multiple", str(shape["multiple"]),
              "--data.schedule.seq_len.warmup_steps", str(shape["warmup"]),
@@ -199,23 +229,32 @@ def fit_target(argv: list[str], clock_json: Path | None = None):
 
 
 def watch_dynamo() -> dict:
-    """Count torch.compile's recompiles and graph breaks (its own log records), keeping the first reasons."""
+    """Count torch.compile's recompiles (its ``recompiles`` log records, which stop at the torch._dynamo
+    logger) and keep the first reasons; :func:`dynamo_counts` adds its own counters at the end."""
     import torch
 
-    counts = {"recompiles": 0, "graph_breaks": 0, "reasons": []}
+    counts = {"recompiles": 0, "reasons": []}
 
     class Count(logging.Handler):
         def emit(self, record):
-            name = record.name
-            kind = "recompiles" if name.endswith("__recompiles") else "graph_breaks" if "graph_break" in name else None
-            if kind:
-                counts[kind] += 1
+            if record.name.endswith("__recompiles"):
+                counts["recompiles"] += 1
                 if len(counts["reasons"]) < 8:
-                    counts["reasons"].append(f"{kind}: {record.getMessage()[:400]}")
+                    counts["reasons"].append(record.getMessage()[:400])
 
-    torch._logging.set_logs(recompiles=True, graph_breaks=True)
-    logging.getLogger("torch").addHandler(Count())
+    torch._logging.set_logs(recompiles=True, graph_breaks=True)  # the reasons land in the run's log too
+    logging.getLogger("torch._dynamo").addHandler(Count())
     return counts
+
+
+def dynamo_counts(counts: dict) -> dict:
+    """Recompiles (counted by :func:`watch_dynamo`), graph breaks and graphs (torch._dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    breaks = dict(counters.get("graph_break", {}))
+    return {**counts, "graph_breaks": sum(breaks.values()), "graphs": counters["stats"].get("unique_graphs", 0),
+            "frames_compiled": counters["frames"].get("ok", 0),
+            "graph_break_reasons": [r[:300] for r in list(breaks)[:5]]}
 
 
 def _step_clock_class():
@@ -287,7 +326,7 @@ def _step_clock_class():
                 estimate_gb=estimate_peak_memory(cfg, batch, seq, loss=cfg.loss_impl,
                                                  activation_checkpointing=cfg.activation_checkpointing)["total"] / 1e9,
                 loss_impl=cfg.loss_impl, compiled=hasattr(pl_module.model, "_orig_mod"),
-                precision=str(trainer.precision), dynamo=dict(self.counts),
+                precision=str(trainer.precision), dynamo=dynamo_counts(self.counts),
             )
             if dev.type == "cuda":
                 self.info["peak_gb"] = torch.cuda.max_memory_allocated(dev) / 1e9
@@ -358,12 +397,13 @@ def section_train(ctx: dict, limit_s: float) -> dict:
         "time_to_first_step_s": first["end"], "time_to_train_start_s": info["t_train_start"],
         "first_step_s": first["end"] - first["start"], "compile_s_est": compile_s,
         "recompiles": info["dynamo"]["recompiles"], "graph_breaks": info["dynamo"]["graph_breaks"],
-        "dynamo_reasons": info["dynamo"]["reasons"], "seq_lens": sorted({r["seq_len"] for r in rows}),
+        "graphs": info["dynamo"]["graphs"], "recompile_reasons": info["dynamo"]["reasons"],
+        "graph_break_reasons": info["dynamo"]["graph_break_reasons"], "seq_lens": sorted({r["seq_len"] for r in rows}),
         "loop_gap_share": sum(gaps) / sum(periods), "compiled": info["compiled"], "loss_impl": info["loss_impl"],
         "precision": info["precision"], "process_wall_s": result["wall_s"],
         "dynamo_compile_times_s": info.get("dynamo_compile_times_s"),
     }
-    ctx["train_step_s"], ctx["train_mfu"] = step_s, mfu_recomputed
+    ctx["train_step_s"], ctx["train_mfu"], ctx["train_tokens_per_s"] = step_s, mfu_recomputed, tokens / step_s
     checks = {
         "mfu_logged_vs_recomputed_within_2pct": fig["mfu_agree_rel"] is not None
         and fig["mfu_agree_rel"] <= TARGETS["mfu_agreement"],
@@ -415,15 +455,7 @@ def timed(fn, warmup: int, steps: int, device: str) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def mask_target(ctx: dict, out: Path):
-    def run() -> int:
-        Path(out).write_text(json.dumps(mask_figures(ctx)))
-        return 0
-
-    return run
-
-
-def mask_figures(ctx: dict) -> dict:
+def mask_figures(ctx: dict, save, deadline: float) -> dict:
     import torch
     from torch.nn.attention import flex_attention as flex
 
@@ -472,8 +504,8 @@ def mask_figures(ctx: dict) -> dict:
             ok &= case["within_tolerance"]
             out["cases"][f"{precision}_flex_{'compiled_model' if key[1] else 'eager_model'}"] = case
         del results
-        torch._dynamo.reset()
-    out["flex_matches_dense"] = ok
+        out["flex_matches_dense"] = ok
+        save(out)
     # The time masking adds: one attention layer of the real model forward + backward under bf16 autocast,
     # causal SDPA (flash) vs flex with the BlockMask, plus building the BlockMask (once per forward).
     Bt, Lt = (1, 64) if dry else (32, 2048)
@@ -506,10 +538,7 @@ def mask_figures(ctx: dict) -> dict:
 
 
 def section_mask(ctx: dict, limit_s: float) -> dict:
-    path = ctx["work"] / "mask.json"
-    result = forked(mask_target(ctx, path), ctx["work"] / "mask.log", limit_s, env=ctx["env"])
-    check_run(result, "mask")
-    fig = json.loads(path.read_text())
+    fig = json_section(ctx, "mask", mask_figures, limit_s)
     return {"figures": fig, "checks": {"flex_matches_dense_within_tolerance": fig["flex_matches_dense"]}}
 
 
@@ -517,39 +546,49 @@ def section_mask(ctx: dict, limit_s: float) -> dict:
 
 
 def section_resume(ctx: dict, limit_s: float) -> dict:
+    """The first launch is SIGKILLed (with its DataLoader workers) once its order log has every + 1 lines:
+    checkpoint ``every`` is on disk (written right after line every - 1) and the launch trained past it. A GPU
+    step takes milliseconds, so the kill may land some steps later: the launch is long enough never to finish,
+    the resume starts from whatever ``last.ckpt`` holds, and every step both launches trained is compared."""
+    import torch
+
     run_dir = ctx["work"] / "resume"
-    # Killed once the order log has every + 1 lines: checkpoint `every` is on disk (written right after line
-    # every - 1) and the next checkpoint is not due, so the killed run trained line `every` past it.
     every = 2 if ctx["dry"] else 3
-    steps = every + 2
-    args = fit_args(ctx, run_dir, steps=steps, ckpt_every=every, small=True, extra=("--data.order_log", "true"))
+    extra = ("--data.order_log", "true")
     env = {**ctx["env"], "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     deadline = time.monotonic() + limit_s
-    first = forked(fit_target(args), ctx["work"] / "resume_killed.log", limit_s, env=env,
+    long = every + 3 if ctx["dry"] else 100_000
+    first = forked(fit_target(fit_args(ctx, run_dir, steps=long, ckpt_every=every, small=True, extra=extra)),
+                   ctx["work"] / "resume_killed.log", limit_s, env=env,
                    kill_when=lambda: len(order_lines(run_dir)) >= every + 1)
     if not first["killed"] or first["timed_out"]:
-        raise SectionFailed(f"the run was not killed as planned ({first})\n{tail(first['log'])}")
+        raise SectionFailed(f"the first launch was not killed as planned ({first})\n{tail(first['log'])}")
     killed = order_lines(run_dir)
-    resumed = forked(fit_target(args + ["--ckpt_path", "last"]), ctx["work"] / "resume_resumed.log",
-                     max(10.0, deadline - time.monotonic()), env=env)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resumed_from = int(torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+    steps = len(killed) + 1  # past every line the killed launch wrote
+    resumed = forked(fit_target(fit_args(ctx, run_dir, steps=steps, ckpt_every=every, small=True, extra=extra)
+                                + ["--ckpt_path", "last"]),
+                     ctx["work"] / "resume_resumed.log", max(10.0, deadline - time.monotonic()), env=env)
     check_run(resumed, "resumed run")
     after = order_lines(run_dir)
     by_step = {ln["step"]: ln for ln in after}
-    overlap = [(ln, by_step[ln["step"]]) for ln in killed if ln["step"] in by_step and ln["step"] >= every]
+    overlap = [(ln, by_step[ln["step"]]) for ln in killed if ln["step"] in by_step and ln["step"] >= resumed_from]
     same_pieces = bool(overlap) and all(a["pieces"] == b["pieces"] for a, b in overlap)
     diffs = [abs(a["loss"] - b["loss"]) for a, b in overlap]
     fig = {
-        "ckpt_every": every, "killed_after_lines": len(killed), "retrained_steps": [a["step"] for a, _ in overlap],
+        "ckpt_every": every, "killed_after_lines": len(killed), "resumed_from_step": resumed_from,
+        "retrained_steps": [a["step"] for a, _ in overlap],
         "pieces_identical": same_pieces, "losses_identical": bool(diffs) and max(diffs) == 0.0,
         "loss_max_abs_diff": max(diffs) if diffs else None, "loss_tolerance": 1e-3,
-        "steps_after_resume": [ln["step"] for ln in after] == list(range(steps)),
+        "one_line_per_step": [ln["step"] for ln in after] == list(range(steps)),
         "killed_wall_s": first["wall_s"], "resumed_wall_s": resumed["wall_s"],
-        "note": "eager bf16-mixed on one device; losses may differ in the last bits where a kernel is not "
-                "deterministic (flash-attention backward atomics): the tolerance bounds that",
+        "note": "the demo model, eager, bf16-mixed (CPU dry run: fp32) on one device; losses may differ in the "
+                "last bits where a kernel is not deterministic (SDPA backward): the tolerance bounds that",
     }
     checks = {"order_identical": same_pieces,
               "losses_within_tolerance": bool(diffs) and max(diffs) <= fig["loss_tolerance"],
-              "one_line_per_step_after_resume": fig["steps_after_resume"]}
+              "one_line_per_step_after_resume": fig["one_line_per_step"]}
     return {"figures": fig, "checks": checks}
 
 
@@ -585,17 +624,10 @@ def section_fsdp(ctx: dict, limit_s: float) -> dict:
 # --- section 5: contenders ----------------------------------------------------------------------------
 
 
-def contenders_target(ctx: dict, out: Path, budget_s: float):
-    def run() -> int:
-        Path(out).write_text(json.dumps(contender_figures(ctx, budget_s)))
-        return 0
-
-    return run
-
-
-def contender_figures(ctx: dict, budget_s: float) -> dict:
+def contender_figures(ctx: dict, save, deadline: float) -> dict:
     """The module's forward call (per-token losses inside forward) + fused AdamW under bf16 autocast, each
-    contender on a fresh model; OOM is a result. Compiled with inductor on the GPU, the eager backend dry."""
+    contender on a fresh model; OOM is a result. Compiled with inductor on the GPU, the eager backend dry.
+    A contender is skipped (recorded) when it would not finish before the section's deadline."""
     import gc
 
     import torch
@@ -616,14 +648,17 @@ def contender_figures(ctx: dict, budget_s: float) -> dict:
     half_mode = "eager" if dry else "compiled"  # dry: one compiled contender is enough to exercise the path
     plan = [("eager", "chunked", full), ("eager", "plain", full), ("compiled", "chunked", full),
             (half_mode, "chunked", full // 2)]
-    started, rows = time.monotonic(), []
+    rows: list[dict] = []
+    out: dict = {"contenders": rows, "peak_flops": peak}
     for mode, loss, batch in plan:
         name = f"{mode}-{loss}-{batch}"
         row = {"name": name, "compile": mode == "compiled", "loss": loss, "micro_batch": batch, "seq_len": L}
         cfg = replace(base, loss_impl=loss)
         row["estimate_gb"] = estimate_peak_memory(cfg, batch, L, loss=loss)["total"] / 1e9
-        if time.monotonic() - started > budget_s:
-            rows.append({**row, "skipped": "budget"})
+        need = 0 if dry else 100 if mode == "compiled" else 30  # seconds: a compile of the 350M, or a few steps
+        if time.monotonic() + need > deadline:
+            rows.append({**row, "skipped": "section time limit"})
+            save(out)
             continue
         g = torch.Generator().manual_seed(0)
         tokens = torch.randint(0, cfg.vocab_size - 100, (batch, L + 1), generator=g).to(device)
@@ -661,24 +696,24 @@ def contender_figures(ctx: dict, budget_s: float) -> dict:
                 torch.cuda.empty_cache()
             torch._dynamo.reset()
         rows.append(row)
+        save(out)
     by = {r["name"]: r for r in rows}
 
     def ratio(a, b):
         ra, rb = by.get(a, {}), by.get(b, {})
         return ra["tokens_per_s"] / rb["tokens_per_s"] if "tokens_per_s" in ra and "tokens_per_s" in rb else None
 
-    return {"contenders": rows, "peak_flops": peak,
-            "compiled_over_eager": ratio(f"compiled-chunked-{full}", f"eager-chunked-{full}"),
+    eager = by[f"eager-chunked-{full}"].get("tokens_per_s")
+    return {**out, "compiled_over_eager": ratio(f"compiled-chunked-{full}", f"eager-chunked-{full}"),
+            # section 1's steady tokens/s (compiled, the whole Lightning step) over the eager bare loop
+            "train_fit_over_eager": ctx["train_tokens_per_s"] / eager
+            if eager and ctx.get("train_tokens_per_s") else None,
             "half_micro_batch_over_full": ratio(f"{half_mode}-chunked-{full // 2}", f"{half_mode}-chunked-{full}"),
             "plain_loss_oom": bool(by[f"eager-plain-{full}"].get("oom"))}
 
 
 def section_contenders(ctx: dict, limit_s: float) -> dict:
-    path = ctx["work"] / "contenders.json"
-    result = forked(contenders_target(ctx, path, budget_s=limit_s * 0.6), ctx["work"] / "contenders.log",
-                    limit_s, env=ctx["env"])
-    check_run(result, "contenders")
-    fig = json.loads(path.read_text())
+    fig = json_section(ctx, "contenders", contender_figures, limit_s)
     ran = [r for r in fig["contenders"] if "step_s" in r or r.get("oom")]
     return {"figures": fig, "checks": {"every_contender_ran_or_oomed": len(ran) == len(fig["contenders"])}}
 
@@ -736,6 +771,18 @@ def write_report(report: dict, out: Path) -> None:
 # --- main ---------------------------------------------------------------------------------------------
 
 
+def gpu_memory_gib() -> float | None:
+    """The GPU's memory from nvidia-smi (this process must not initialise CUDA: it forks the runs)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,name", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return float(out.splitlines()[0].split(",")[0]) / 1024
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
 def build_corpus(ctx: dict) -> dict:
     from data.corpus.dolma3_like import write_dolma3_like
 
@@ -784,6 +831,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"dry_run": args.dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "torch": torch.__version__, "install": os.environ.get("GPU_CHECK_INSTALL"), "workdir": str(work),
               "targets": TARGETS, "sections": {}, "total_s": 0.0}
+    if not args.dry_run:
+        ctx["gpu_gib"] = report["gpu_memory_gib"] = gpu_memory_gib()
     report["corpus"] = build_corpus(ctx)
     for name in only:
         left = budget - (time.monotonic() - t0)
@@ -799,7 +848,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not all(sec["checks"].values()):
                     sec["status"] = "ok, checks failed"
             except SectionFailed as e:
-                sec = {"status": "timeout" if "timed out" in str(e) else "failed", "error": str(e)}
+                sec = {"status": "timeout" if "timed out" in str(e) else "failed", "error": str(e),
+                       "figures": e.figures}
             except Exception:
                 sec = {"status": "failed", "error": traceback.format_exc()}
         sec["wall_s"] = round(time.monotonic() - s0, 2)

@@ -21,7 +21,7 @@ FIGURES = {  # per section: figures that must be numbers in the dry run too
               "recompiles", "graph_breaks", "loop_gap_share"],
     "mask": ["attention_causal_ms", "attention_flex_ms", "block_mask_ms", "step_added_s", "mfu_masked_est",
              "mfu_cost_rel"],
-    "resume": ["loss_max_abs_diff", "killed_wall_s", "resumed_wall_s"],
+    "resume": ["loss_max_abs_diff", "resumed_from_step", "killed_wall_s", "resumed_wall_s"],
     "fsdp": ["first_wall_s", "resumed_wall_s"],
     "contenders": ["compiled_over_eager", "half_micro_batch_over_full"],
 }
