@@ -55,7 +55,7 @@ from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("train", "mask", "resume", "fsdp", "contenders")
-SECTION_LIMIT_S = {"train": 240, "mask": 120, "resume": 60, "fsdp": 60, "contenders": 170}
+SECTION_LIMIT_S = {"train": 230, "mask": 110, "resume": 50, "fsdp": 50, "contenders": 170}
 """Each section's own time limit on the GPU (the dry run's are 90 s: only a hang runs into them)."""
 TOLERANCE = {  # flex vs dense: max |logit diff|, |loss diff|, max over parameters of |grad diff| / |grad|
     "fp32": {"logits": 1e-3, "loss": 1e-4, "grad_rel": 1e-3},
@@ -100,16 +100,21 @@ def forked(target, log_path: Path, timeout_s: float, kill_when=None, env: dict |
             sys.stderr.flush()
             os._exit(rc)
     killed = timed_out = False
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        elapsed = time.monotonic() - t0
-        if not killed and (elapsed > timeout_s or (kill_when is not None and kill_when())):
-            timed_out = elapsed > timeout_s
-            killed = True
-            _killpg(pid)
-        time.sleep(0.005)
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            elapsed = time.monotonic() - t0
+            if not killed and (elapsed > timeout_s or (kill_when is not None and kill_when())):
+                timed_out = elapsed > timeout_s
+                killed = True
+                _killpg(pid)
+            time.sleep(0.005)
+    except BaseException:  # never leave a training run behind
+        _killpg(pid)
+        os.waitpid(pid, 0)
+        raise
     _killpg(pid)  # whatever of the group is left (a worker of a killed run)
     rc = os.waitstatus_to_exitcode(status)
     return {"rc": rc, "killed": killed, "timed_out": timed_out, "wall_s": round(time.monotonic() - t0, 2),
@@ -223,6 +228,11 @@ def fit_target(argv: list[str], clock_json: Path | None = None):
                     return trainer
 
             cli.WellMixedCLI = ClockedCLI
+        sys.argv = sys.argv[:1]  # the command line is argv alone (LightningCLI warns when both are set)
+        # Help texts are not printed here: parsing every attribute docstring for them was half the CLI's start-up.
+        from jsonargparse import set_parsing_settings
+
+        set_parsing_settings(docstring_parse_attribute_docstrings=False)
         return cli.main(argv)
 
     return run
@@ -352,10 +362,13 @@ def StepClock(path, counts):  # noqa: N802 - built lazily: importing lightning i
 
 
 def order_lines(run_dir: Path) -> list[dict]:
+    """Rank 0's order-log lines; a line still being written (no newline yet) is left out."""
     path = run_dir / "order_log" / "rank0.jsonl"
-    if not path.is_file():
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
         return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.endswith("}")]
+    return [json.loads(ln) for ln in text.split("\n")[:-1] if ln]
 
 
 # --- section 1: the real training path ----------------------------------------------------------------
@@ -638,7 +651,6 @@ def contender_figures(ctx: dict, save, deadline: float) -> dict:
 
     dry = ctx["dry"]
     device = "cpu" if dry else "cuda"
-    torch.backends.cuda.matmul.allow_tf32 = True
     base = load_model_config(ROOT / "configs/model" / ("tiny.yaml" if dry else "350m.yaml"))
     if dry:
         base = replace(base, vocab_size=1024)
@@ -760,15 +772,39 @@ def _fmt(value) -> str:
     return str(value).replace("|", "/").replace("\n", " ")
 
 
-def write_report(report: dict, out: Path) -> None:
+def write_report(report: dict, out: Path, work: Path | None = None) -> None:
+    """gpu_check.json, gpu_check.md and gpu_check_logs.txt (every run's log, the last 200 KB of each)."""
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "gpu_check.json.tmp"
     tmp.write_text(json.dumps(report, indent=1, default=str))
     tmp.replace(out / "gpu_check.json")
     (out / "gpu_check.md").write_text(markdown(report))
+    if work is not None:
+        logs = sorted(work.glob("*.log"), key=lambda p: p.stat().st_mtime)
+        (out / "gpu_check_logs.txt").write_text("".join(f"===== {p.name}\n{tail(p, 200_000)}\n" for p in logs))
 
 
 # --- main ---------------------------------------------------------------------------------------------
+
+
+def check_gpu_command_lines(ctx: dict) -> dict:
+    """Dry run: the GPU sections' ``train fit`` command lines (which the CPU never trains with) parsed by the
+    CLI as they will be on the device (``--print_config``: every flag known, every value of its type)."""
+    gpu = {**ctx, "dry": False}
+    lines = {
+        "train_h200": fit_args({**gpu, "gpu_gib": 141}, ctx["work"] / "x", steps=40),
+        "train_80gb": fit_args({**gpu, "gpu_gib": 80}, ctx["work"] / "x", steps=40),
+        "resume": fit_args(gpu, ctx["work"] / "x", steps=5, ckpt_every=3, small=True,
+                           extra=("--data.order_log", "true")) + ["--ckpt_path", "last"],
+        "fsdp": fit_args(gpu, ctx["work"] / "x", steps=4, ckpt_every=4, small=True,
+                         extra=("--trainer.strategy", "fsdp", "--data.order_log", "true")),
+    }
+    out = {}
+    for name, argv in lines.items():
+        result = forked(fit_target(argv + ["--print_config"]), ctx["work"] / f"gpu_args_{name}.log", 120,
+                        env=ctx["env"])
+        out[name] = "ok" if result["rc"] == 0 else f"rc {result['rc']}: {tail(result['log'], 1500)}"
+    return out
 
 
 def gpu_memory_gib() -> float | None:
@@ -803,8 +839,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny model, a few steps per section")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
     p.add_argument("--budget-s", type=float, default=None,
-                   help="the whole check's time (default 530 on GPU, 120 dry); a section that would start past "
-                        "it is skipped")
+                   help="the whole check's time (default 490 s on GPU: with gpu_check.sh's installs, under 9 "
+                        "minutes; 300 dry); a section is given at most what is left, and skipped under 30 s")
     p.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temporary one)")
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -821,7 +857,7 @@ def main(argv: list[str] | None = None) -> int:
     import lightning  # noqa: F401  imported once here: every forked child starts with it
 
     import train.cli  # noqa: F401
-    budget = args.budget_s or (300.0 if args.dry_run else 530.0)
+    budget = args.budget_s or (300.0 if args.dry_run else 490.0)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="gpu_check_"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -834,6 +870,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run:
         ctx["gpu_gib"] = report["gpu_memory_gib"] = gpu_memory_gib()
     report["corpus"] = build_corpus(ctx)
+    if args.dry_run:
+        report["gpu_command_lines"] = check_gpu_command_lines(ctx)
     for name in only:
         left = budget - (time.monotonic() - t0)
         limit = SECTION_LIMIT_S[name] if not args.dry_run else 90.0  # dry: only a hang runs into it
@@ -856,10 +894,10 @@ def main(argv: list[str] | None = None) -> int:
         report["sections"][name] = sec
         report["device"] = ctx.get("device")
         report["total_s"] = time.monotonic() - t0
-        write_report(report, out)
+        write_report(report, out, work)
         print(f"[gpu_check] {name}: {sec['status']} in {sec['wall_s']:.0f} s", flush=True)
     report["total_s"] = time.monotonic() - t0
-    write_report(report, out)
+    write_report(report, out, work)
     print((out / "gpu_check.md").read_text())
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)

@@ -37,6 +37,8 @@ def test_dry_run_runs_every_section_and_writes_every_figure(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["dry_run"] is True and sorted(report["sections"]) == sorted(FIGURES)
+    # the GPU sections' train fit command lines, which the CPU does not train with, parse as written
+    assert report["gpu_command_lines"] == {k: "ok" for k in ("train_h200", "train_80gb", "resume", "fsdp")}
     for name, keys in FIGURES.items():
         sec = report["sections"][name]
         assert sec["status"].startswith("ok"), f"{name}: {sec['status']}\n{sec.get('error', '')}"
