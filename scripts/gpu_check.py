@@ -314,6 +314,8 @@ def _step_clock_class():
                 "mfu_logged": float(m["perf/mfu"]) if "perf/mfu" in m else None,
             })
             self._start = None
+            if len(self.steps) % 5 == 0:  # a run cut short still leaves its figures
+                self.write(trainer, pl_module)
 
         def on_train_end(self, trainer, pl_module):
             self.write(trainer, pl_module)
@@ -352,7 +354,9 @@ def _step_clock_class():
                 self.info["dynamo_compile_times_s"] = {n: float(v) for n, v in zip(names, values)}
             except Exception as e:  # an internal API: its absence must not lose the figures above
                 self.info["dynamo_compile_times_s"] = f"unavailable: {type(e).__name__}"
-            Path(self.path).write_text(json.dumps({"info": self.info, "steps": self.steps}, indent=1))
+            tmp = Path(self.path).with_suffix(".tmp")
+            tmp.write_text(json.dumps({"info": self.info, "steps": self.steps}, indent=1))
+            tmp.replace(self.path)
 
     return StepClock
 
@@ -381,8 +385,16 @@ def section_train(ctx: dict, limit_s: float) -> dict:
     env = {"GPU_CHECK_T_LAUNCH": repr(time.monotonic())}
     result = forked(fit_target(fit_args(ctx, run_dir, steps=steps), clock), ctx["work"] / "train.log", limit_s,
                     env={**ctx["env"], **env})
-    check_run(result, "train fit")
-    data = json.loads(clock.read_text())
+    if result["rc"] != 0 or result["timed_out"]:  # the figures of the steps it ran (the clock writes every 5)
+        try:
+            figures = train_figures(ctx, json.loads(clock.read_text()), run_dir, result)["figures"]
+        except Exception as e:
+            figures = {"partial": f"none ({type(e).__name__}: {e})"}
+        check_run(result, "train fit", figures=figures)
+    return train_figures(ctx, json.loads(clock.read_text()), run_dir, result)
+
+
+def train_figures(ctx: dict, data: dict, run_dir: Path, result: dict) -> dict:
     info, rows = data["info"], data["steps"]
     ctx["device"] = info.get("device")
     end_len = max(r["seq_len"] for r in rows)
@@ -397,6 +409,9 @@ def section_train(ctx: dict, limit_s: float) -> dict:
     peak_flops = info.get("peak_flops")
     mfu_recomputed = flops / step_s / peak_flops if peak_flops else None
     logged = logged_mfu(run_dir, len(periods))
+    if logged is None:  # metrics.csv not written yet (a run cut short): the values the callback logged
+        values = [r["mfu_logged"] for r in steady if r.get("mfu_logged") is not None]
+        logged = statistics.mean(values) if values else None
     first = rows[0]
     compile_s = sum(max(0.0, (b["end"] - a["end"]) - step_s) for a, b in zip(rows, rows[1:]) if b not in steady)
     compile_s += max(0.0, (first["end"] - first["start"]) - step_s)
@@ -432,7 +447,10 @@ def logged_mfu(run_dir: Path, last_n: int) -> float | None:
     """Mean of the last ``last_n`` per-step ``perf/mfu`` values in the run's metrics.csv (what users see)."""
     from train.rundir import read_metrics
 
-    values = [float(r["perf/mfu"]) for r in read_metrics(run_dir) if r.get("perf/mfu")]
+    try:
+        values = [float(r["perf/mfu"]) for r in read_metrics(run_dir) if r.get("perf/mfu")]
+    except Exception:  # not written (a run cut short): the caller falls back on the callback's values
+        return None
     return statistics.mean(values[-last_n:]) if values else None
 
 
@@ -469,6 +487,7 @@ def timed(fn, warmup: int, steps: int, device: str) -> float:
 
 
 def mask_figures(ctx: dict, save, deadline: float) -> dict:
+    """The time masking adds to a step (first: it is cheap), then flex vs dense (fp32, then bf16 autocast)."""
     import torch
     from torch.nn.attention import flex_attention as flex
 
@@ -481,46 +500,11 @@ def mask_figures(ctx: dict, save, deadline: float) -> dict:
     base = load_model_config(ROOT / "configs/model" / ("tiny.yaml" if dry else "350m.yaml"))
     if dry:  # the vocabulary does not touch masking; the tiny model's 100k rows dominate its CPU time
         base = replace(base, vocab_size=1024)
-    B, L = (2, 64) if dry else (4, 2048)
     g = torch.Generator().manual_seed(0)
-    doc = packed_doc_index(B, L, max(8, L // 6), g).to(device)
-    ids = torch.randint(0, base.vocab_size - 100, (B, L + 1), generator=g).to(device)
-    cfg = replace(base, n_layers=2, doc_mask=True)
-    out: dict = {"correctness_shape": [B, L], "correctness_layers": 2, "tolerance": TOLERANCE, "cases": {}}
-    ok = True
-    for precision in ("fp32",) if dry else ("fp32", "bf16"):
-        results = {}
-        for impl, compiled in (("dense", False), ("flex", False), ("flex", True)):
-            torch.manual_seed(0)
-            model = GPT(replace(cfg, doc_mask_impl=impl)).to(device)
-            fwd = torch.compile(model, backend="eager" if dry else "inductor") if compiled else model
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                logits = fwd(ids[:, :-1], doc_index=doc)
-                losses = fwd(ids[:, :-1], doc_index=doc, targets=ids[:, 1:])
-            losses.mean().backward()
-            results[(impl, compiled)] = (logits.detach().float(), losses.detach().mean(),
-                                         {n: p.grad.detach().float() for n, p in model.named_parameters()})
-            del model, fwd, logits, losses
-        ref_logits, ref_loss, ref_grads = results[("dense", False)]
-        for key in (("flex", False), ("flex", True)):
-            logits, loss, grads = results[key]
-            case = {
-                "logits_max_abs_diff": float((logits - ref_logits).abs().max()),
-                "loss_abs_diff": float((loss - ref_loss).abs()),
-                "grad_max_rel_diff": max(float((grads[n] - g_).norm() / g_.norm().clamp_min(1e-30))
-                                         for n, g_ in ref_grads.items()),
-            }
-            tol = TOLERANCE[precision]
-            case["within_tolerance"] = (case["logits_max_abs_diff"] <= tol["logits"]
-                                        and case["loss_abs_diff"] <= tol["loss"]
-                                        and case["grad_max_rel_diff"] <= tol["grad_rel"])
-            ok &= case["within_tolerance"]
-            out["cases"][f"{precision}_flex_{'compiled_model' if key[1] else 'eager_model'}"] = case
-        del results
-        out["flex_matches_dense"] = ok
-        save(out)
-    # The time masking adds: one attention layer of the real model forward + backward under bf16 autocast,
-    # causal SDPA (flash) vs flex with the BlockMask, plus building the BlockMask (once per forward).
+    out: dict = {"tolerance": TOLERANCE, "cases": {}}
+
+    # One attention layer of the real model, forward + backward under bf16 autocast: causal SDPA (flash) vs
+    # flex with the BlockMask of packed documents, plus building the BlockMask (once per forward).
     Bt, Lt = (1, 64) if dry else (32, 2048)
     x = torch.randn(Bt, Lt, base.d_model, device=device, requires_grad=True)
     doc_t = packed_doc_index(Bt, Lt, max(8, min(800, Lt // 3)), g).to(device)
@@ -547,12 +531,54 @@ def mask_figures(ctx: dict, save, deadline: float) -> dict:
         out["step_s_masked_est"] = step_s + added
         out["mfu_masked_est"] = mfu * step_s / (step_s + added) if mfu else None
         out["mfu_cost_rel"] = added / (step_s + added)
+    save(out)
+
+    # Flex vs dense on a 2-layer slice of the model: the eager model (compiled flex helpers on CUDA) with
+    # logits, losses and gradients; the whole model compiled (flex traced into its graph) with losses and
+    # gradients (one graph per precision: the compile is the cost).
+    B, L = (2, 64) if dry else (4, 2048)
+    doc = packed_doc_index(B, L, max(8, L // 6), g).to(device)
+    ids = torch.randint(0, base.vocab_size - 100, (B, L + 1), generator=g).to(device)
+    cfg = replace(base, n_layers=2, doc_mask=True)
+    out.update(correctness_shape=[B, L], correctness_layers=2)
+    ok = True
+    for precision in ("fp32",) if dry else ("fp32", "bf16"):
+        results = {}
+        for impl, compiled in (("dense", False), ("flex", False), ("flex", True)):
+            torch.manual_seed(0)
+            model = GPT(replace(cfg, doc_mask_impl=impl)).to(device)
+            fwd = torch.compile(model, backend="eager" if dry else "inductor") if compiled else model
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                logits = None if compiled else fwd(ids[:, :-1], doc_index=doc).detach()
+                losses = fwd(ids[:, :-1], doc_index=doc, targets=ids[:, 1:])
+            losses.mean().backward()
+            results[(impl, compiled)] = (logits, losses.detach().mean(),
+                                         {n: p.grad.detach().float() for n, p in model.named_parameters()})
+            del model, fwd, logits, losses
+        ref_logits, ref_loss, ref_grads = results[("dense", False)]
+        for key in (("flex", False), ("flex", True)):
+            logits, loss, grads = results[key]
+            tol = TOLERANCE[precision]
+            case = {
+                "logits_max_abs_diff": None if logits is None else float((logits - ref_logits).abs().max()),
+                "loss_abs_diff": float((loss - ref_loss).abs()),
+                "grad_max_rel_diff": max(float((grads[n] - g_).norm() / g_.norm().clamp_min(1e-30))
+                                         for n, g_ in ref_grads.items()),
+            }
+            case["within_tolerance"] = ((case["logits_max_abs_diff"] or 0.0) <= tol["logits"]
+                                        and case["loss_abs_diff"] <= tol["loss"]
+                                        and case["grad_max_rel_diff"] <= tol["grad_rel"])
+            ok &= case["within_tolerance"]
+            out["cases"][f"{precision}_flex_{'compiled_model' if key[1] else 'eager_model'}"] = case
+        del results
+        out["flex_matches_dense"] = ok
+        save(out)
     return out
 
 
 def section_mask(ctx: dict, limit_s: float) -> dict:
     fig = json_section(ctx, "mask", mask_figures, limit_s)
-    return {"figures": fig, "checks": {"flex_matches_dense_within_tolerance": fig["flex_matches_dense"]}}
+    return {"figures": fig, "checks": {"flex_matches_dense_within_tolerance": bool(fig.get("flex_matches_dense"))}}
 
 
 # --- section 3: SIGKILL and resume ---------------------------------------------------------------------
