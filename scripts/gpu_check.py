@@ -210,9 +210,11 @@ def fit_args(ctx: dict, run_dir: Path, *, steps: int, ckpt_every: int = 100_000,
 
 
 def fit_target(argv: list[str], clock_json: Path | None = None):
-    """The child's body: ``python -m train fit`` (train/cli.py main), with a step clock when asked."""
+    """The child's body: ``python -m train fit`` (train/__main__.py's main: its early signal handlers and
+    allocator setting, then train/cli.py), with a step clock when asked."""
 
     def run() -> int:
+        import train.__main__ as entry  # installs the early signal handlers, as `python -m train` does
         import train.cli as cli
         from train.callbacks import ThroughputCallback
 
@@ -233,7 +235,7 @@ def fit_target(argv: list[str], clock_json: Path | None = None):
         from jsonargparse import set_parsing_settings
 
         set_parsing_settings(docstring_parse_attribute_docstrings=False)
-        return cli.main(argv)
+        return entry.main(argv)
 
     return run
 
