@@ -316,8 +316,8 @@ def _step_clock_class():
                 "mfu_logged": float(m["perf/mfu"]) if "perf/mfu" in m else None,
             })
             self._start = None
-            if len(self.steps) % 5 == 0:  # a run cut short still leaves its figures
-                self.write(trainer, pl_module)
+            if len(self.steps) % 5 == 0:  # a run cut short still leaves its figures (a cheap write: the
+                self.write(trainer, pl_module, final=False)  # estimate is made once, at the end or here)
 
         def on_train_end(self, trainer, pl_module):
             self.write(trainer, pl_module)
@@ -326,7 +326,7 @@ def _step_clock_class():
             self.info["exception"] = f"{type(exception).__name__}: {exception}"[:2000]
             self.write(trainer, pl_module)
 
-        def write(self, trainer, pl_module):
+        def write(self, trainer, pl_module, final: bool = True):
             from train.callbacks import default_peak_flops
             from train.memory import estimate_peak_memory
 
@@ -334,11 +334,14 @@ def _step_clock_class():
             cfg = pl_module.model_config
             seq = max([s["seq_len"] for s in self.steps] or [cfg.max_seq_len])
             batch = max([s["batch"] for s in self.steps] or [1])
+            if final or (batch, seq) != self.info.get("estimate_shape"):  # builds the model on meta: not per step
+                self.info["estimate_shape"] = (batch, seq)
+                self.info["estimate_gb"] = estimate_peak_memory(
+                    cfg, batch, seq, loss=cfg.loss_impl, activation_checkpointing=cfg.activation_checkpointing
+                )["total"] / 1e9
             self.info.update(
                 peak_flops=next((c.peak_flops or default_peak_flops(trainer) for c in trainer.callbacks
                                  if type(c).__name__ == "ThroughputCallback"), None),
-                estimate_gb=estimate_peak_memory(cfg, batch, seq, loss=cfg.loss_impl,
-                                                 activation_checkpointing=cfg.activation_checkpointing)["total"] / 1e9,
                 loss_impl=cfg.loss_impl, compiled=hasattr(pl_module.model, "_orig_mod"),
                 precision=str(trainer.precision), dynamo=dynamo_counts(self.counts),
             )
@@ -352,8 +355,9 @@ def _step_clock_class():
             try:
                 import torch._dynamo.utils as dynamo_utils
 
-                names, values = dynamo_utils.compile_times(repr="csv", aggregate=True)
-                self.info["dynamo_compile_times_s"] = {n: float(v) for n, v in zip(names, values)}
+                if final:
+                    names, values = dynamo_utils.compile_times(repr="csv", aggregate=True)
+                    self.info["dynamo_compile_times_s"] = {n: float(v) for n, v in zip(names, values)}
             except Exception as e:  # an internal API: its absence must not lose the figures above
                 self.info["dynamo_compile_times_s"] = f"unavailable: {type(e).__name__}"
             tmp = Path(self.path).with_suffix(".tmp")
