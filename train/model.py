@@ -377,8 +377,10 @@ class Attention(nn.Module):
         # Heads first, the layout SDPA expects.
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H or K, L, Dh]
         # q/k norm (if on) acts on the raw per-head vectors, before RoPE mixes their dimensions.
-        q = apply_rope(self.q_norm(q), cos, sin)
-        k = apply_rope(self.k_norm(k), cos, sin)
+        # Under bf16 autocast the q/k RMSNorm's fp32 gain makes q and k fp32 while v stays bf16: attention
+        # kernels take one dtype (the compiled flex_attention refuses a mix), so q and k follow v.
+        q = apply_rope(self.q_norm(q), cos, sin).to(v.dtype)
+        k = apply_rope(self.k_norm(k), cos, sin).to(v.dtype)
         if BlockMask is not None and isinstance(mask, BlockMask):
             # Block-sparse document masking; the kernel maps query head h to kv head h // (H / K) itself.
             y = _flex_attention(q, k, v, mask, enable_gqa=self.n_kv_heads != self.n_heads)  # [B, H, L, Dh]

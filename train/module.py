@@ -217,12 +217,17 @@ class PretrainModule(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip by global norm ourselves: Lightning refuses to clip with a fused AdamW under mixed
-        precision (it assumes a grad scaler, which bf16 does not use). FSDP keeps Lightning's path."""
+        precision (it assumes a grad scaler, which bf16 does not use). FSDP2's sharded (DTensor) gradients
+        clip the same way (the norm is reduced over the shards); FSDP1 keeps Lightning's path."""
         if not gradient_clip_val:
             return
-        if "fsdp" in type(self.trainer.strategy).__name__.lower():
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if isinstance(self.trainer.strategy, FSDPStrategy):
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         norm = torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+            norm = norm.full_tensor()
         if self.global_step % self.log_every == 0:
             self.log("train/grad_norm", norm.float(), on_step=True, on_epoch=False)
 

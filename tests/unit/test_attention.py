@@ -232,6 +232,31 @@ def test_model_training_step_equal_flex_vs_dense(ckpt, flex_cpu_backward):
         torch.testing.assert_close(grads_f[name], g, atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.parametrize("impl,doc_mask", [("auto", False), ("dense", True), ("flex", True)],
+                         ids=["causal_sdpa", "dense_mask_sdpa", "flex"])
+def test_under_bf16_autocast_every_attention_kernel_gets_one_dtype(impl, doc_mask, monkeypatch, flex_cpu_backward):
+    """With model.qk_norm the norm's fp32 gain made q and k fp32 while v stayed bf16 under autocast: CPU
+    kernels took the mix, the compiled CUDA flex_attention refuses it. Every kernel the model calls (causal
+    SDPA, dense-mask SDPA, flex) must see q, k and v in one dtype (bf16), forward and backward."""
+    seen = []
+
+    def spy(kernel):
+        def call(q, k, v, *args, **kwargs):
+            seen.append((q.dtype, k.dtype, v.dtype))
+            return kernel(q, k, v, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(model_module.F, "scaled_dot_product_attention", spy(F.scaled_dot_product_attention))
+    monkeypatch.setattr(model_module, "flex_attention", spy(model_module.flex_attention))
+    ids, targets, positions = (t[1:2, :136] for t in model_inputs())  # a short row: two documents, two tiles
+    model = model_with(impl, doc_mask=doc_mask, n_layers=1).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = model(ids, doc_index=DOC_300[1:2, :136], position_ids=positions, targets=targets)
+    losses.sum().backward()
+    assert seen and all(dtypes == (torch.bfloat16,) * 3 for dtypes in seen), seen
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
 def test_auto_picks_flex_on_cuda_only():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert not model_with("auto").uses_flex(cpu)
