@@ -33,6 +33,11 @@ inductor, and gloo for FSDP: every step but the CUDA kernels, in well under a mi
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import os
 
 # torch.cuda.is_available() by NVML, not the CUDA runtime: this process may then fork training children
@@ -52,6 +57,9 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+from data.errors import one_line_errors  # noqa: E402
+from data.files import write_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("train", "mask", "resume", "fsdp", "contenders")
@@ -157,9 +165,7 @@ def json_section(ctx: dict, name: str, fn, limit_s: float) -> dict:
 
     def run() -> int:
         def save(figures: dict) -> None:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(figures, default=str))
-            tmp.replace(path)
+            write_text(path, json.dumps(figures, default=str), fsync=False)
 
         save(fn(ctx, save, time.monotonic() + limit_s))
         return 0
@@ -360,9 +366,7 @@ def _step_clock_class():
                     self.info["dynamo_compile_times_s"] = {n: float(v) for n, v in zip(names, values)}
             except Exception as e:  # an internal API: its absence must not lose the figures above
                 self.info["dynamo_compile_times_s"] = f"unavailable: {type(e).__name__}"
-            tmp = Path(self.path).with_suffix(".tmp")
-            tmp.write_text(json.dumps({"info": self.info, "steps": self.steps}, indent=1))
-            tmp.replace(self.path)
+            write_text(self.path, json.dumps({"info": self.info, "steps": self.steps}, indent=1), fsync=False)
 
     return StepClock
 
@@ -810,9 +814,7 @@ def _fmt(value) -> str:
 def write_report(report: dict, out: Path, work: Path | None = None) -> None:
     """gpu_check.json, gpu_check.md and gpu_check_logs.txt (every run's log, the last 200 KB of each)."""
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "gpu_check.json.tmp"
-    tmp.write_text(json.dumps(report, indent=1, default=str))
-    tmp.replace(out / "gpu_check.json")
+    write_text(out / "gpu_check.json", json.dumps(report, indent=1, default=str), fsync=False)
     (out / "gpu_check.md").write_text(markdown(report))
     if work is not None:
         logs = sorted(work.glob("*.log"), key=lambda p: p.stat().st_mtime)
@@ -868,6 +870,7 @@ RUNNERS = {"train": section_train, "mask": section_mask, "resume": section_resum
            "contenders": section_contenders}
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT, else gpu_check/)")
