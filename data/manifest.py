@@ -540,14 +540,18 @@ def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: 
     :data:`TOKEN_COUNT_RATIO` (differences of at most :data:`SAMPLE_ROWS` tokens give no verdict).
     Returns ``{"problem": str | None, "rows", "counted", "real"}`` (cached).
     """
-    per_file = _count_sample(name, src, shards, filt, text_column)
+    per_file, unreadable = _count_sample(name, src, shards, filt, text_column)
     n, counted, real = (sum(v[i] for v in per_file.values()) for i in range(3))
-    return {"problem": _token_count_problem(name, per_file, text_column), "rows": n, "counted": counted, "real": real}
+    problem = _token_count_problem(name, per_file, text_column)
+    if unreadable:  # met here, before compute, rather than by a DataLoader worker hours later
+        problem = "; ".join(filter(None, [problem, *unreadable]))
+    return {"problem": problem, "rows": n, "counted": counted, "real": real}
 
 
 def _count_sample(name: str, src: SourceInfo, shards: list[Shard], filt: FilterConfig | None,
-                  text_column: str) -> dict[str, list[int]]:
-    """The sample of :func:`_sample_token_counts`: per file, ``[rows, token_count sum, real count]``."""
+                  text_column: str) -> tuple[dict[str, list[int]], list[str]]:
+    """The sample of :func:`_sample_token_counts`: per file, ``[rows, token_count sum, real count]``; and
+    the row groups it could not read (``FILE row group G unreadable (reason)``)."""
     from data.tokenizer import count_tokens
 
     groups = sorted({(c.shard, next(i for i, (f, n) in enumerate(shards[c.shard].row_groups) if f <= c.start < f + n))
@@ -556,14 +560,18 @@ def _count_sample(name: str, src: SourceInfo, shards: list[Shard], filt: FilterC
     picked = [groups[i] for i in rng.permutation(len(groups))[:SAMPLE_ROWS]]
     per_group = -(-SAMPLE_ROWS // len(picked))
     per_file: dict[str, list[int]] = {}  # path -> [rows, counted, real]
+    unreadable: list[str] = []
     for shard, rg in sorted(picked):
         path = shards[shard].path
         cols = [text_column, "token_count"] + ([filt.column] if filt else [])
         try:
             pf = pq.ParquetFile(path, buffer_size=1 << 20)
             batch = next(pf.iter_batches(batch_size=SAMPLE_SCAN_ROWS, row_groups=[rg], columns=cols), None)
-        except Exception as e:  # noqa: BLE001 -- the reader names the row when it gets there
-            log.warning("token_count sample: %s row group %d unreadable (%s); not sampled", path, rg, e)
+        except Exception as e:  # noqa: BLE001 -- a corrupt page (ArrowInvalid, OSError, ...)
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            unreadable.append(f"{path}: row group {rg}: unreadable ({reason}; met by the start-up token_count "
+                              f"sample of data.sources.{name}); restore or rewrite the file, or remove it from the "
+                              "corpus")
             continue
         if batch is None:
             continue
@@ -578,7 +586,7 @@ def _count_sample(name: str, src: SourceInfo, shards: list[Shard], filt: FilterC
         acc[0] += len(rows)
         acc[1] += sum(table.column("token_count").take(rows).to_pylist())
         acc[2] += sum(count_tokens(texts, num_threads=1))
-    return per_file
+    return per_file, unreadable
 
 
 def _token_count_problem(name: str, per_file: dict[str, list[int]], text_column: str) -> str | None:

@@ -187,15 +187,17 @@ def test_each_bad_file_alone_gets_its_error(tmp_path, demo_corpus, kind):
     assert str(path) in str(err.value) and phrase in str(err.value)
 
 
-def test_corrupt_text_column_is_caught_by_the_reader_naming_the_file(tmp_path, good_dir):
-    """The manifest reads metadata and token counts only (no text, so a 20B corpus starts in
-    seconds): a corrupt page in the *text* column behind an intact footer passes build_manifest.
-    What happens then: the ShardReader raises a RuntimeError naming the file and the row group the
-    moment that row group is read -- never silently wrong text. Other row groups still read."""
+def test_corrupt_text_column_is_caught_at_start_up_or_by_the_reader_naming_the_file(tmp_path, good_dir):
+    """The manifest reads metadata, token counts and the token_count sample's pages (no full text
+    scan, so a 20B corpus starts in seconds): a corrupt text page the sample reads is refused at
+    start-up, naming file and row group. A page that goes bad after the manifest was built is named by
+    the ShardReader the moment that row group is read -- never silently wrong text. Other row groups
+    still read."""
     path = sorted(good_dir.glob("*.parquet"))[0]
-    overwrite(path, column_chunk_start(path, 1, "text"))
     cfg = one_source_cfg(tmp_path, str(path), min_chunks_per_source=1)
-    m = build_manifest(cfg)  # passes: text is not read at start-up
+    m = build_manifest(cfg)
+    original = path.read_bytes()
+    overwrite(path, column_chunk_start(path, 1, "text"))
     reader = ShardReader(m, cfg)
     chunks = m.sources["web"].chunks
     first, rows = m.shards[0].row_groups[1]
@@ -205,6 +207,11 @@ def test_corrupt_text_column_is_caught_by_the_reader_naming_the_file(tmp_path, g
     with pytest.raises(RuntimeError) as err:
         reader.read_chunk(0, in_rg1[0])
     assert str(path) in str(err.value) and "row group 1" in str(err.value)
+
+    fresh = one_source_cfg(tmp_path / "fresh", str(path), min_chunks_per_source=1)  # no cached manifest
+    with pytest.raises(ConfigError, match=rf"{path}: row group 1: unreadable \(.*start-up token_count sample"):
+        build_manifest(fresh)
+    path.write_bytes(original)
 
 
 def test_null_token_count_is_refused(tmp_path):

@@ -88,15 +88,17 @@ def test_dump_order_names_the_row_of_text_that_is_not_utf8(dump_order, tmp_path,
 
 
 def test_dump_order_names_the_file_and_row_group_of_a_corrupt_text_page(dump_order, tmp_path, capsys):
-    """Bytes overwritten inside the text column's page, behind an intact footer (the manifest reads
-    footers and token counts only): the reader's error names the file and the row group."""
+    """Bytes overwritten inside the text column's page, behind an intact footer: the start-up
+    token_count sample reads that page, so the refusal comes before compute, naming file and row group.
+    A page the sample does not read is named by the reader (``text`` unreadable) when it gets there."""
     path = write_corpus(tmp_path, TEXTS, compression=None)
     raw = bytearray(path.read_bytes())
     at = raw.find(b"document 3 has")
     raw[at - 16:at + 48] = b"\xee" * 64
     path.write_bytes(bytes(raw))
     line = run_dump(dump_order, tmp_path, capsys)
-    assert f"{path}: row group 0: `text` unreadable" in line and "remove it from the corpus" in line
+    assert f"{path}: row group 0: unreadable (" in line and "start-up token_count sample" in line, line
+    assert "remove it from the corpus" in line
 
 
 def test_dump_order_names_a_corrupt_tokenizer_cache_file(dump_order, tmp_path, capsys, monkeypatch):
