@@ -9,6 +9,7 @@ only needs the step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -37,7 +38,7 @@ class OptimConfig:
 class PretrainModule(L.LightningModule):
     def __init__(
         self,
-        model: str | ModelConfig = "configs/model/demo.yaml",
+        model: ModelConfig = ModelConfig(),  # noqa: B008 -- never changed in place (copied below)
         optim: Optional[OptimConfig] = None,
         compile: bool | Literal["auto"] = False,
         on_nonfinite: Literal["stop", "skip"] = "stop",
@@ -45,7 +46,10 @@ class PretrainModule(L.LightningModule):
     ):
         """
         Args:
-            model: a ModelConfig, or the path of a model YAML in configs/model/ (a checkpoint's dict works too).
+            model: the model's shape (train/model.py). On the command line and in configs a group:
+                ``model: {model: model/demo.yaml}`` loads a model file (relative to the config file that
+                names it), ``--model.model.d_model 64`` changes one field of it. In Python a ModelConfig,
+                the path of a model YAML or a checkpoint's dict.
             optim: AdamW settings.
             compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64);
                 ``auto`` compiles on CUDA only, so one config serves the GPU run and a CPU smoke test.
@@ -58,7 +62,7 @@ class PretrainModule(L.LightningModule):
             model = ModelConfig(**model)
         if isinstance(optim, dict):
             optim = OptimConfig(**{**optim, "betas": tuple(optim.get("betas", OptimConfig.betas))})
-        self.model_config = model if isinstance(model, ModelConfig) else load_model_config(model)
+        self.model_config = dataclasses.replace(model) if isinstance(model, ModelConfig) else load_model_config(model)
         self.optim = optim or OptimConfig()
         # What a checkpoint needs to rebuild this module, saved once and never rewritten: the model config
         # resolved (a YAML path would tie the checkpoint to a file), plain types (checkpoints load with
