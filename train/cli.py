@@ -158,7 +158,7 @@ class WellMixedCLI(ConfigCLI):
             return
         saved = saved_hparams(Path(ckpt_path))
         for line in check_resume(ckpt_path, saved, dict(self.model.hparams)):
-            log.warning("resume from %s changes %s (may change on resume: applied)", ckpt_path, line)
+            log.warning("resume from %s: %s (a setting that may change on resume: applied)", ckpt_path, line)
 
     def before_validate(self) -> None:
         """``--ckpt_path`` found and verified as for fit (``last`` by the step recorded inside), not by

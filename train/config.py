@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -159,9 +160,10 @@ class WellMixedParser(LightningArgumentParser):
         if not self.exit_on_error:
             return super().error(message, ex)
         self._logger.error(message)
-        print(f"error: {short_error(message, self)}", file=sys.stderr)
-        prog = self.prog.replace(" [options]", "")
-        print(f"(all options: {prog} --help)", file=sys.stderr)
+        text = short_error(message, self)
+        if "unrecognized" in text:
+            text += f"; all options: {self.prog.replace(' [options]', '')} --help"
+        print(f"error: {text}", file=sys.stderr)
         sys.exit(2)
 
     def format_usage(self) -> str:
@@ -215,8 +217,12 @@ def short_error(message: str, parser: WellMixedParser) -> str:
     for key, instead in {**{f"trainer.{k}": v for k, v in SET_BY_CLI.items()}, **HIDDEN}.items():
         if f"--{key}" in message or f'"{key}"' in message or f"'{key}'" in message:
             return f"--{key} is set by this CLI, not given: {instead}"
+    missing = re.search(r'Parser key "([\w.]+)": File does not exist: \'?([^\'\n]+)', message)
+    if missing:
+        return f"--{missing.group(1)} {missing.group(2)}: file not found"
     if "unrecognized arguments" not in message and "NestedArg" not in message:
-        return "\n".join([ln for ln in message.splitlines() if ln.strip()][:6])
+        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+        return re.sub(r'^Parser key "([\w.]+)":?\s*', r"--\1: ", " ".join(lines[:4]))
     words = [w for w in parser._argv if w.startswith("--")]
     known = parser.known_keys()
     unknown = [w.split("=")[0] for w in words if w.split("=")[0] not in known and w.split("=")[0] != "--help"]
@@ -234,7 +240,7 @@ def short_error(message: str, parser: WellMixedParser) -> str:
 class ConfigCLI(LightningCLI):
     """The parser of ``python -m train`` (no runtime behaviour: train/cli.py's WellMixedCLI adds that)."""
 
-    def __init__(self, args=None, run: bool = True, **kwargs):
+    def __init__(self, args=None, run: bool = True, prog: str | None = None, **kwargs):
         from train import loggers as run_loggers
 
         super().__init__(
@@ -247,7 +253,7 @@ class ConfigCLI(LightningCLI):
             auto_configure_optimizers=False,
             parser_class=WellMixedParser,
             # PL_FIT__TRAINER__MAX_STEPS=10 etc., as LightningCLI documents (parser_kwargs default_env)
-            parser_kwargs={"prog": program_name(), "default_env": True},
+            parser_kwargs={"prog": prog or program_name(), "default_env": True},
             args=args,
             run=run,
             **kwargs,
@@ -263,6 +269,8 @@ class ConfigCLI(LightningCLI):
         self.parser.add_argument("--version", action="version", version=f"wellmixed {version()}")
 
     def add_arguments_to_parser(self, parser) -> None:
+        model = next(a for a in parser._actions if a.dest == "model.model")
+        model._load_config = _find_model_file(model._load_config)
         parser.add_argument("--run", type=RunConfig, default=RunConfig(), help="Run directory, logging, checkpoints.")
         for key in RESUME_POLICY:  # the DataModule's resume policy, an init argument set from run.*
             parser.link_arguments(f"run.{key}", f"data.{key}")
@@ -271,12 +279,30 @@ class ConfigCLI(LightningCLI):
         return self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
 
     def parse_arguments(self, parser, args) -> None:
+        global _LAUNCH_DIR
+        _LAUNCH_DIR = os.getcwd()
         WellMixedParser._argv = list(sys.argv[1:] if args is None else args) \
             if not isinstance(args, (dict, Namespace)) else []
         super().parse_arguments(parser, args)
         section = self._section()
         refuse_linked_keys_in_files(section.get("config") or [])
         refuse_set_by_cli(section)
+
+
+_LAUNCH_DIR = os.getcwd()
+"""Where the command was started: a model file named in a config file is looked for there too."""
+
+
+def _find_model_file(load):
+    """jsonargparse reads ``model: {model: FILE}`` relative to the config file that names it; the shipped
+    configs name ``configs/model/...`` from the repository root, and a copied config keeps working. So a
+    FILE not found beside the config is looked for in the launch directory, then in the repository."""
+    def load_model_group(value, parser):
+        if isinstance(value, str) and value.endswith((".yaml", ".yml")) and not Path(value).is_file():
+            found = [Path(base) / value for base in (_LAUNCH_DIR, ROOT) if (Path(base) / value).is_file()]
+            value = str(found[0]) if found else value
+        return load(value, parser)
+    return load_model_group
 
 
 def refuse_linked_keys_in_files(paths) -> None:
@@ -347,7 +373,7 @@ def resolve_config(argv: list[str]) -> Namespace:
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        return _Resolve(args=argv, run=False).config
+        return _Resolve(args=argv, run=False, prog="python -m train fit").config
     finally:
         sys.argv = saved
         quiet.setLevel(level)
@@ -363,7 +389,16 @@ def data_config(cfg: Namespace) -> DataConfig:
     """The :class:`DataConfig` a resolved config builds (its ``data:`` section, without the resume policy)."""
     fields = {f.name for f in dataclasses.fields(DataConfig)}
     section = {k: v for k, v in cfg.data.as_dict().items() if k in fields}
-    return parse_data_config(section, origin="data")
+    return parse_data_config(section, origin=config_sources(cfg))
+
+
+def model_source(cfg: Namespace) -> str:
+    """The model file a resolved config loaded (relative to the repository when inside it), for messages."""
+    path = cfg.model.model.get("__path__")
+    if path is None:
+        return "model.model as configured"
+    absolute = Path(str(path.absolute))
+    return absolute.relative_to(ROOT).as_posix() if absolute.is_relative_to(ROOT) else str(absolute)
 
 
 def config_sources(cfg: Namespace) -> str:
@@ -399,44 +434,39 @@ def _flat(hparams: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resume_differences(saved: dict, requested: dict) -> tuple[list[str], list[str]]:
-    """(refused, applied): ``model.KEY: checkpoint V, asked W`` lines of the ``model:`` settings that differ
-    between a checkpoint's hyper-parameters and the run's. ``optim`` missing on either side counts as the
-    defaults."""
+def resume_differences(saved: dict, requested: dict) -> tuple[list[tuple], list[tuple]]:
+    """(refused, applied): ``(key, checkpoint value, asked value)`` of the ``model:`` settings that differ
+    between a checkpoint's hyper-parameters and the run's (keys as in the config: ``model.d_model`` is
+    ``--model.model.d_model``). ``optim`` missing on either side counts as the defaults; a setting the
+    checkpoint does not record (newer than it) is not compared."""
     default_optim = {**vars(OptimConfig()), "betas": list(OptimConfig().betas)}
     saved = _flat({**saved, "optim": saved.get("optim") or default_optim})
     requested = _flat({**requested, "optim": requested.get("optim") or default_optim})
     refused, applied = [], []
-    for key in sorted(set(saved) | set(requested)):
-        if key not in saved:  # a setting newer than the checkpoint: nothing to compare
-            continue
+    for key in sorted(saved):
         old, new = saved[key], requested.get(key)
-        if old == new:
-            continue
-        line = f"model.{key}: checkpoint {old!r}, asked {new!r}"
-        (applied if key in MAY_CHANGE else refused).append(line)
+        if old != new:
+            (applied if key in MAY_CHANGE or f"model.{key}" in MAY_CHANGE else refused).append((key, old, new))
     return refused, applied
 
 
 def check_resume(path: str, saved: dict | None, requested: dict) -> list[str]:
-    """Refuse (ConfigError, one line) a resume whose must-match settings differ; the changes that may be
-    made are returned for the log."""
+    """Refuse (ConfigError, one line naming each key) a resume whose must-match settings differ from the
+    checkpoint's; return the allowed changes, one ``model.KEY: checkpoint V -> W`` line each, for the log."""
     if not saved:
         return []
     refused, applied = resume_differences(saved, requested)
     if refused:
-        more = f" (and {len(refused) - 1} more: {'; '.join(refused[1:])})" if len(refused) > 1 else ""
-        raise ConfigError(f"--ckpt_path {path}: {refused[0]}{more}; a resume keeps the checkpoint's model and "
-                          f"optimizer: drop the flag, or start a new run (new --run.dir) for another model")
-    return applied
+        diffs = "; ".join(f"model.{k} is {old!r} in the checkpoint, {new!r} here" for k, old, new in refused)
+        fix = " ".join(f"--model.{k} {_flag_value(old)}" for k, old, _ in refused)
+        raise ConfigError(f"--ckpt_path {path}: {diffs}. A resume keeps the checkpoint's model and optimizer: "
+                          f"give {fix} (or the configs it was trained with), or start a new run in another "
+                          f"--run.dir (docs/config.md, resuming)")
+    return [f"model.{k}: checkpoint {old!r} -> {new!r}" for k, old, new in applied]
 
 
-def split_tool_args(argv: list[str], own: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
-    """A tool's own flags, and the rest for :func:`resolve_config`. An unknown flag of neither kind is
-    answered by the configuration parser (one line, a "did you mean")."""
-    args, rest = own.parse_known_args(argv)
-    return args, rest
+def _flag_value(value: Any) -> str:
+    import json
 
-
-def is_config_flag(flag: str) -> bool:
-    return bool(re.match(r"--(config|print_config|seed_everything|data\.|model\.|run\.|trainer\.)", flag))
+    return json.dumps(value) if isinstance(value, (list, dict)) or value is None else str(value).lower() \
+        if isinstance(value, bool) else str(value)

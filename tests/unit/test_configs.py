@@ -74,8 +74,8 @@ def meta_params(model) -> int:
 
 
 def model_path(cfg) -> str:
-    """The model file a parsed config loaded, relative to the repository (configs name it relative to
-    themselves, e.g. ``model/demo.yaml`` in configs/demo.yaml)."""
+    """The model file a parsed config loaded, relative to the repository (a config's model file is found
+    beside it, in the launch directory or in the repository: train/config.py)."""
     return Path(cfg.model.model.__path__.absolute).relative_to(ROOT).as_posix()
 
 
