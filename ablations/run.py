@@ -20,10 +20,10 @@ scheduled arm's diff, and for the fixed arm its one-key diff, the mixture) plus:
 The pair's configs and the overrides after ``--`` are resolved as ``train fit`` resolves them before
 anything runs (a bad key is one ``error:`` line); ``--seed_everything``, ``--data.seed``, ``--run.dir``
 and ``--ckpt_path`` are this runner's and refused after ``--``. So each arm has its own run directory
-and the wandb runs are grouped under the ablation's name (default: OUT's folder name). Runs go one after another; a finished run (held-out loss logged at
-its last step) is skipped and every other one runs with ``--ckpt_path last_or_new`` (it resumes from its
-newest checkpoint when it has one), so re-running the same command after a crash continues where it
-stopped. Afterwards
+and the wandb runs are grouped under the ablation's name (default: OUT's folder name). Runs go one
+after another; a finished run (held-out loss logged at its last step) is skipped and every other one
+runs with ``--ckpt_path last_or_new`` (it resumes from its newest checkpoint when it has one), so
+re-running the same command after a crash continues where it stopped. Afterwards
 ``ablations/report.py OUT`` writes ``OUT/report.md`` (skip with ``--no-report``).
 
 ``--slurm`` writes ``OUT/jobs.json`` and submits ``ablations/ablation.sbatch`` as an array with one
