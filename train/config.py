@@ -228,7 +228,8 @@ def short_error(message: str, parser: WellMixedParser) -> str:
     unknown = [w.split("=")[0] for w in words if w.split("=")[0] not in known and w.split("=")[0] != "--help"]
     if unknown:
         flag = unknown[0]
-        close = difflib.get_close_matches(flag, known, n=3, cutoff=0.75)
+        close = [k for k in known if k.startswith(flag) and k != flag][:3] or \
+            difflib.get_close_matches(flag, known, n=3, cutoff=0.75)
         hint = f" (did you mean {' or '.join(close)}?)" if close else ""
         first = message.splitlines()[0] if message else ""
         said = first if first.startswith("unrecognized arguments:") else f"unrecognized option {flag}"
@@ -373,10 +374,24 @@ def resolve_config(argv: list[str]) -> Namespace:
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        return _Resolve(args=argv, run=False, prog="python -m train fit").config
+        cli = _Resolve(args=argv, run=False, prog="python -m train fit")
+        _PARSER[0] = cli.parser
+        return cli.config
     finally:
         sys.argv = saved
         quiet.setLevel(level)
+
+
+_PARSER: list = [None]
+
+
+def dump_config(cfg: Namespace) -> str:
+    """A config from :func:`resolve_config` as YAML, as ``--print_config`` writes it."""
+    import warnings
+
+    with warnings.catch_warnings():  # jsonargparse 4.49+ names it skip_unset; Lightning 2.6 still says skip_none
+        warnings.simplefilter("ignore")
+        return _PARSER[0].dump(cfg, skip_none=False)
 
 
 def model_config(cfg: Namespace) -> ModelConfig:
