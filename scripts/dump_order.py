@@ -69,17 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve(args: argparse.Namespace, rest: list[str]):
-    """The data config of ``--config ... --data.* ...`` with the older flags mapped onto their keys
-    (after the user's, so that they win as they did); ``--weights`` checked against the configured sources
-    first, so an error names the flag at fault."""
+def resolve(args: argparse.Namespace, rest: list[str], resolved):
+    """The data config of ``--config ... --data.* ...`` (``resolved``: train/config.py's resolution of
+    ``rest``) with the older flags mapped onto their keys (after the user's, so that they win as they
+    did); ``--weights`` checked against the configured sources first, so an error names the flag at fault."""
     from train.config import data_config, resolve_config
 
     mapped = [a for flag, key in OLD_FLAGS.items() if getattr(args, flag) is not None
               for a in (f"--{key}", str(getattr(args, flag)))]
+    written = data_config(resolved)
     if args.weights is None and args.seq_len is None:
-        return data_config(resolve_config(rest + mapped))
-    written = data_config(resolve_config(rest))
+        return data_config(resolve_config(rest + mapped)) if mapped else written
     if args.weights is not None:
         weights = parse_weights(args.weights)
         check_weights(weights, list(written.sources), "--weights")
@@ -91,9 +91,16 @@ def resolve(args: argparse.Namespace, rest: list[str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, rest = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    from train.config import resolve_config, split_tool_args
+
+    parser = build_parser()
+    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
+    if "-h" in own or "--help" in own:
+        parser.parse_args(own)  # prints the help and exits
     try:
-        cfg = resolve(args, rest)
+        resolved = resolve_config(rest)
+        args = parser.parse_args(own)
+        cfg = resolve(args, rest, resolved)
         if args.corpus:
             cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
         manifest = build_manifest(cfg)

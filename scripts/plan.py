@@ -60,7 +60,12 @@ def config_ranks(trainer) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, rest = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    from train.config import split_tool_args
+
+    parser = build_parser()
+    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
+    if "-h" in own or "--help" in own:
+        parser.parse_args(own)  # prints the help and exits
     from data.plan import available_tokens, check_epochs, parse_tokens, plan_table, plot_schedule
     from data.schedules import build_schedule
     from train.config import config_sources, data_config, model_config, model_source, resolve_config
@@ -69,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         resolved = resolve_config(rest)
+        args = parser.parse_args(own)
         name = config_sources(resolved)
         cfg, model = data_config(resolved), model_config(resolved)
         if args.corpus:

@@ -485,3 +485,21 @@ def _flag_value(value: Any) -> str:
 
     return json.dumps(value) if isinstance(value, (list, dict)) or value is None else str(value).lower() \
         if isinstance(value, bool) else str(value)
+
+
+def split_tool_args(own: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """A tool's command line split into its own flags (``own``'s options, with their values) and the rest,
+    for :func:`resolve_config` (``--config``, ``--data.*``, ...). The tool then parses its own part with
+    ``own.parse_args`` (an unknown flag is the configuration parser's to name, with a "did you mean")."""
+    takes_value = {o: a.nargs != 0 for a in own._actions for o in a.option_strings}
+    mine, rest = [], []
+    it = iter(argv)
+    for token in it:
+        name = token.split("=", 1)[0]
+        if name in takes_value:
+            mine.append(token)
+            if takes_value[name] and "=" not in token:
+                mine.append(next(it, ""))
+        else:
+            rest.append(token)
+    return mine, rest

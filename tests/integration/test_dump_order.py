@@ -159,6 +159,16 @@ def test_same_seed_same_bytes_other_seed_other_order(work, baseline):
     assert len(other) == 4 and other != baseline[:4]
 
 
+def test_train_fit_flags_and_stacked_configs_give_the_order_of_the_older_flags(work, baseline):
+    """Guards: a tool keeping only the last --config, or its own flag vocabulary drifting from train fit's.
+    ``--seed 99``, ``--data.seed 99`` and a second --config setting data.seed 99 dump the same bytes."""
+    (work / "seed99.yaml").write_text("data:\n  seed: 99\n")
+    old = run_dump(work, "old99.jsonl", "--seed", 99, "--steps", 2)
+    assert run_dump(work, "new99.jsonl", "--data.seed", 99, "--steps", 2) == old
+    assert run_dump(work, "stacked99.jsonl", "--config", work / "seed99.yaml", "--steps", 2) == old
+    assert old != baseline[:4]
+
+
 @pytest.fixture(scope="module")
 def head(work) -> Path:
     """A dump stopped after step 2, with its cursor in head.jsonl.cursor.json."""
