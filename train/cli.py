@@ -57,6 +57,7 @@ from train.faults import (
     install_early_handlers,
 )
 from train.model import ModelConfigError
+from train.module import PretrainModule
 from train.parallel import check_checkpoint_layout, resolve_strategy
 from train.rundir import RunDir
 from train.rundir_lock import acquire_run_dir
@@ -89,6 +90,10 @@ def check_tokenizer() -> None:
 
 class WellMixedCLI(ConfigCLI):
     """The parser of train/config.py, plus what a run does before and around ``trainer.fit``."""
+
+    def __init__(self, args=None, run: bool = True, **kwargs):
+        # the module class is looked up here at each start (fault-injection tests swap train.cli.PretrainModule)
+        super().__init__(args=args, run=run, model_class=PretrainModule, **kwargs)
 
     def _parse_ckpt_path(self) -> None:
         """``--ckpt_path`` checked when the command line is parsed, before anything is built or written

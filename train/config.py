@@ -241,11 +241,12 @@ def short_error(message: str, parser: WellMixedParser) -> str:
 class ConfigCLI(LightningCLI):
     """The parser of ``python -m train`` (no runtime behaviour: train/cli.py's WellMixedCLI adds that)."""
 
-    def __init__(self, args=None, run: bool = True, prog: str | None = None, **kwargs):
+    def __init__(self, args=None, run: bool = True, prog: str | None = None, model_class: type | None = None,
+                 **kwargs):
         from train import loggers as run_loggers
 
         super().__init__(
-            PretrainModule,
+            model_class or PretrainModule,
             WellMixedData,
             save_config_callback=run_loggers.RunConfigSaver,
             seed_everything_default=1234,
