@@ -173,6 +173,7 @@ class WellMixedCLI(ConfigCLI):
                                        cursors=False)
         self._check_resume_settings(ckpt_path)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
+        self.trainer.loggers = self._loggers(run.loggers)
 
     def before_fit(self) -> None:
         """Everything that can be wrong is checked here, before the first step, and before anything is
