@@ -148,7 +148,7 @@ def test_runner_dry_run_names_each_arm_and_seed(capsys, tmp_path):
             "--config ablations/demo_fixed.yaml") in fixed
     assert f"--run.dir {tmp_path}/abl/fixed-seed1 " in fixed and "--data.seed 1 " in fixed
     assert "--run.wandb_group abl --run.wandb_name abl/fixed-seed1" in fixed
-    assert fixed.endswith("--trainer.precision 32-true")
+    assert fixed.endswith("--trainer.precision 32-true --ckpt_path last_or_new")  # resumes whatever it holds
     assert "demo_fixed" not in lines[0]
 
 
