@@ -1,26 +1,26 @@
 """``python -m train fit --config CONFIG [--ckpt_path last]``: LightningCLI over the module and the data.
 
-Config sections: ``model:`` (train/module.py), ``data:`` (data/config.py, the DataModule),
-``trainer:`` (Lightning's Trainer) and ``run:`` (below: run directory, logging, checkpoints).
-Every value can be overridden from the command line, e.g. ``--data.seed 7 --run.dir runs/x``.
-
-What this file adds to LightningCLI, and why:
+The parser (sections ``model:``, ``data:``, ``trainer:``, ``run:``; stacked ``--config`` files and
+``--data.seed 7``-style overrides; one-line errors; the help) is train/config.py's, shared with every
+tool. What this file adds to it, and why:
 - derived Trainer defaults: ``max_steps`` from the schedule's token budget, bf16-mixed on GPU and
   fp32 on CPU, validation every ``run.val_every_n_steps`` steps of the (endless) stream, no
   distributed sampler (the data layer slices the global order itself), gradient clipping 1.0;
 - loggers chosen with ``run.loggers`` (train/loggers.py): CSV always, wandb (offline unless an API
   key is set), TensorBoard, MLflow; each gets the whole resolved config plus derived values.
-  ``--trainer.logger`` is refused rather than ignored;
+  ``--trainer.logger`` is refused rather than ignored; they are made once the start-up checks pass;
 - no ``--optimizer`` / ``--lr_scheduler``: AdamW and the warmup-stable-decay LR of ``data.schedule``
   are the module's (LightningCLI's automatic optimizer flags would silently replace both);
 - only the subcommands that work on this module: ``fit`` and ``validate`` (which prints its results);
 - checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; what ``--ckpt_path``
   names (``last``, ``last_or_new``, a file) is found and verified before it is loaded
-  (train/checkpoint.py), and SIGTERM/SIGUSR1 checkpoint and stop cleanly at the next step
+  (train/checkpoint.py), its ``model:`` settings compared with the run's (train/config.py's resume rule:
+  a must-match difference refused by name, the rest applied and logged), and SIGTERM/SIGUSR1 checkpoint and stop cleanly at the next step
   (train/faults.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
   requeues after that checkpoint);
-- start-up checks before any compute: the manifest (bad files), the plan table and implied epochs,
-  the schedule against the model's context, the global batch against ranks x micro-batch;
+- start-up checks before any compute, and before anything is written into ``run.dir`` (its lock, the
+  mapping report, the loggers' files): the checkpoint, the manifest (bad files), the plan table and
+  implied epochs, the schedule against the model's context, the memory estimate on a GPU;
 - the config is saved per launch as ``<run>/config-NNN.yaml`` (a resume adds one, never overwrites)
   and ``<run>/config.yaml`` is the latest.
 """
