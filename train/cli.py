@@ -15,7 +15,8 @@ tool. What this file adds to it, and why:
 - checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; what ``--ckpt_path``
   names (``last``, ``last_or_new``, a file) is found and verified before it is loaded
   (train/checkpoint.py), its ``model:`` settings compared with the run's (train/config.py's resume rule:
-  a must-match difference refused by name, the rest applied and logged), and SIGTERM/SIGUSR1 checkpoint and stop cleanly at the next step
+  a must-match difference refused by name, the rest applied and logged), and SIGTERM/SIGUSR1
+  checkpoint and stop cleanly at the next step
   (train/faults.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
   requeues after that checkpoint);
 - start-up checks before any compute, and before anything is written into ``run.dir`` (its lock, the
