@@ -326,16 +326,21 @@ def refuse_linked_keys_in_files(paths) -> None:
 
 
 def refuse_set_by_cli(section: Namespace) -> None:
-    """A Trainer key this CLI sets itself, given anyway (flag, config file or environment): one line naming
-    what to use instead. ``trainer.logger: true`` / ``null`` (the defaults) pass."""
-    trainer = section.get("trainer") or Namespace()
-    defaults = {"logger": (None, True), "enable_checkpointing": (None, True), "use_distributed_sampler": (True,),
-                "plugins": (None,), "default_root_dir": (None,), "val_check_interval": (None,),
-                "check_val_every_n_epoch": (1,), "log_every_n_steps": (None,)}
+    """A key this CLI sets itself (SET_BY_CLI, HIDDEN), given anyway (flag, config file or environment):
+    one line naming what to use instead. Its default, or the value the CLI derives (as a saved
+    ``<run>/config.yaml`` holds it), passes."""
+    trainer, run = section.get("trainer") or Namespace(), section.get("run") or Namespace()
+    allowed = {"logger": (None, True), "enable_checkpointing": (None, True), "use_distributed_sampler": (True, False),
+               "check_val_every_n_epoch": (1, None), "val_check_interval": (None, run.get("val_every_n_steps")),
+               "log_every_n_steps": (None, run.get("log_every_n_steps"))}
     for key, instead in SET_BY_CLI.items():
         value = trainer.get(key)
-        if value not in defaults.get(key, (None,)):
+        if value not in allowed.get(key, (None,)):
             raise ConfigError(f"--trainer.{key} is set by this CLI (got {value!r}): {instead}")
+    value = (section.get("model") or Namespace()).get("log_every_n_steps")
+    if value not in (None, 1, run.get("log_every_n_steps")):
+        raise ConfigError(f"--model.log_every_n_steps is set by this CLI (got {value!r}): "
+                          f"{HIDDEN['model.log_every_n_steps']}")
 
 
 def program_name() -> str:
