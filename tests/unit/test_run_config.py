@@ -10,6 +10,7 @@ written nothing into it.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import sys
 from pathlib import Path
@@ -29,17 +30,27 @@ def script(name: str):
     return module
 
 
+def all_loggers() -> dict:
+    return {"": logging.getLogger(), **{n: lg for n, lg in logging.Logger.manager.loggerDict.items()
+                                        if isinstance(lg, logging.Logger)}}
+
+
 def fit(args: list[str], capsys) -> tuple[int, str, str]:
     """``python -m train fit ARGS`` in this process: (exit code, stdout, stderr)."""
     from train.cli import main
 
     saved, sys.argv = sys.argv, sys.argv[:1]
+    for log in all_loggers().values():  # handlers bound to an earlier test's captured (closed) stderr
+        log.handlers[:] = [h for h in log.handlers if not getattr(getattr(h, "stream", None), "closed", False)]
+    handlers = {name: list(log.handlers) for name, log in all_loggers().items()}
     try:
         rc = main(["fit", *args])
     except SystemExit as e:
         rc = e.code
     finally:
         sys.argv = saved
+        for name, log in all_loggers().items():  # main's handlers write to this test's captured stderr
+            log.handlers[:] = handlers.get(name, [])
     out = capsys.readouterr()
     return rc, out.out, out.err
 
