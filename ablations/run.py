@@ -17,9 +17,12 @@ scheduled arm's diff, and for the fixed arm its one-key diff, the mixture) plus:
     --seed_everything S --data.seed S --data.order_log true --run.dir OUT/<arm>-seed<S>
     --run.wandb_group NAME --run.wandb_name NAME/<arm>-seed<S>   [extra overrides after --]
 
-so each arm has its own run directory and the wandb runs are grouped under the ablation's name
-(default: OUT's folder name). Runs go one after another; a finished run (held-out loss logged at
-its last step) is skipped and an unfinished one with ``checkpoints/last.ckpt`` resumes from it, so
+The pair's configs and the overrides after ``--`` are resolved as ``train fit`` resolves them before
+anything runs (a bad key is one ``error:`` line); ``--seed_everything``, ``--data.seed``, ``--run.dir``
+and ``--ckpt_path`` are this runner's and refused after ``--``. So each arm has its own run directory
+and the wandb runs are grouped under the ablation's name (default: OUT's folder name). Runs go one
+after another; a finished run (held-out loss logged at its last step) is skipped and every other one
+runs with ``--ckpt_path last_or_new`` (it resumes from its newest checkpoint when it has one), so
 re-running the same command after a crash continues where it stopped. Afterwards
 ``ablations/report.py OUT`` writes ``OUT/report.md`` (skip with ``--no-report``).
 
@@ -41,11 +44,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import yaml
-
 from ablations.outcomes import is_complete
 from data.errors import ConfigError, one_line_errors
-from train.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("scheduled", "fixed")
@@ -79,23 +79,38 @@ class Job:
     seed: int
     run_dir: str
     args: list[str]
-    """Arguments of ``python -m train fit`` (without ``--ckpt_path``, added on resume)."""
+    """Arguments of ``python -m train fit`` (without ``--ckpt_path``: ``last_or_new`` is added to local runs;
+    the SLURM launcher adds its own)."""
 
 
-def config_seed(pair: Pair) -> int:
-    """``data.seed`` as the pair's stacked configs set it (the last file that names it wins)."""
-    seed = 1234
-    for path in pair.configs("scheduled"):
-        data = (yaml.safe_load((ROOT / path).read_text()) or {}).get("data") or {}
-        seed = data.get("seed", seed)
-    return int(seed)
+OWN_KEYS = ("--seed_everything", "--data.seed", "--run.dir", "--ckpt_path")
+"""Set per run by this runner: in the overrides after ``--`` they would relabel every run (seed S's run
+trained with another seed), so they are refused."""
 
 
-def default_seeds(pair: Pair, n: int = DEFAULT_NUM_SEEDS) -> list[int]:
+def resolve_arms(pair: Pair, extra: list[str]) -> dict:
+    """Each arm's configuration as ``python -m train fit`` resolves it (train/config.py): the pair's stacked
+    configs plus the overrides after ``--``; a bad key or value is refused here, before any run starts."""
+    from train.config import resolve_config
+
+    for flag in extra:
+        if flag.split("=")[0] in OWN_KEYS:
+            raise ConfigError(f"{flag.split('=')[0]} is set per run by ablations/run.py; use --seeds / --out "
+                              "instead of passing it after --")
+    return {arm: resolve_config([a for c in pair.configs(arm) for a in ("--config", str(ROOT / c))] + extra)
+            for arm in ARMS}
+
+
+def config_seed(pair: Pair, extra: list[str] | None = None) -> int:
+    """``data.seed`` as the pair's stacked configs (and overrides) set it."""
+    return int(resolve_arms(pair, extra or [])["scheduled"].data.seed)
+
+
+def default_seeds(pair: Pair, n: int = DEFAULT_NUM_SEEDS, extra: list[str] | None = None) -> list[int]:
     """``n`` seeds from the configs' ``data.seed`` S: S, S+1, ..., S+n-1."""
     if n < 1:
         raise ConfigError(f"--num-seeds must be at least 1, got {n}")
-    first = config_seed(pair)
+    first = config_seed(pair, extra)
     return [first + i for i in range(n)]
 
 
@@ -115,13 +130,12 @@ def plan_jobs(pair: Pair, seeds: list[int], out: Path, name: str, extra: list[st
 
 
 def task_args(job: Job, resume: bool = True) -> list[str] | None:
-    """The job's ``python -m train fit`` arguments now: None when it is finished, resumed when begun."""
-    run_dir = ROOT / job.run_dir  # relative to the repository root, where training runs
-    if is_complete(run_dir):
+    """The job's ``python -m train fit`` arguments now: None when it is finished; with ``resume``,
+    ``--ckpt_path last_or_new`` (train/checkpoint.py: the newest valid checkpoint when the run has one,
+    whether ``last.ckpt`` or only step files, else step 0)."""
+    if is_complete(ROOT / job.run_dir):  # relative to the repository root, where training runs
         return None
-    if resume and RunDir(run_dir).last_ckpt.is_file():
-        return job.args + ["--ckpt_path", "last"]
-    return job.args
+    return job.args + ["--ckpt_path", "last_or_new"] if resume else job.args
 
 
 def sbatch_command(jobs_file: Path, n_jobs: int, name: str, sbatch_args: list[str]) -> list[str]:
@@ -167,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     pair = PAIRS[args.pair]
     out = repo_relative(args.out or ROOT / "runs" / f"ablation-{args.pair}")
     name = args.name or out.name
-    seeds = args.seeds or default_seeds(pair, args.num_seeds)
+    seeds = args.seeds or default_seeds(pair, args.num_seeds, extra)
+    if args.seeds:
+        resolve_arms(pair, extra)  # the overrides checked before anything runs
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds repeats a seed: {seeds}")
     jobs = plan_jobs(pair, seeds, out, name, extra)

@@ -8,8 +8,13 @@ process, no model, and writes one JSON line per (step, rank) -- the format is in
     python scripts/dump_order.py --config configs/demo.yaml --steps 100 --resume-from a.jsonl.cursor.json --out b.jsonl
     # a.jsonl + b.jsonl == the uninterrupted dump
 
-Flags override the config: --corpus DIR (DIR/<source>/*.parquet), --seed, --weights web=0.6,...,
---batch-size, --seq-len, --buffer-size, --open-shards, --selector.
+The configuration is resolved as ``python -m train fit`` resolves it (train/config.py): stacked
+``--config`` files and ``--data.<key>`` overrides (``--data.seed 7``, ``--data.batch_size 2``,
+``--data.schedule.seq_len.end 512``). ``--corpus DIR`` reads DIR/<source>/*.parquet instead of the
+config's globs. The older spellings map onto those keys: ``--seed`` (data.seed), ``--batch-size``
+(data.batch_size), ``--seq-len`` (data.seq_len), ``--buffer-size`` (data.buffer_size), ``--open-shards``
+(data.open_shards), ``--selector`` (data.selector), and ``--weights web=0.6,...`` (a fixed mixture:
+data.weights, replacing data.schedule).
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ import time
 from pathlib import Path
 
 from data import files
-from data.config import check_weights, corpus_sources, load_data_config
+from data.config import check_weights, corpus_sources
 from data.errors import ConfigError, error_lines, one_line_errors
 from data.manifest import build_manifest
 from data.plan import stream_table
 from data.simulate import OrderSimulator, dumps
+
+OLD_FLAGS = {"seed": "data.seed", "batch_size": "data.batch_size", "seq_len": "data.seq_len",
+             "buffer_size": "data.buffer_size", "open_shards": "data.open_shards", "selector": "data.selector"}
+"""This script's older flags (``--batch-size``) and the configuration key each sets."""
 
 
 def parse_weights(text: str) -> dict[str, float]:
@@ -46,8 +55,9 @@ def parse_weights(text: str) -> dict[str, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="run config YAML (its data: section is used)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False, epilog="Also every option of `python -m train fit` "
+                                "(--config, --data.*, ...).")
     p.add_argument("--steps", type=int, default=None, help="steps to dump (default: the schedule's total steps)")
     p.add_argument("--world-size", type=int, default=1, help="ranks R")
     p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers W per rank (default: config)")
@@ -56,37 +66,47 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after step S and write the cursor to OUT.cursor.json")
     p.add_argument("--resume-from", default=None, metavar="CURSOR_FILE", help="continue from a saved cursor")
     p.add_argument("--corpus", default=None, help="use DIR/<source>/*.parquet instead of the config's globs")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--weights", default=None, help="fixed mixture, e.g. web=0.62,code=0.18,books=0.12,curated=0.08")
-    p.add_argument("--batch-size", type=int, default=None, help="sequences per rank per step")
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--buffer-size", type=int, default=None)
-    p.add_argument("--open-shards", type=int, default=None)
-    p.add_argument("--selector", choices=["deficit", "random"], default=None)
+    p.add_argument("--weights", default=None, help="fixed mixture, e.g. web=0.62,code=0.18,books=0.12,curated=0.08 "
+                   "(sets data.weights and drops data.schedule)")
+    for flag, key in OLD_FLAGS.items():
+        p.add_argument("--" + flag.replace("_", "-"), default=None, metavar=key.split(".")[1].upper(),
+                       help=f"= --{key}")
     return p
+
+
+def resolve(args: argparse.Namespace, rest: list[str], resolved):
+    """The data config of ``--config ... --data.* ...`` (``resolved``: train/config.py's resolution of
+    ``rest``) with the older flags mapped onto their keys (after the user's, so that they win as they
+    did); ``--weights`` checked against the configured sources first, so an error names the flag at fault."""
+    from train.config import data_config, resolve_config
+
+    mapped = [a for flag, key in OLD_FLAGS.items() if getattr(args, flag) is not None
+              for a in (f"--{key}", str(getattr(args, flag)))]
+    written = data_config(resolved)
+    if args.weights is None and args.seq_len is None:
+        return data_config(resolve_config(rest + mapped)) if mapped else written
+    if args.weights is not None:
+        weights = parse_weights(args.weights)
+        check_weights(weights, list(written.sources), "--weights")
+        mapped += ["--data.schedule", "null", "--data.weights", json.dumps(weights)]
+    elif written.schedule is not None:
+        raise ConfigError("--seq-len replaces the schedule's sequence-length warmup: also give --weights "
+                          f"for a fixed mixture of {list(written.sources)}")
+    return data_config(resolve_config(rest + mapped))
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    overrides: dict = {}
-    for flag, key in [("seed", "seed"), ("batch_size", "batch_size"), ("seq_len", "seq_len"),
-                      ("buffer_size", "buffer_size"), ("open_shards", "open_shards"), ("selector", "selector")]:
-        value = getattr(args, flag)
-        if value is not None:
-            overrides[key] = value
+    from train.config import resolve_config, split_tool_args
+
+    parser = build_parser()
+    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
+    if "-h" in own or "--help" in own:
+        parser.parse_args(own)  # prints the help and exits
     try:
-        # Flag values are checked against the config as written, so an error names the flag at fault
-        # (not data.weights of a config file the user did not edit).
-        written = load_data_config(args.config)
-        if args.weights is not None:
-            weights = parse_weights(args.weights)
-            check_weights(weights, list(written.sources), "--weights")
-            overrides["weights"], overrides["schedule"] = weights, None
-        elif args.seq_len is not None and written.schedule is not None:
-            raise ConfigError("--seq-len replaces the schedule's sequence-length warmup: also give --weights "
-                              f"for a fixed mixture of {list(written.sources)}")
-        cfg = load_data_config(args.config, overrides)
+        resolved = resolve_config(rest)
+        args = parser.parse_args(own)
+        cfg = resolve(args, rest, resolved)
         if args.corpus:
             cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
         manifest = build_manifest(cfg)

@@ -8,9 +8,15 @@ step and token totals and phase boundaries. The PNG shows mixture weights, learn
 sequence length against the step, phase boundaries marked.
 
     python scripts/plan.py --config configs/pretrain_350m_20b.yaml        # PNG in runs/plan/
+    python scripts/plan.py --config configs/pretrain_350m_20b.yaml --config configs/presets/64gpu.yaml
     python scripts/plan.py --config configs/demo.yaml --corpus demo_corpus --out demo_plan.png
     python scripts/plan.py --config configs/pretrain_350m_20b.yaml \\
         --tokens web=2e11,code=2e10,books=4e10,curated=1e10 --out plan.png
+
+The configuration is resolved as ``python -m train fit`` resolves it (train/config.py): stacked
+``--config`` files and any ``--data.*`` / ``--model.*`` / ``--trainer.*`` override, e.g.
+``--data.schedule.train_tokens 2e9`` or ``--model.model.n_layers 24``. The ranks default to the
+config's ``trainer.devices x trainer.num_nodes``.
 
 Exit status 2 with ``error: ...`` on stderr for an invalid config or unusable corpus.
 """
@@ -27,22 +33,24 @@ import sys
 import warnings
 from pathlib import Path
 
-from data.config import corpus_sources, load_data_config
+from data.config import corpus_sources
 from data.errors import ConfigError, error_lines, one_line_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, help="run config YAML (its data: section is used)")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False, epilog="Also every option of `python -m train fit` "
+                                "(--config, --data.*, --model.*, --trainer.*, --run.*).")
     p.add_argument("--out", default=None,
-                   help="PNG to write (mixture weights, LR, seq len vs step); default runs/plan/<config name>.png")
+                   help="PNG to write (mixture weights, LR, seq len vs step); default runs/plan/<config names>.png")
     p.add_argument("--corpus", default=None, help="use DIR/<source>/*.parquet instead of the config's globs")
     p.add_argument("--tokens", default=None, metavar="SRC=N,...",
                    help="available tokens per source, e.g. web=2.28e11,code=2.07e10 (instead of the corpus)")
     p.add_argument("--max-epochs", type=float, default=None,
                    help="warn above this many epochs of a source (default: data.max_epochs)")
-    p.add_argument("--world-size", type=int, default=1,
-                   help="ranks, for the effective buffer and open chunks per source (with data.num_workers)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks, for the effective buffer and open chunks per source (with data.num_workers); "
+                        "default: trainer.devices x trainer.num_nodes of the config (1 if not numbers)")
     p.add_argument("--gpu-memory-gib", type=float, default=140.0,
                    help="GPU memory for the per-GPU memory plan (default 140: an H200; 80 for an H100)")
     p.add_argument("--strict", action="store_true",
@@ -50,19 +58,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def config_ranks(trainer) -> int:
+    """trainer.devices x trainer.num_nodes when both are numbers (``auto`` and device lists count 1)."""
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+    return devices * nodes if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) else 1
+
+
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from train.config import split_tool_args
+
+    parser = build_parser()
+    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
+    if "-h" in own or "--help" in own:
+        parser.parse_args(own)  # prints the help and exits
     from data.plan import available_tokens, check_epochs, parse_tokens, plan_table, plot_schedule
     from data.schedules import build_schedule
+    from train.config import config_sources, data_config, model_config, model_source, resolve_config
     from train.memory import memory_plan
+    from train.model import ModelConfigError
 
     try:
-        cfg = load_data_config(args.config)
+        resolved = resolve_config(rest)
+        args = parser.parse_args(own)
+        name = config_sources(resolved)
+        cfg, model = data_config(resolved), model_config(resolved)
         if args.corpus:
             cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
         if cfg.schedule is None:
-            raise ConfigError(f"{args.config}: data.schedule is missing; a plan needs the token budget and "
+            raise ConfigError(f"{name}: data.schedule is missing; a plan needs the token budget and "
                               "phases of a schedule (a fixed `weights:` mixture has no steps to plan)")
         schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
         tokens, origin = available_tokens(cfg, None if args.tokens is None else parse_tokens(args.tokens))
@@ -71,16 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             check_epochs(schedule, tokens, max_epochs=max_epochs, error=args.strict or cfg.max_epochs_error)
-        out = Path(args.out) if args.out else Path("runs/plan") / f"{Path(args.config).stem}.png"
+        stems = "+".join(Path(str(getattr(c, "relative", c))).stem for c in resolved.get("config") or []) or "plan"
+        out = Path(args.out) if args.out else Path("runs/plan") / f"{stems}.png"
         if args.out is None:
             out.parent.mkdir(parents=True, exist_ok=True)
         if not out.parent.is_dir():
             raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
-    except ConfigError as e:
+    except (ConfigError, ModelConfigError) as e:
         print(error_lines(e), file=sys.stderr)
         return 2
 
-    print(f"plan for {args.config}; available tokens: {origin}\n")
+    world_size = config_ranks(resolved.trainer) if args.world_size is None else args.world_size
+    print(f"plan for {name}; available tokens: {origin}\n")
     print(table)
     if caught:
         for w in caught:
@@ -92,13 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         from data.manifest import build_manifest
         from data.plan import stream_table
 
-        consumers = args.world_size * max(1, cfg.num_workers)
+        consumers = world_size * max(1, cfg.num_workers)
         manifest = build_manifest(cfg)
         if manifest.mapping is not None:
             print("\n" + manifest.mapping.text())
         print("\neffective streams per consumer (the epoch barrier caps what a small source can hold):")
         print(stream_table(manifest, cfg, consumers))
-    print("\n" + memory_plan(args.config, cfg.batch_size, schedule.config.seq_len.end, args.gpu_memory_gib))
+    seq = schedule.config.seq_len.end
+    print("\n" + memory_plan(model, model_source(resolved), cfg.batch_size, seq, args.gpu_memory_gib))
     plot_schedule(schedule, out)
     print(f"wrote {out}")
     return 0

@@ -7,8 +7,6 @@ tests/test_memory_estimate in tests/unit/test_loss.py), plus the loss path's tra
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from train.loss import default_chunk_tokens
 from train.model import ModelConfig
 
@@ -133,23 +131,12 @@ def check_fits(config: ModelConfig, micro_batch: int, seq_len: int, device_bytes
     )
 
 
-def memory_plan(config_path: str, micro_batch: int, seq_len: int, gpu_gib: float) -> str:
-    """The estimated peak memory per GPU (train/memory.py) of the config's model at its micro-batch and
-    longest sequence, for each loss path with and without activation checkpointing; the start-up check
-    refuses what does not fit the GPU it runs on."""
-    import inspect
-
-    import yaml
-
-    from train.model import ModelConfig, load_model_config
-    from train.module import PretrainModule
-
-    model = ((yaml.safe_load(Path(config_path).read_text()) or {}).get("model") or {}).get("model")
-    if model is None:
-        model = inspect.signature(PretrainModule.__init__).parameters["model"].default
-    cfg = ModelConfig(**model) if isinstance(model, dict) else load_model_config(model)
+def memory_plan(cfg, label: str, micro_batch: int, seq_len: int, gpu_gib: float) -> str:
+    """The estimated peak memory per GPU (train/memory.py) of model ``cfg`` (a ModelConfig; ``label`` names
+    it) at its micro-batch and longest sequence, for each loss path with and without activation
+    checkpointing; the start-up check refuses what does not fit the GPU it runs on."""
     budget = FIT_FRACTION * gpu_gib * 2**30
-    lines = [f"memory per GPU (DDP, bf16-mixed; model {model if isinstance(model, str) else 'inline'}, "
+    lines = [f"memory per GPU (DDP, bf16-mixed; model {label}, "
              f"data.batch_size {micro_batch} x {seq_len} tokens; fits = under {FIT_FRACTION:.0%} of "
              f"{gpu_gib:g} GiB, --gpu-memory-gib):"]
     for loss in ("chunked", "plain"):

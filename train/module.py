@@ -9,6 +9,7 @@ only needs the step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ class OptimConfig:
 class PretrainModule(L.LightningModule):
     def __init__(
         self,
-        model: str | ModelConfig = "configs/model/demo.yaml",
+        model: ModelConfig = ModelConfig(),  # noqa: B008 -- never changed in place (copied below)
         optim: Optional[OptimConfig] = None,
         compile: bool | Literal["auto"] = False,
         on_nonfinite: Literal["stop", "skip"] = "stop",
@@ -47,8 +48,11 @@ class PretrainModule(L.LightningModule):
     ):
         """
         Args:
-            model: a ModelConfig, or the path of a model YAML in configs/model/ (a checkpoint's dict works too);
-                in code, any other architecture's config (train/architecture.py, docs/model.md).
+            model: the model's shape (train/model.py). On the command line and in configs a group:
+                ``model: {model: model/demo.yaml}`` loads a model file (relative to the config file that
+                names it), ``--model.model.d_model 64`` changes one field of it. In Python a ModelConfig,
+                the path of a model YAML, a checkpoint's dict, or another architecture's config
+                (train/architecture.py, docs/model.md).
             optim: AdamW settings.
             compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64);
                 ``auto`` compiles on CUDA only, so one config serves the GPU run and a CPU smoke test.
@@ -61,8 +65,11 @@ class PretrainModule(L.LightningModule):
             model = ModelConfig(**model)
         if isinstance(optim, dict):
             optim = OptimConfig(**{**optim, "betas": tuple(optim.get("betas", OptimConfig.betas))})
-        self.model_config: ArchitectureConfig = load_model_config(model) if isinstance(model, (str, os.PathLike)) \
-            else model
+        if isinstance(model, (str, os.PathLike)):
+            model = load_model_config(model)
+        elif isinstance(model, ModelConfig):
+            model = dataclasses.replace(model)  # a copy: the CLI's parsed config stays as parsed
+        self.model_config: ArchitectureConfig = model
         self.optim = optim or OptimConfig()
         # What a checkpoint needs to rebuild this module, saved once and never rewritten: the model config
         # resolved (a YAML path would tie the checkpoint to a file), plain types (checkpoints load with

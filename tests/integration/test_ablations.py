@@ -148,8 +148,18 @@ def test_runner_dry_run_names_each_arm_and_seed(capsys, tmp_path):
             "--config ablations/demo_fixed.yaml") in fixed
     assert f"--run.dir {tmp_path}/abl/fixed-seed1 " in fixed and "--data.seed 1 " in fixed
     assert "--run.wandb_group abl --run.wandb_name abl/fixed-seed1" in fixed
-    assert fixed.endswith("--trainer.precision 32-true")
+    assert fixed.endswith("--trainer.precision 32-true --ckpt_path last_or_new")  # resumes whatever it holds
     assert "demo_fixed" not in lines[0]
+
+
+def test_runner_checks_the_overrides_as_train_fit_does_before_any_run(capsys, tmp_path):
+    """Guards: ``-- --data.seed 9`` relabelling every run (seed 1234's run trained with seed 9), and a
+    misspelt override found only when the first run starts."""
+    with pytest.raises(SystemExit, match="--data.seed is set per run"):
+        run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--", "--data.seed", "9"])
+    with pytest.raises(SystemExit) as e:
+        run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--", "--trainer.precison", "32"])
+    assert e.value.code == 2 and "did you mean --trainer.precision" in capsys.readouterr().err
 
 
 def test_runner_runs_three_seeds_by_default(capsys, tmp_path):

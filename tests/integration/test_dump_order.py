@@ -3,11 +3,16 @@
     python scripts/dump_order.py --config CONFIG --steps N --world-size R --num-workers W --out FILE
 
 One JSON line per (step, rank); same seed -> same bytes; a cursor saved in one process continues
-exactly in another; flags override the config; bad input -> exit 2 and a one-line ``error:``.
+exactly in another (a subprocess); flags override the config, in this script's older spelling and in
+``train fit``'s (``--data.seed``), over stacked configs; bad input -> exit 2 and a one-line ``error:``.
+The script's ``main`` runs in this process except where a fresh process is the point.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import re
@@ -43,20 +48,51 @@ def work(tmp_path_factory, demo_corpus) -> Path:
     return d
 
 
-def dump_order(work: Path, *args, expect_rc: int = 0) -> subprocess.CompletedProcess:
-    """Run the script in a fresh interpreter (cwd: the tmp dir; manifest cache: tmp)."""
+def _script():
+    """scripts/dump_order.py loaded as a module (its ``main(argv) -> int``), once."""
+    if "module" not in _SCRIPT:
+        spec = importlib.util.spec_from_file_location("dump_order_script", SCRIPT)
+        _SCRIPT["module"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_SCRIPT["module"])
+    return _SCRIPT["module"]
+
+
+_SCRIPT: dict = {}
+
+
+def dump_order(work: Path, *args, expect_rc: int = 0, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run the script (cwd: the tmp dir; manifest cache: tmp): its ``main`` in this process (the import of
+    torch and Lightning, which its configuration parser needs, is paid once), or with ``fresh`` in a new
+    interpreter."""
+    argv = [str(a) for a in args]
     env = {**os.environ, "WELLMIXED_CACHE": str(work / "cache")}
-    proc = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=120)
+    if fresh:
+        proc = subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=120)
+    else:
+        out, err, cwd, saved = io.StringIO(), io.StringIO(), os.getcwd(), dict(os.environ)
+        os.chdir(work)
+        os.environ["WELLMIXED_CACHE"] = env["WELLMIXED_CACHE"]
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    rc = _script().main(argv)
+                except SystemExit as e:
+                    rc = e.code
+        finally:
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(saved)
+        proc = subprocess.CompletedProcess(argv, rc, out.getvalue(), err.getvalue())
     assert proc.returncode == expect_rc, proc.stderr
     return proc
 
 
-def run_dump(work: Path, name: str, *args) -> list[str]:
+def run_dump(work: Path, name: str, *args, fresh: bool = False) -> list[str]:
     """Dump with the test config (R=2, W=2, 8 steps unless overridden) and return the lines."""
     out = work / name
     dump_order(work, "--config", work / "config.yaml", "--steps", STEPS, "--world-size", R,
-               "--num-workers", W, "--out", out, *args)
+               "--num-workers", W, "--out", out, *args, fresh=fresh)
     return out.read_text().splitlines()
 
 
@@ -123,6 +159,16 @@ def test_same_seed_same_bytes_other_seed_other_order(work, baseline):
     assert len(other) == 4 and other != baseline[:4]
 
 
+def test_train_fit_flags_and_stacked_configs_give_the_order_of_the_older_flags(work, baseline):
+    """Guards: a tool keeping only the last --config, or its own flag vocabulary drifting from train fit's.
+    ``--seed 99``, ``--data.seed 99`` and a second --config setting data.seed 99 dump the same bytes."""
+    (work / "seed99.yaml").write_text("data:\n  seed: 99\n")
+    old = run_dump(work, "old99.jsonl", "--seed", 99, "--steps", 2)
+    assert run_dump(work, "new99.jsonl", "--data.seed", 99, "--steps", 2) == old
+    assert run_dump(work, "stacked99.jsonl", "--config", work / "seed99.yaml", "--steps", 2) == old
+    assert old != baseline[:4]
+
+
 @pytest.fixture(scope="module")
 def head(work) -> Path:
     """A dump stopped after step 2, with its cursor in head.jsonl.cursor.json."""
@@ -138,7 +184,7 @@ def test_cursor_continues_exactly_in_a_fresh_process(work, baseline, head):
     assert [json.loads(x)["step"] for x in head_lines] == [0, 0, 1, 1, 2, 2]
     cursor = Path(str(head) + ".cursor.json")
     assert cursor.stat().st_size < 200_000
-    tail = run_dump(work, "tail.jsonl", "--resume-from", cursor)
+    tail = run_dump(work, "tail.jsonl", "--resume-from", cursor, fresh=True)
     assert json.loads(tail[0])["step"] == 3
     assert head_lines + tail == baseline
 

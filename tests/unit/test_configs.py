@@ -74,7 +74,9 @@ def meta_params(model) -> int:
 
 
 def model_path(cfg) -> str:
-    return str(cfg.model.model.__path__.relative)
+    """The model file a parsed config loaded, relative to the repository (a config's model file is found
+    beside it, in the launch directory or in the repository: train/config.py)."""
+    return Path(cfg.model.model.__path__.absolute).relative_to(ROOT).as_posix()
 
 
 def stated_model(path: str) -> tuple[str, int]:

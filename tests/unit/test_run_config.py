@@ -1,0 +1,162 @@
+"""One configuration path (train/config.py): what a flag says is what every tool builds.
+
+In process (the parser is LightningCLI's; nothing trains): a model field override keeps the model the
+config names, scripts/plan.py and scripts/dump_order.py resolve exactly what ``train fit --print_config``
+prints, a typo is one line with a "did you mean", ``fit --help`` shows the schedule and hides what the
+CLI sets itself, every run config has its own run directory, and a start refused for want of data has
+written nothing into it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = str(ROOT / "configs" / "demo.yaml")
+REAL = str(ROOT / "configs" / "pretrain_350m_20b.yaml")
+PRESET64 = str(ROOT / "configs" / "presets" / "64gpu.yaml")
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def all_loggers() -> dict:
+    return {"": logging.getLogger(), **{n: lg for n, lg in logging.Logger.manager.loggerDict.items()
+                                        if isinstance(lg, logging.Logger)}}
+
+
+def fit(args: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m train fit ARGS`` in this process: (exit code, stdout, stderr)."""
+    from train.cli import main
+
+    saved, sys.argv = sys.argv, sys.argv[:1]
+    for log in all_loggers().values():  # handlers bound to an earlier test's captured (closed) stderr
+        log.handlers[:] = [h for h in log.handlers if not getattr(getattr(h, "stream", None), "closed", False)]
+    handlers = {name: list(log.handlers) for name, log in all_loggers().items()}
+    try:
+        rc = main(["fit", *args])
+    except SystemExit as e:
+        rc = e.code
+    finally:
+        sys.argv = saved
+        for name, log in all_loggers().items():  # main's handlers write to this test's captured stderr
+            log.handlers[:] = handlers.get(name, [])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_a_model_field_override_changes_that_field_of_the_model_the_config_names(capsys):
+    """``model`` was typed ``str | ModelConfig``: ``--model.model.d_model 64`` replaced the demo model file
+    by the ModelConfig defaults (20 blocks, the 350M shape) without a word."""
+    from train.config import model_config, resolve_config
+    from train.model import load_model_config
+
+    demo = load_model_config(ROOT / "configs" / "model" / "demo.yaml")
+    built = model_config(resolve_config(["--config", DEMO, "--model.model.d_model", "64"]))
+    assert built == type(demo)(**{**vars(demo), "d_model": 64})
+    assert built.n_layers == 4 and built.ffn_hidden == 352
+    rc, out, _ = fit(["--config", DEMO, "--model.model.d_model", "64", "--print_config"], capsys)
+    printed = yaml.safe_load(out)["model"]["model"]
+    assert rc == 0 and printed["d_model"] == 64 and printed["n_layers"] == 4 and printed["ffn_hidden"] == 352
+
+
+def test_plan_and_dump_order_see_what_fit_print_config_shows(capsys, monkeypatch, tmp_path, demo_corpus):
+    """Guards: a tool that keeps only the last --config (the 64-GPU preset's plan failed: 'data.sources
+    required') or reads its own flags. Each tool's resolved data and model sections equal fit's."""
+    import train.config as config
+
+    args = ["--config", REAL, "--config", PRESET64, "--data.seed", "7", "--model.model.n_layers", "3"]
+    rc, out, _ = fit([*args, "--print_config"], capsys)
+    assert rc == 0
+    printed = yaml.safe_load(out)
+    seen = []
+    real_resolve = config.resolve_config
+    monkeypatch.setattr(config, "resolve_config", lambda argv: seen.append(real_resolve(argv)) or seen[-1])
+    monkeypatch.delenv("DOLMA3_DIR", raising=False)
+    assert script("plan").main([*args, "--out", str(tmp_path / "plan.png")]) == 0
+    stdout = capsys.readouterr().out
+    assert sections(config.dump_config(seen[-1])) == sections(out)
+    assert "data.batch_size 4 x 2048 tokens" in stdout  # the 64-GPU preset's micro-batch
+    assert printed["data"]["batch_size"] == 4 and printed["model"]["model"]["n_layers"] == 3
+
+    dump_args = ["--config", DEMO, "--data.seed", "7", "--data.batch_size", "2"]
+    rc, out, _ = fit([*dump_args, "--print_config"], capsys)
+    monkeypatch.chdir(ROOT)
+    assert script("dump_order").main([*dump_args, "--corpus", str(demo_corpus), "--steps", "1",
+                                      "--out", str(tmp_path / "o.jsonl")]) == 0
+    assert sections(config.dump_config(seen[-1])) == sections(out)
+    assert yaml.safe_load(out)["data"]["seed"] == 7
+
+
+def sections(text: str) -> dict:
+    """The data and model sections of a printed config (without the resume policy the CLI links in)."""
+    from train.config import RESUME_POLICY
+
+    cfg = yaml.safe_load(text)
+    data = {k: v for k, v in cfg["data"].items() if k not in RESUME_POLICY}
+    return {"data": data, "model": cfg["model"]}
+
+
+def test_a_flag_typo_is_one_line_with_did_you_mean(capsys):
+    """~90 lines of usage came before the one error line; abbreviations (``--data.bat``) were accepted."""
+    rc, _, err = fit(["--config", DEMO, "--data.sed", "7"], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and "did you mean --data.seed" in err
+    rc, _, err = fit(["--config", DEMO, "--data.schedule.lr.peek", "1e-3"], capsys)
+    assert rc == 2 and "did you mean --data.schedule.lr.peak" in err and len(err.strip().splitlines()) == 1, err
+    rc, _, err = fit(["--config", DEMO, "--data.bat", "4"], capsys)
+    assert rc == 2 and "did you mean --data.batch_size" in err, err
+
+
+def test_fit_help_shows_the_schedule_and_not_what_the_cli_sets(capsys):
+    """The help omitted ``--data.schedule.lr.peak`` (the README's example), advertised ``--trainer.logger``
+    (refused at run time), had three log_every_n_steps and was 817 lines."""
+    rc, out, _ = fit(["--help"], capsys)
+    assert rc == 0
+    options = set(re.findall(r"^\s+(?:ARG:\s+)?(--[\w.]+)", out, re.M))
+    assert "--data.schedule.lr.peak" in out and "--data.schedule.seq_len.end" in out
+    for shown in ("--data.seed", "--model.model.d_model", "--run.dir", "--trainer.devices", "--model.on_nonfinite"):
+        assert shown in options, shown
+    for hidden in ("--trainer.logger", "--trainer.log_every_n_steps", "--model.log_every_n_steps",
+                   "--trainer.val_check_interval", "--trainer.use_distributed_sampler"):
+        assert hidden not in options, hidden
+    assert len(out.splitlines()) < 450
+
+
+def test_a_trainer_option_the_cli_sets_is_refused_naming_the_key_to_use(capsys, tmp_path):
+    rc, _, err = fit(["--config", DEMO, "--trainer.log_every_n_steps", "5", "--run.dir", str(tmp_path / "r")], capsys)
+    assert rc == 2 and "--run.log_every_n_steps" in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_every_run_config_names_its_own_run_dir():
+    """The 350M config inherited run.dir runs/demo: the real run's checkpoints would land in the demo's."""
+    from train.config import resolve_config
+
+    runs = sorted(p for p in (ROOT / "configs").glob("*.yaml"))
+    dirs = {p.name: resolve_config(["--config", str(p)]).run.dir for p in runs}
+    assert len(set(dirs.values())) == len(dirs), dirs
+    for name, d in dirs.items():
+        assert "run.dir" in (ROOT / "configs" / name).read_text() or "dir:" in (ROOT / "configs" / name).read_text()
+        assert Path(d).name == Path(name).stem or name == "demo.yaml", (name, d)
+
+
+def test_a_start_refused_for_want_of_data_writes_nothing_into_the_run_dir(capsys, tmp_path):
+    """A start that failed for want of data left .run.lock and wandb/run_id in run.dir."""
+    config = tmp_path / "nodata.yaml"
+    config.write_text(Path(DEMO).read_text().replace("demo_corpus/", str(tmp_path / "absent") + "/"))
+    run_dir = tmp_path / "run"
+    rc, _, err = fit(["--config", str(config), "--run.dir", str(run_dir), "--run.wandb", "true",
+                      "--model.model", str(ROOT / "configs" / "model" / "tiny.yaml")], capsys)
+    assert rc == 2 and "absent" in err, err
+    assert not run_dir.exists() or not any(run_dir.rglob("*")), sorted(run_dir.rglob("*"))
