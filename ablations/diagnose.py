@@ -54,8 +54,8 @@ class Thresholds:
     ``batch_factor`` x the distance of batches whose rows each hold one source drawn by weight
     (``iid_rows_distance``)."""
     batch_factor: float = 2.0
-    """At 32 rows of 2,048 tokens (docs/DESIGN.md) random one-source rows give 0.10, so the limit is 0.21:
-    row-parallel packing (0.13) passes, linear packing of long documents (0.35) fails."""
+    """At 32 rows of 2,048 tokens random one-source rows give 0.10, so the limit is 0.21:
+    row-parallel packing (0.13, simulated) passes, linear packing of long documents (0.35) fails."""
     max_cumulative_distance: float = 0.02
     """The same over all tokens trained: the mixer must hit the target in the long run."""
     alpha: float = 1e-3
