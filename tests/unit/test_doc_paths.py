@@ -20,9 +20,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "ablations" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CODE = [p for folder in ("data", "train", "ablations", "scripts", "tests") for p in sorted((ROOT / folder).rglob("*.py"))]
+CODE = [p for folder in ("data", "train", "ablations", "scripts", "tests")
+        for p in sorted((ROOT / folder).rglob("*.py"))]
 TOP = ["data", "train", "ablations", "scripts", "configs", "docs", "tests", ".ci"]
-PATH = re.compile(r"(?<![\w./$~-])((?:%s)/[\w./-]*\.[a-z]+|[A-Z][A-Z_]+\.md)(?![\w/*{<$])" % "|".join(map(re.escape, TOP)))
+PATH = re.compile(r"(?<![\w./$~-])((?:%s)/[\w./-]*\.[a-z]+|[A-Z][A-Z_]+\.md)(?![\w/*{<$])"
+                  % "|".join(map(re.escape, TOP)))
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 PLACEHOLDER = re.compile(r"[*<>{}$]|NNN|\.\.\.|/[A-Z]\.[a-z]+$")
 
