@@ -507,7 +507,7 @@ def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdic
         groups.setdefault(m.split("/", 1)[0], []).append(m)
     status = {a.metric: a.status for a in verdict.assessments}
     widths = [max(2.5, 0.9 * len(ms) + 1) for ms in groups.values()]
-    fig = Figure(figsize=(sum(widths) + 0.5, 3.9))
+    fig = Figure(figsize=(max(6.5, sum(widths) + 0.5), 4.1))
     axes = fig.subplots(1, len(groups), squeeze=False, width_ratios=widths)[0]
     for ax, (ev, metrics) in zip(axes, groups.items()):
         for i, m in enumerate(metrics):
@@ -524,7 +524,7 @@ def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdic
         ax.set_title(ev, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"gain at the end, {n_seeds} seed(s): {verdict.outcome.upper()} (> 0: the schedule is better; "
+    fig.suptitle(f"gain at the end, {n_seeds} seed(s): {verdict.outcome.upper()}\n(> 0: the schedule is better; "
                  f"dots: seeds; bars: mean ± {rule.k_se:g} SE)", fontsize=9)
     fig.tight_layout()
     return fig
