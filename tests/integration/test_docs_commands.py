@@ -35,13 +35,15 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def commands() -> list[tuple[str, str]]:
-    out = []
+    """(id, command) of every command of the docs, each distinct command once (where it first appears)."""
+    out, seen = [], set()
     for doc in DOCS:
         for block in re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S):
             text = re.sub(r"\\\n\s*", " ", block)
             for line in text.splitlines():
                 line = line.split(" #")[0].strip()
-                if re.match(r"^(python|bash|sbatch) ", line) and "<" not in line:
+                if re.match(r"^(python|bash|sbatch) ", line) and "<" not in line and line not in seen:
+                    seen.add(line)
                     out.append((f"{doc.relative_to(ROOT)}: {line[:70]}", line))
     return out
 
