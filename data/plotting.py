@@ -57,6 +57,10 @@ def smooth(values: Sequence[float], window: int) -> np.ndarray:
     """Centred moving average over ``window`` points; NaNs (a step without the source) are left out of
     each mean, and a point whose whole window is NaN stays NaN. Near the ends the window shrinks."""
     v = np.asarray(values, dtype=float)
+    if window > len(v):  # np.convolve's "same" would return max(len, window) points; keep it odd (centred)
+        window = len(v) - (1 - len(v) % 2)
+    if window <= 1:
+        return v.copy()
     ok = ~np.isnan(v)
     kernel = np.ones(window)
     sums = np.convolve(np.where(ok, v, 0.0), kernel, mode="same")

@@ -54,6 +54,8 @@ def test_smoothing_averages_and_leaves_out_missing_steps():
     got = smooth(v, 3)
     assert got[1] == pytest.approx(2.0) and got[2] == pytest.approx(4.0) and got[0] == pytest.approx(2.0)
     assert np.isnan(smooth([math.nan, math.nan], 3)).all()
+    assert smooth([1.0, 3.0, 5.0], 5).tolist() == [2.0, 3.0, 4.0]  # shorter than the window: a window of 3
+    assert smooth([4.0], 5).tolist() == [4.0] and smooth([1.0, 3.0], 5).tolist() == [1.0, 3.0]
 
 
 def test_loss_per_source_and_diag_loss_share_the_palette_and_draw_a_smoothed_line():
