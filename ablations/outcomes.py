@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from data.cursor import as_cursor
 from data.schedules import Schedule, build_schedule, tokens_per_source
 from train.rundir import RunDir, read_config, read_metrics, series, tokens_per_step
 
@@ -77,13 +78,13 @@ def final_mixer_state(run_dir: Path, sources: list[str]) -> MixerState | None:
     target = dict.fromkeys(sources, 0.0)
     in_flight = dict.fromkeys(sources, 0)
     for rank in load_checkpoint_cursors(path, state):
-        for cursor in rank:
+        for cursor in map(as_cursor, rank):  # checked: a damaged cursor is named, not summed
             if cursor is None:
                 continue
-            mixer = cursor["mixer"]
+            mixer = cursor.mixer
             for i, s in enumerate(sources):
-                target[s] += float(mixer["target"][i])
-                in_flight[s] += int(mixer["committed"][i]) - int(mixer["emitted"][i])
+                target[s] += mixer.target[i]
+                in_flight[s] += mixer.committed[i] - mixer.emitted[i]
     return MixerState(step=int(ckpt["global_step"]), target=target, in_flight=in_flight)
 
 

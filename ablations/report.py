@@ -56,7 +56,8 @@ from ablations.outcomes import (
     planned_tokens,
     schedule_of,
 )
-from data.files import write_text
+from data.errors import ConfigError, one_line_errors
+from data.files import atomic_path, write_text
 from data.plotting import source_colors
 from train.rundir import RunDir, read_config, read_metrics, series, tokens_per_step
 
@@ -211,8 +212,8 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
         for seed in sorted(set(runs[arm]) - set(seeds)):
             flags.append(f"`{runs[arm][seed].name}` has no counterpart in the other arm: left out")
     if not seeds:
-        raise SystemExit(f"error: {out} holds no pair of scheduled-seed<S>/ and fixed-seed<S>/ run directories "
-                         "with csv/metrics.csv (run ablations/run.py first)")
+        raise ConfigError(f"{out} holds no pair of scheduled-seed<S>/ and fixed-seed<S>/ run directories "
+                          "with csv/metrics.csv (run ablations/run.py first)")
     for seed in seeds:
         for arm in ARMS:
             if not is_complete(runs[arm][seed]):
@@ -554,15 +555,15 @@ def _cumulative_tokens(run_dir: Path) -> dict[str, np.ndarray]:
 def _save(fig, path: Path) -> str:
     import matplotlib.pyplot as plt
 
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
     if plt.fignum_exists(getattr(fig, "number", -1)):  # a pyplot figure; a matplotlib.figure.Figure is not registered
         plt.close(fig)
-    os.replace(tmp, path)
     return path.name
 
 
 # -- command line --------------------------------------------------------------------------------
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="the ablation folder: <arm>-seed<S>/ run directories")
@@ -602,14 +603,14 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in args.suite.split(",") if n]
     unknown = [n for n in names if n not in EVALUATIONS]
     if unknown:
-        raise SystemExit(f"error: unknown evaluation(s) {unknown}; registered: {sorted(EVALUATIONS)}")
+        raise ConfigError(f"--suite: unknown evaluation(s) {unknown}; registered: {sorted(EVALUATIONS)}")
     harness = [n for n in names if n in ("lm_eval", "local")]
     if harness:  # checked before any run is exported or evaluated
         from train.evaluate import INSTALL_HINT, lm_eval_available
 
         if not lm_eval_available():
-            raise SystemExit(f"error: --suite {','.join(harness)} needs lm-evaluation-harness, which is not "
-                             f"installed: {INSTALL_HINT}")
+            raise ConfigError(f"--suite {','.join(harness)} needs lm-evaluation-harness, which is not "
+                              f"installed: {INSTALL_HINT}")
     overridden = [f for f in ("improve", "guard", "min_improvement", "max_regression", "k_se")
                   if getattr(args, f) is not None]
     source = os.path.relpath(args.decision_rule, ROOT) if args.decision_rule.resolve().is_relative_to(ROOT) \

@@ -44,6 +44,7 @@ from pathlib import Path
 import yaml
 
 from ablations.outcomes import is_complete
+from data.errors import ConfigError, one_line_errors
 from train.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +94,7 @@ def config_seed(pair: Pair) -> int:
 def default_seeds(pair: Pair, n: int = DEFAULT_NUM_SEEDS) -> list[int]:
     """``n`` seeds from the configs' ``data.seed`` S: S, S+1, ..., S+n-1."""
     if n < 1:
-        raise SystemExit(f"error: --num-seeds must be at least 1, got {n}")
+        raise ConfigError(f"--num-seeds must be at least 1, got {n}")
     first = config_seed(pair)
     return [first + i for i in range(n)]
 
@@ -140,6 +141,7 @@ def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--task-args"]:  # called by ablations/ablation.sbatch in each array task
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or out.name
     seeds = args.seeds or default_seeds(pair, args.num_seeds)
     if len(set(seeds)) != len(seeds):
-        raise SystemExit(f"error: --seeds repeats a seed: {seeds}")
+        raise ConfigError(f"--seeds repeats a seed: {seeds}")
     jobs = plan_jobs(pair, seeds, out, name, extra)
 
     if args.slurm:

@@ -36,7 +36,15 @@ from data.errors import ConfigError
 from data.schedules import ScheduleConfig
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
-"""Dolma3 columns every shard must have, with their Arrow types (large_string also accepted)."""
+"""Dolma3 columns every shard must have, with their Arrow types (large_string also accepted): the one place
+the schema is written (the manifest checks it, the corpus tools write it; tests/unit/test_one_place.py)."""
+
+
+def arrow_schema():
+    """:data:`SCHEMA` as a ``pyarrow.Schema``, in its column order: what the corpus tools write."""
+    import pyarrow as pa  # here: reading the config needs no pyarrow
+
+    return pa.schema([(name, pa.type_for_alias(kind)) for name, kind in SCHEMA.items()])
 
 
 @dataclass

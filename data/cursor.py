@@ -1,20 +1,32 @@
-"""The data cursor's codec: a consumer's state as plain JSON, a few bytes per buffered document.
+"""The data cursor: one consumer's state as small frozen dataclasses, and their serialised form.
 
 A cursor is addresses and small integers (chunk elements, rows consumed, buffered document
-addresses, RNG states, row leftovers), never tokens: restoring re-reads them by address. Buffers of
-(shard, row, epoch) triples are stored as zlib + base64 text, valid in JSON and in a weights-only
-checkpoint. ``CURSOR_VERSION`` changes whenever the meaning of a field does; older cursors are refused.
+addresses, RNG states, row leftovers), never tokens: restoring re-reads them by address.
 
-Every integer of a cursor is range-checked when it is loaded (:func:`check_version`, which every load
-path calls): a damaged or hand-edited cursor (``taken: -5``) is a ``ConfigError`` naming the field,
-not a crash steps later. :func:`check_order_state` checks a whole order state (``OrderSimulator`` /
-checkpoint layout: a top-level step and its consumers) for a step the consumers do not agree with.
+- :class:`ConsumerCursor` is one consumer's state (data/packer.py ``ConsumerStream.cursor()``), made of
+  one :class:`SourceCursor` per source (data/stream.py), a :class:`MixerCursor` (data/mixer.py) and the
+  :class:`LeftoverAddress` of each document a row is in the middle of, an elastic resume left
+  pending, or bounded commitment handed back between steps.
+- ``to_dict()`` is the serialised form, plain JSON types, what a checkpoint's cursor files and a
+  ``dump_order.py`` cursor file hold. Buffers of (shard, row, epoch) triples are zlib + base64 text,
+  valid in JSON and in a weights-only checkpoint; a live cursor keeps its buffers as arrays until then.
+- ``ConsumerCursor.from_dict()`` is the one way in: it refuses another ``CURSOR_VERSION`` and
+  range-checks every integer, so a damaged or hand-edited cursor (``taken: -5``) is a ``ConfigError``
+  naming the field, not a crash steps later. ``from_dict(d).to_dict() == d`` for every cursor this code
+  writes (same keys, order and types: a re-saved cursor file has the same bytes).
+- :func:`read_order_state` reads a whole order state (``OrderSimulator`` / checkpoint layout: a
+  top-level step and its consumers) and refuses a step the consumers do not agree with.
+
+No other module reads a cursor's keys.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import zlib
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -25,20 +37,135 @@ CURSOR_VERSION = 2
 documents back between steps: ``continuations``). A version-1 cursor describes an order this code no
 longer produces, so it is refused rather than continued inexactly."""
 
-
-def check_version(cursor: dict) -> None:
-    """Refuse a cursor this code cannot continue exactly, saying what to do; then :func:`check_ranges`."""
-    version = cursor.get("version") if isinstance(cursor, dict) else None
-    if version != CURSOR_VERSION:
-        raise ConfigError(
-            f"data cursor version {version} is not {CURSOR_VERSION}: it was written by another version of the "
-            "data path (1: before the epoch barrier and bounded commitment), whose order this one cannot "
-            "continue exactly; resume with the code that wrote it, or start the data order afresh"
-        )
-    check_ranges(cursor)
-
-
 _DAMAGED = "the cursor is damaged or was edited: resume from another checkpoint (or cursor file)"
+_LEFTOVER_KEYS = ("rows", "pending", "continuations")
+
+
+@dataclass(frozen=True)
+class LeftoverAddress:
+    """A document a batch row is in the middle of: its address and ``offset``, the next input token."""
+
+    source: int
+    shard: int
+    row: int
+    epoch: int
+    offset: int
+
+    def to_list(self) -> list[int]:
+        return [self.source, self.shard, self.row, self.epoch, self.offset]
+
+
+@dataclass(frozen=True, eq=False)
+class SourceCursor:
+    """One consumer's stream of one source (data/stream.py): its slice, open chunks and buffer."""
+
+    taken: int
+    """Chunks of this consumer's slice opened so far."""
+    open: tuple[tuple[int, int], ...]
+    """(element g of the chunk sequence, documents already taken from it) per open chunk."""
+    buffer: str | np.ndarray
+    """The buffered documents' (shard, row, epoch): packed text, or an [n, 3] array until serialised."""
+    rng: dict
+    """The stream's PCG64 state (which open chunk, which buffer slot)."""
+
+    def addresses(self) -> np.ndarray:
+        """The buffered documents' addresses as a writable [n, 3] int32 array."""
+        return buffer_addrs(self.buffer)
+
+    def to_dict(self) -> dict:
+        buffer = self.buffer if isinstance(self.buffer, str) else pack_ints(np.asarray(self.buffer))
+        return {"taken": self.taken, "open": [[g, used] for g, used in self.open], "buffer": buffer,
+                "rng": copy.deepcopy(self.rng)}
+
+
+@dataclass(frozen=True)
+class MixerCursor:
+    """The mixer's counters per source, in manifest order (data/mixer.py), and its RNG state."""
+
+    emitted: tuple[int, ...]
+    committed: tuple[int, ...]
+    """Emitted plus chosen but not yet emitted (in flight in the rows); never below ``emitted``."""
+    target: tuple[float, ...]
+    rng: dict
+
+    def to_dict(self) -> dict:
+        return {"emitted": list(self.emitted), "committed": list(self.committed),
+                "target": list(self.target),  # floats round-trip exactly through repr/JSON
+                "rng": copy.deepcopy(self.rng)}
+
+
+@dataclass(frozen=True, eq=False)
+class ConsumerCursor:
+    """One consumer's whole state after a batch: what it continues from, exactly (compare with to_dict())."""
+
+    version: ClassVar[int] = CURSOR_VERSION
+    fingerprint: str
+    """The manifest's fingerprint (corpus, filters, chunking) the order belongs to."""
+    seed: int
+    consumer: int
+    num_consumers: int
+    next_step: int
+    """The next data step (micro-batch) this consumer produces."""
+    sources: dict[str, SourceCursor]
+    """Per source name, in manifest order."""
+    mixer: MixerCursor
+    rows: tuple[LeftoverAddress | None, ...]
+    """Per batch row, the document it is in the middle of (None: it starts a new one)."""
+    pending: tuple[LeftoverAddress, ...] = ()
+    """Leftovers an elastic resume could not fit into the rows, taken before any new choice."""
+    continuations: tuple[LeftoverAddress, ...] = ()
+    """Bounded commitment: documents under way, handed back to their sources between steps, oldest first."""
+
+    def to(self, *_args, **_kwargs) -> ConsumerCursor:
+        """Itself. A batch carries its cursor, and Lightning moves a batch to the device by calling
+        ``.to(device)`` on every value that has one: the cursor stays on the host, as addresses."""
+        return self
+
+    def leftovers(self) -> list[LeftoverAddress]:
+        """Every document in flight: the rows', then the pending ones, then the handed-back ones."""
+        return [r for r in self.rows if r is not None] + list(self.pending) + list(self.continuations)
+
+    def to_dict(self) -> dict:
+        """The serialised form (buffers packed): what cursor files and checkpoints hold."""
+        out = {
+            "version": CURSOR_VERSION,
+            "fingerprint": self.fingerprint,
+            "seed": self.seed,
+            "consumer": self.consumer,
+            "num_consumers": self.num_consumers,
+            "next_step": self.next_step,
+            "sources": {name: st.to_dict() for name, st in self.sources.items()},
+            "mixer": self.mixer.to_dict(),
+            "rows": [None if r is None else r.to_list() for r in self.rows],
+        }
+        if self.pending:
+            out["pending"] = [r.to_list() for r in self.pending]
+        if self.continuations:
+            out["continuations"] = [r.to_list() for r in self.continuations]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> ConsumerCursor:
+        """A serialised cursor, checked: another version, a field out of range or a malformed one is a
+        ConfigError naming the field and what to do."""
+        version = d.get("version") if isinstance(d, dict) else None
+        if version != CURSOR_VERSION:
+            raise ConfigError(
+                f"data cursor version {version} is not {CURSOR_VERSION}: it was written by another version of the "
+                "data path (1: before the epoch barrier and bounded commitment), whose order this one cannot "
+                "continue exactly; resume with the code that wrote it, or start the data order afresh"
+            )
+        return _Reader(d).cursor()
+
+    @staticmethod
+    def is_current(d: Any) -> bool:
+        """Whether a serialised cursor claims this code's ``CURSOR_VERSION`` (nothing else is checked)."""
+        return isinstance(d, dict) and d.get("version") == CURSOR_VERSION
+
+
+def as_cursor(c: ConsumerCursor | dict | None) -> ConsumerCursor | None:
+    """A cursor, typed: a serialised one is read with :meth:`ConsumerCursor.from_dict` (checked)."""
+    return c if c is None or isinstance(c, ConsumerCursor) else ConsumerCursor.from_dict(c)
 
 
 def _int(value) -> int | None:
@@ -54,65 +181,94 @@ def _bad(who: str, field: str, value, rule: str) -> ConfigError:
     return ConfigError(f"{who}: {field} = {value!r} is out of range ({rule}); {_DAMAGED}")
 
 
-def check_ranges(cursor: dict) -> None:
-    """Every integer of one consumer's cursor within its range, else a ConfigError naming the field."""
-    n = _int(cursor.get("num_consumers"))
-    c = _int(cursor.get("consumer"))
-    who = f"data cursor (consumer {cursor.get('consumer')!r} of {cursor.get('num_consumers')!r})"
+class _Reader:
+    """One serialised cursor read field by field, each integer range-checked, into a ConsumerCursor."""
 
-    def need(field: str, value, lo: int = 0, hi: int | None = None) -> int:
+    def __init__(self, d: dict):
+        self.d = d
+        self.who = f"data cursor (consumer {d.get('consumer')!r} of {d.get('num_consumers')!r})"
+
+    def need(self, field: str, value, lo: int = 0, hi: int | None = None) -> int:
         v = _int(value)
         if v is None or v < lo or (hi is not None and v >= hi):
-            raise _bad(who, field, value, "an integer >= %d%s" % (lo, "" if hi is None else f" and < {hi}"))
+            raise _bad(self.who, field, value, "an integer >= %d%s" % (lo, "" if hi is None else f" and < {hi}"))
         return v
 
-    try:
-        n = need("num_consumers", n if n is not None else cursor.get("num_consumers"), lo=1)
-        need("consumer", c if c is not None else cursor.get("consumer"), hi=n)
-        need("next_step", cursor["next_step"])
-        sources = cursor["sources"]
-        for name, st in sources.items():
-            need(f"sources.{name}.taken", st["taken"])
-            for i, pair in enumerate(st["open"]):
-                if len(pair) != 2:
-                    raise _bad(who, f"sources.{name}.open[{i}]", pair, "[chunk, rows used]")
-                need(f"sources.{name}.open[{i}][0] (chunk)", pair[0])
-                need(f"sources.{name}.open[{i}][1] (rows used)", pair[1])
-            addrs = buffer_addrs(st["buffer"])
-            if addrs.size and addrs.min() < 0:
-                i, j = np.argwhere(addrs < 0)[0]
-                raise _bad(who, f"sources.{name}.buffer[{i}][{j}] ({('shard', 'row', 'epoch')[j]})",
-                           int(addrs[i, j]), "an integer >= 0")
-        mixer = cursor["mixer"]
+    def cursor(self) -> ConsumerCursor:
+        d = self.d
+        try:
+            n = self.need("num_consumers", d.get("num_consumers"), lo=1)
+            consumer = self.need("consumer", d.get("consumer"), hi=n)
+            next_step = self.need("next_step", d["next_step"])
+            sources = {name: self.source(name, st) for name, st in d["sources"].items()}
+            mixer = self.mixer(d["mixer"], len(sources))
+            leftovers = {key: self.leftovers(key, d[key] if key == "rows" else d.get(key, []), len(sources))
+                         for key in _LEFTOVER_KEYS}
+            fingerprint, seed = d["fingerprint"], d["seed"]
+        except (KeyError, TypeError, AttributeError, ValueError, zlib.error) as e:  # zlib: a damaged packed buffer
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"{self.who}: malformed ({type(e).__name__}: {e}); {_DAMAGED}") from None
+        return ConsumerCursor(fingerprint=fingerprint, seed=seed, consumer=consumer, num_consumers=n,
+                              next_step=next_step, sources=sources, mixer=mixer, **leftovers)
+
+    def source(self, name: str, st: dict) -> SourceCursor:
+        taken = self.need(f"sources.{name}.taken", st["taken"])
+        pairs = []
+        for i, pair in enumerate(st["open"]):
+            if len(pair) != 2:
+                raise _bad(self.who, f"sources.{name}.open[{i}]", pair, "[chunk, rows used]")
+            pairs.append((self.need(f"sources.{name}.open[{i}][0] (chunk)", pair[0]),
+                          self.need(f"sources.{name}.open[{i}][1] (rows used)", pair[1])))
+        buffer = st["buffer"]
+        addrs = buffer_addrs(buffer)
+        if addrs.size and addrs.min() < 0:
+            i, j = np.argwhere(addrs < 0)[0]
+            raise _bad(self.who, f"sources.{name}.buffer[{i}][{j}] ({('shard', 'row', 'epoch')[j]})",
+                       int(addrs[i, j]), "an integer >= 0")
+        if not isinstance(st["rng"], dict):
+            raise _bad(self.who, f"sources.{name}.rng", st["rng"], "a PCG64 state")
+        return SourceCursor(taken, tuple(pairs), buffer if isinstance(buffer, str) else addrs, st["rng"])
+
+    def mixer(self, mixer: dict, n_sources: int) -> MixerCursor:
         counts = {}
         for key in ("emitted", "committed"):
             values = list(mixer[key])
-            if len(values) != len(sources):
-                raise _bad(who, f"mixer.{key}", values, f"one count per source ({len(sources)})")
-            counts[key] = [need(f"mixer.{key}[{i}]", v) for i, v in enumerate(values)]
+            if len(values) != n_sources:
+                raise _bad(self.who, f"mixer.{key}", values, f"one count per source ({n_sources})")
+            counts[key] = [self.need(f"mixer.{key}[{i}]", v) for i, v in enumerate(values)]
         for i, (e, k) in enumerate(zip(counts["emitted"], counts["committed"])):
             if k < e:
-                raise _bad(who, f"mixer.committed[{i}]", k, f">= mixer.emitted[{i}] = {e}")
-        for key in ("rows", "pending", "continuations"):
-            for i, addr in enumerate(cursor.get(key, [])):
-                if addr is None and key == "rows":
-                    continue
-                if addr is None or len(addr) != 5:
-                    raise _bad(who, f"{key}[{i}]", addr, "[source, shard, row, epoch, offset]")
-                need(f"{key}[{i}][0] (source)", addr[0], hi=len(sources))
-                for j, part in enumerate(("shard", "row", "epoch", "offset"), start=1):
-                    need(f"{key}[{i}][{j}] ({part})", addr[j])
-    except (KeyError, TypeError, AttributeError, ValueError, zlib.error) as e:  # zlib: a damaged packed buffer
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"{who}: malformed ({type(e).__name__}: {e}); {_DAMAGED}") from None
+                raise _bad(self.who, f"mixer.committed[{i}]", k, f">= mixer.emitted[{i}] = {e}")
+        target = [float(t) for t in mixer["target"]]
+        if len(target) != n_sources:
+            raise _bad(self.who, "mixer.target", target, f"one value per source ({n_sources})")
+        if not isinstance(mixer["rng"], dict):
+            raise _bad(self.who, "mixer.rng", mixer["rng"], "a PCG64 state")
+        return MixerCursor(tuple(counts["emitted"]), tuple(counts["committed"]), tuple(target), mixer["rng"])
+
+    def leftovers(self, key: str, addrs: list, n_sources: int) -> tuple[LeftoverAddress | None, ...]:
+        out: list[LeftoverAddress | None] = []
+        for i, addr in enumerate(addrs):
+            if addr is None and key == "rows":
+                out.append(None)
+                continue
+            if addr is None or len(addr) != 5:
+                raise _bad(self.who, f"{key}[{i}]", addr, "[source, shard, row, epoch, offset]")
+            source = self.need(f"{key}[{i}][0] (source)", addr[0], hi=n_sources)
+            rest = [self.need(f"{key}[{i}][{j}] ({part})", addr[j])
+                    for j, part in enumerate(("shard", "row", "epoch", "offset"), start=1)]
+            out.append(LeftoverAddress(source, *rest))
+        return tuple(out)
 
 
-def check_order_state(state: dict, ranks: list[int] | None = None) -> None:
+def read_order_state(state: dict, ranks: list[int] | None = None) -> list[list[ConsumerCursor | None]]:
     """A whole order state (``OrderSimulator.state_dict()``, or a checkpoint's ``step``/``next_step`` and
-    ``cursors``): every consumer range-checked, and each one's ``next_step`` the first step it owns at or
-    after the top-level step (worker w of W owns steps w, w + W, ...). A top-level step the consumers do
-    not agree with is a ConfigError naming both, instead of an AssertionError steps later.
+    ``cursors``), read: every consumer's cursor checked (:meth:`ConsumerCursor.from_dict`), and each one's
+    ``next_step`` the first step it owns at or after the top-level step (worker w of W owns steps w, w + W,
+    ...). A top-level step the consumers do not agree with is a ConfigError naming both, instead of an
+    AssertionError steps later. Returns the cursors ``[rank][worker]`` (None: a worker that never
+    produced a batch).
 
     With ``ranks``, the consumers are the rows of those ranks only (a checkpoint's per-rank cursor files,
     train/cursor_files.py): errors name the real rank, and ``world_size`` is not compared with the rows."""
@@ -130,20 +286,28 @@ def check_order_state(state: dict, ranks: list[int] | None = None) -> None:
         if key in state and _int(state[key]) != want:
             raise ConfigError(f"data order state: {key} = {state[key]!r} but the cursors are {len(consumers)} "
                               f"rank(s) x {workers} worker(s); {_DAMAGED}")
+    out = []
     for rank, row in zip(ranks if ranks is not None else range(len(consumers)), consumers):
         if len(row) != workers:
             raise ConfigError(f"data order state: rank {rank} has {len(row)} cursors, rank 0 {workers}; {_DAMAGED}")
-        for w, cur in enumerate(row):
-            if cur is None:  # a worker that never produced a batch
-                continue
-            check_version(cur)
-            nxt = _int(cur["next_step"])
-            want = step + (w - step) % workers
-            if nxt != want:
-                raise ConfigError(
-                    f"data order state: step = {step}, but the cursor of rank {rank} worker {w} continues at step "
-                    f"{nxt} (it must be {want}, the first step >= {step} that worker {w} of {workers} owns); "
-                    f"{_DAMAGED}")
+        out.append([None if cur is None else _agreeing(cur, step, rank, w, workers) for w, cur in enumerate(row)])
+    return out
+
+
+def check_order_state(state: dict, ranks: list[int] | None = None) -> None:
+    """:func:`read_order_state`, for the check alone."""
+    read_order_state(state, ranks)
+
+
+def _agreeing(d: Any, step: int, rank: int, w: int, workers: int) -> ConsumerCursor:
+    cur = as_cursor(d)
+    want = step + (w - step) % workers
+    if cur.next_step != want:
+        raise ConfigError(
+            f"data order state: step = {step}, but the cursor of rank {rank} worker {w} continues at step "
+            f"{cur.next_step} (it must be {want}, the first step >= {step} that worker {w} of {workers} owns); "
+            f"{_DAMAGED}")
+    return cur
 
 
 def pack_ints(a: np.ndarray) -> str:
@@ -160,14 +324,3 @@ def buffer_addrs(buf: str | np.ndarray | list) -> np.ndarray:
     """A source's buffered document addresses, packed or not, as a writable [n, 3] int32 array."""
     a = unpack_ints(buf) if isinstance(buf, str) else np.asarray(buf, dtype=np.int32)
     return a.reshape(-1, 3).copy()
-
-
-def pack_cursor(snapshot: dict) -> dict:
-    """A consumer snapshot with its buffers compacted."""
-    out = dict(snapshot)
-    # (a DataLoader turns the snapshot's arrays into tensors on the way: np.asarray takes both)
-    out["sources"] = {
-        name: {**st, "buffer": st["buffer"] if isinstance(st["buffer"], str) else pack_ints(np.asarray(st["buffer"]))}
-        for name, st in snapshot["sources"].items()
-    }
-    return out

@@ -4,7 +4,7 @@ A resume with other ranks x workers (or another micro-batch or accumulation) can
 identical order: the global order was sliced by consumer. It can keep *exactly-once*: because a
 cursor holds addresses, not data (data/stream.py), the work every old consumer still owed can be
 pooled and dealt to the new consumers, which then continue with the new slicing. Pure functions over
-packed cursors and the manifest's chunk counts -- no file is read here.
+cursors (data/cursor.py) and the manifest's chunk counts -- no file is read here.
 
 What an old consumer ``c`` of ``C`` still owes, per source::
 
@@ -39,50 +39,55 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from data.cursor import CURSOR_VERSION, buffer_addrs, check_version, pack_ints
+from data.cursor import ConsumerCursor, LeftoverAddress, MixerCursor, SourceCursor, as_cursor, pack_ints
 from data.errors import ConfigError
 from data.manifest import Manifest
-from data.order import RNG_LEVEL2, source_key
+from data.order import RNG_LEVEL2, RNG_MIXER, source_key
 
 
-def redistribute_source(states: list[dict | None], n_new: int, name: str, seed: int, resume_step: int,
-                        wanted: set[int] | None = None) -> list[dict | None]:
-    """One source's stream states of C old consumers -> states of ``n_new`` consumers (see module doc).
+def redistribute_source(states: list[SourceCursor | None], n_new: int, name: str, seed: int, resume_step: int,
+                        wanted: set[int] | None = None) -> list[SourceCursor | None]:
+    """One source's stream cursors of C old consumers -> cursors of ``n_new`` consumers (see module doc).
 
-    ``states[c]`` is consumer c's ``SourceStream.snapshot()`` (or its packed form), None for a consumer
-    that never produced a batch (it owes its whole slice so far). With ``wanted``, only those new
-    consumers' states are built (packing the buffers is most of the cost); the others are None.
+    ``states[c]`` is consumer c's ``SourceStream.cursor()``, None for a consumer that never produced a
+    batch (it owes its whole slice so far). With ``wanted``, only those new consumers' cursors are
+    built (packing the buffers is most of the cost); the others are None.
     """
     n_old = len(states)
-    taken = [0 if st is None else int(st["taken"]) for st in states]
+    taken = [0 if st is None else st.taken for st in states]
     frontier = max(c + t * n_old for c, t in enumerate(taken))
     frontier = math.ceil(frontier / n_new) * n_new  # new consumer c' continues at F + c'
-
-    chunks: list[list[int]] = []  # open remainders first (documents already under way), then untaken
-    for st in states:
-        if st is not None:
-            chunks += [[int(g), int(used)] for g, used in st["open"]]
-    for c, t in enumerate(taken):
-        chunks += [[g, 0] for g in range(c + t * n_old, frontier, n_old)]
-    # one [n, 3] array (82M addresses at 2,048 consumers x 4 sources x 10,000: no Python tuples)
-    # (zlib and base64 release the GIL: the unpacking runs on all cores, most of a one-rank re-cut)
-    with ThreadPoolExecutor(min(32, os.cpu_count() or 1)) as pool:
-        arrays = list(pool.map(buffer_addrs, [st["buffer"] for st in states if st is not None]))
-    buffered = np.concatenate(arrays) if arrays else np.zeros((0, 3), dtype=np.int32)
-
+    chunks = _owed_chunks(states, taken, frontier)
+    buffered = _pooled_buffers(states)
     out = []
     for c in range(n_new):
         if wanted is not None and c not in wanted:
             out.append(None)
             continue
         rng = np.random.PCG64([seed, source_key(name), c, RNG_LEVEL2, resume_step])  # fresh, deterministic
-        out.append({
-            "taken": frontier // n_new,
-            "open": chunks[c::n_new],
-            "buffer": pack_ints(buffered[c::n_new]),
-            "rng": rng.state,
-        })
+        out.append(SourceCursor(taken=frontier // n_new, open=tuple(chunks[c::n_new]),
+                                buffer=pack_ints(buffered[c::n_new]), rng=rng.state))
     return out
+
+
+def _owed_chunks(states: list[SourceCursor | None], taken: list[int], frontier: int) -> list[tuple[int, int]]:
+    """Every chunk element below the frontier not yet finished: the open remainders first (documents
+    already under way), then the untaken elements of each old consumer's slice."""
+    n_old = len(states)
+    chunks = [(g, used) for st in states if st is not None for g, used in st.open]
+    for c, t in enumerate(taken):
+        chunks += [(g, 0) for g in range(c + t * n_old, frontier, n_old)]
+    return chunks
+
+
+def _pooled_buffers(states: list[SourceCursor | None]) -> np.ndarray:
+    """Every old consumer's buffered addresses, in consumer order, as one [n, 3] array.
+
+    One array, not Python tuples: 82M addresses at 2,048 consumers x 4 sources x 10,000. zlib and base64
+    release the GIL, so the unpacking runs on all cores (most of a one-rank re-cut)."""
+    with ThreadPoolExecutor(min(32, os.cpu_count() or 1)) as pool:
+        arrays = list(pool.map(SourceCursor.addresses, [st for st in states if st is not None]))
+    return np.concatenate(arrays) if arrays else np.zeros((0, 3), dtype=np.int32)
 
 
 def _split(total: np.ndarray, n: int, i: int) -> np.ndarray:
@@ -90,10 +95,10 @@ def _split(total: np.ndarray, n: int, i: int) -> np.ndarray:
     return total // n + (i < total % n)
 
 
-def redistribute(cursors: list[list[dict | None]], manifest: Manifest, *, seed: int, world_size: int,
-                 num_workers: int, batch_size: int, resume_step: int,
-                 ranks: list[int] | None = None) -> list[list[dict | None]]:
-    """Packed cursors ``[rank][worker]`` of the old layout -> packed cursors of the new one.
+def redistribute(cursors: list[list[ConsumerCursor | dict | None]], manifest: Manifest, *, seed: int,
+                 world_size: int, num_workers: int, batch_size: int, resume_step: int,
+                 ranks: list[int] | None = None) -> list[list[ConsumerCursor | None]]:
+    """Cursors ``[rank][worker]`` of the old layout (typed or serialised) -> cursors of the new one.
 
     ``resume_step`` is the next data step (micro-batch index) in the *new* run's units; new worker w
     of every rank gets the first step >= resume_step that it owns (steps w, w + W, ...), matching the
@@ -101,42 +106,21 @@ def redistribute(cursors: list[list[dict | None]], manifest: Manifest, *, seed: 
     are built (a rank needs its own: the re-cut at 2,048 consumers then packs 4 cursors, not 2,048);
     the other ranks' entries are lists of None.
     """
-    old = [cur for rank in cursors for cur in rank]
-    n_old, workers = len(old), max(1, num_workers)
+    old, fingerprint = _checked_old_cursors(cursors, seed, manifest)
+    workers = max(1, num_workers)
     n_new = world_size * workers
-    fingerprint = next((c["fingerprint"] for c in old if c is not None), manifest.fingerprint())
-    for i, cur in enumerate(old):
-        if cur is None:
-            continue
-        check_version(cur)
-        if (cur["consumer"], cur["num_consumers"]) != (i, n_old):
-            raise ConfigError(
-                f"data cursor {i} of {n_old} claims to be consumer {cur['consumer']} of {cur['num_consumers']}"
-            )
-        if cur["seed"] != seed or cur["fingerprint"] != fingerprint:
-            raise ConfigError("data cursors of one checkpoint disagree on seed or corpus fingerprint")
-
-    names = manifest.source_names
     wanted = None if ranks is None else {r * workers + w for r in ranks for w in range(workers)}
     per_source = {
         name: redistribute_source(
-            [None if c is None else c["sources"][name] for c in old], n_new, name, seed, resume_step, wanted
+            [None if c is None else c.sources[name] for c in old], n_new, name, seed, resume_step, wanted
         )
-        for name in names
+        for name in manifest.source_names
     }
-
     # Row leftovers: a consumer's own rows first, then what an earlier elastic resume left pending.
     # Documents handed back between steps (bounded commitment) are leftovers like any other.
-    leftovers = [row for c in old if c is not None
-                 for row in c["rows"] + c.get("pending", []) + c.get("continuations", []) if row is not None]
-    n_src = len(names)
-    zeros = [0] * n_src
-    emitted = np.sum([c["mixer"]["emitted"] if c else zeros for c in old], axis=0).astype(np.int64)
-    committed = np.sum([c["mixer"]["committed"] if c else zeros for c in old], axis=0).astype(np.int64)
-    target = np.sum([c["mixer"]["target"] if c else zeros for c in old], axis=0).astype(np.float64)
-    in_flight = committed - emitted
-
-    new: list[list[dict]] = []
+    leftovers = [row for c in old if c is not None for row in c.leftovers()]
+    mixers = _PooledMixer(old, len(manifest.source_names))
+    new: list[list[ConsumerCursor | None]] = []
     for rank in range(world_size):
         row_of_rank = []
         for worker in range(workers):
@@ -144,30 +128,59 @@ def redistribute(cursors: list[list[dict | None]], manifest: Manifest, *, seed: 
             if wanted is not None and c not in wanted:
                 row_of_rank.append(None)
                 continue
-            mine = leftovers[c::n_new]
-            em = _split(emitted, n_new, c)
-            rows = mine[:batch_size] + [None] * max(0, batch_size - len(mine))
-            cursor = {
-                "version": CURSOR_VERSION,
-                "fingerprint": fingerprint,
-                "seed": seed,
-                "consumer": c,
-                "num_consumers": n_new,
-                "next_step": resume_step + (worker - resume_step) % workers,
-                "sources": {name: per_source[name][c] for name in names},
-                "mixer": {
-                    "emitted": em.tolist(),
-                    "committed": (em + _split(in_flight, n_new, c)).tolist(),
-                    "target": (target / n_new).tolist(),
-                    "rng": np.random.PCG64([seed, c, 11, resume_step]).state,
-                },
-                "rows": rows,
-            }
-            if len(mine) > batch_size:
-                cursor["pending"] = mine[batch_size:]
-            row_of_rank.append(cursor)
+            row_of_rank.append(ConsumerCursor(
+                fingerprint=fingerprint, seed=seed, consumer=c, num_consumers=n_new,
+                next_step=resume_step + (worker - resume_step) % workers,
+                sources={name: states[c] for name, states in per_source.items()},
+                mixer=mixers.share(c, n_new, seed, resume_step),
+                **_dealt_rows(leftovers[c::n_new], batch_size),
+            ))
         new.append(row_of_rank)
     return new
+
+
+def _checked_old_cursors(cursors: list[list[ConsumerCursor | dict | None]], seed: int,
+                         manifest: Manifest) -> tuple[list[ConsumerCursor | None], str]:
+    """The old cursors in consumer order, each read (checked) and claiming its own place, all of one seed
+    and corpus; and that corpus fingerprint."""
+    flat = [cur for rank in cursors for cur in rank]
+    n_old, old, fingerprint = len(flat), [], None
+    for i, raw in enumerate(flat):
+        cur = as_cursor(raw)
+        old.append(cur)
+        if cur is None:
+            continue
+        if (cur.consumer, cur.num_consumers) != (i, n_old):
+            raise ConfigError(f"data cursor {i} of {n_old} claims to be consumer {cur.consumer} of {cur.num_consumers}")
+        fingerprint = cur.fingerprint if fingerprint is None else fingerprint
+        if cur.seed != seed or cur.fingerprint != fingerprint:
+            raise ConfigError("data cursors of one checkpoint disagree on seed or corpus fingerprint")
+    return old, manifest.fingerprint() if fingerprint is None else fingerprint
+
+
+class _PooledMixer:
+    """The old consumers' mixer counters summed, to be split evenly over the new consumers."""
+
+    def __init__(self, old: list[ConsumerCursor | None], n_sources: int):
+        zeros = [0] * n_sources
+        self.emitted = np.sum([c.mixer.emitted if c else zeros for c in old], axis=0).astype(np.int64)
+        committed = np.sum([c.mixer.committed if c else zeros for c in old], axis=0).astype(np.int64)
+        self.target = np.sum([c.mixer.target if c else zeros for c in old], axis=0).astype(np.float64)
+        self.in_flight = committed - self.emitted
+
+    def share(self, c: int, n_new: int, seed: int, resume_step: int) -> MixerCursor:
+        """New consumer c's counters, and a fresh mixer RNG."""
+        em = _split(self.emitted, n_new, c)
+        return MixerCursor(emitted=tuple(em.tolist()),
+                           committed=tuple((em + _split(self.in_flight, n_new, c)).tolist()),
+                           target=tuple((self.target / n_new).tolist()),
+                           rng=np.random.PCG64([seed, c, RNG_MIXER, resume_step]).state)
+
+
+def _dealt_rows(mine: list[LeftoverAddress], batch_size: int) -> dict:
+    """A new consumer's share of the leftovers: into its rows first, the rest pending (see module doc)."""
+    return {"rows": tuple(mine[:batch_size]) + (None,) * max(0, batch_size - len(mine)),
+            "pending": tuple(mine[batch_size:])}
 
 
 def redistribute_simulator_state(state: dict, manifest: Manifest, *, seed: int, world_size: int, num_workers: int,
@@ -177,6 +190,8 @@ def redistribute_simulator_state(state: dict, manifest: Manifest, *, seed: int, 
         "step": state["step"],
         "world_size": world_size,
         "num_workers": max(1, num_workers),
-        "consumers": redistribute(state["consumers"], manifest, seed=seed, world_size=world_size,
-                                  num_workers=num_workers, batch_size=batch_size, resume_step=state["step"]),
+        "consumers": [[None if c is None else c.to_dict() for c in rank]
+                      for rank in redistribute(state["consumers"], manifest, seed=seed, world_size=world_size,
+                                               num_workers=num_workers, batch_size=batch_size,
+                                               resume_step=state["step"])],
     }

@@ -27,22 +27,34 @@ def temp_path(path: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
-    """Yield a temp path to write; on success it replaces ``path`` (mode 0644, like a plain write)."""
+def atomic_path(path: str | os.PathLike, fsync: bool = True, tmp: str | os.PathLike | None = None) -> Iterator[Path]:
+    """Yield a temp path to write (``tmp``, default :func:`temp_path`); on success it replaces ``path``.
+
+    For writers that need a path rather than bytes: a parquet writer, ``fig.savefig`` (give it the
+    format: the temp name ends in ``.tmp``), ``torch.save``, a hard link."""
     path = Path(path)
-    tmp = temp_path(path)
+    tmp = Path(tmp) if tmp is not None else temp_path(path)
     with contextlib.suppress(FileNotFoundError):  # a stale temp (or a link planted there) is not written through
         os.unlink(tmp)
     try:
         yield tmp
-        if fsync:
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        publish(tmp, path, fsync)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def publish(tmp: str | os.PathLike, path: str | os.PathLike, fsync: bool = False) -> None:
+    """Rename a finished temp file (or a folder filled in full) over ``path``: readers see all of it or none.
+
+    The one rename of the repository (tests/unit/test_one_place.py): a writer that cannot wrap its
+    write in :func:`atomic_path` (a file written across several calls) names its temp with
+    :func:`temp_path` and publishes it here."""
+    if fsync:
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, fsync: bool = True) -> None:
@@ -92,9 +104,19 @@ class WriteError(ConfigError):
     line naming the file and what to do, like every refusal, instead of an OSError traceback."""
 
 
-def write_error(path: str | os.PathLike, e: BaseException, then: str) -> WriteError:
-    """``could not write PATH: <reason> (disk full or out of inodes?); <then>`` for a failed write of ``path``."""
+def write_error(path: str | os.PathLike, e: BaseException, then: str, kept: str = "") -> WriteError:
+    """One line for a failed write of ``path``: ``could not write PATH: <reason>; [KEPT; ]<remedy>, then THEN``.
+
+    The remedy follows the cause: a full disk or quota (``free space (or inodes)``), a folder that vanished
+    under the run (the run directory moved or removed while training), anything else (permissions ...)."""
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     reason = getattr(e, "strerror", None) or first
-    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "write failed" in reason  # torch's zip writer
-    return WriteError(f"could not write {path}: {reason}{' (disk full or out of inodes?)' if full else ''}; {then}")
+    code = getattr(e, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or "write failed" in reason:  # torch's zip writer says "write failed"
+        reason, remedy = f"{reason} (disk full or out of inodes?)", "free space (or inodes)"
+    elif code == errno.ENOENT:
+        reason, remedy = f"{reason} (its folder is gone: was the run directory moved or removed while the run " \
+                         "was writing?)", "restore the run directory"
+    else:
+        remedy = "make the file and its folder writable"
+    return WriteError(f"could not write {path}: {reason}; {kept + '; ' if kept else ''}{remedy}, then {then}")

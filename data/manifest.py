@@ -292,11 +292,45 @@ def build_manifest(cfg: DataConfig) -> Manifest:
 
 
 def _build_manifest(cfg: DataConfig) -> Manifest:
+    """The build in its steps: list the files, scan them (through the cache), refuse or skip the bad
+    ones, cut each source into chunks, check token_count on a sample; the cache is saved at the end."""
+    needed = _needed_columns(cfg)
+    files_per_source = _list_files(cfg)
+    cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
+    cache = _load_cache(cache_path)
+    scan = _scan_all(cfg, files_per_source, needed, cache)
+    null_texts = _check_bad_files(cfg, scan)
+    shards, sources, mapping = _cut_sources(cfg, files_per_source, scan)
+    problems = _check_token_counts(cfg, files_per_source, scan, sources, shards, cache)
+    if scan.dirty:
+        _save_cache(cache_path, cache)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return Manifest(shards=shards, sources=sources, skipped=scan.bad, null_texts=null_texts, mapping=mapping)
+
+
+@dataclass
+class _Scan:
+    """What scanning the configured files gave: each (source, path)'s cache key and entry, the bad files."""
+
+    digests: dict[str, str]  # path -> footer digest
+    keys: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, path) -> cache key (good files)
+    scanned: dict[tuple[str, str], dict] = field(default_factory=dict)  # (source, path) -> cache entry
+    bad: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
+    dirty: bool = False  # the cache gained entries: save it
+
+
+def _needed_columns(cfg: DataConfig) -> dict[str, str]:
+    """The Dolma3 columns plus the configured text and id columns, with their Arrow types."""
     needed = dict(SCHEMA)
     needed[cfg.text_column] = "string"
     if cfg.id_column:
         needed[cfg.id_column] = "string"
+    return needed
 
+
+def _list_files(cfg: DataConfig) -> dict[str, list[str]]:
+    """Each source's files; refuses a source whose globs match nothing and an incomplete global shuffle."""
     files_per_source: dict[str, list[str]] = {}
     empty = []
     for name, src in cfg.sources.items():
@@ -309,24 +343,24 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
     incomplete = shuffle_problems(sorted({p for files in files_per_source.values() for p in files}))
     if incomplete:
         raise ConfigError("\n".join(incomplete))
+    return files_per_source
 
-    cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
-    scanned: dict[tuple[str, str], dict] = {}
-    keys: dict[tuple[str, str], str] = {}
-    bad: list[tuple[str, str]] = []
-    cache = _load_cache(cache_path)
-    todo: dict[str, tuple[str, FilterConfig | None]] = {}  # cache key -> (path, filter) to scan
+
+def _scan_all(cfg: DataConfig, files_per_source: dict[str, list[str]], needed: dict[str, str],
+              cache: dict) -> _Scan:
+    """Scan every file not in ``cache`` (keyed by path, size, mtime, footer digest, filter and columns)."""
     all_paths = sorted({p for files in files_per_source.values() for p in files})
     with ThreadPoolExecutor(max(1, min(len(all_paths), SCAN_THREADS))) as pool:  # footers only: cheap
-        digests = dict(zip(all_paths, pool.map(file_digest, all_paths)))
+        scan = _Scan(digests=dict(zip(all_paths, pool.map(file_digest, all_paths))))
+    todo: dict[str, tuple[str, FilterConfig | None]] = {}  # cache key -> (path, filter) to scan
     for name, files in files_per_source.items():
         filt = cfg.sources[name].filter
         fkey = json.dumps([filt.column, filt.patterns]) if filt else ""
         for path in files:
             st = os.stat(path)
-            key = (f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{digests[path]}|{fkey}|"
+            key = (f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{scan.digests[path]}|{fkey}|"
                    f"{sorted(needed.items())}")
-            keys[(name, path)] = key
+            scan.keys[(name, path)] = key
             if key not in cache:
                 todo[key] = (path, filt)
     # pyarrow reads footers and the small columns without the GIL: threads scale with the cores
@@ -339,88 +373,106 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
             cache[key] = entry
         else:
             errors[key] = error
-    dirty = any(e is None for _, e in results.values())
-    for (name, path), key in list(keys.items()):
+    scan.dirty = any(e is None for _, e in results.values())
+    for (name, path), key in list(scan.keys.items()):
         if key in errors:
-            bad.append((path, errors[key]))
-            del keys[(name, path)]
+            scan.bad.append((path, errors[key]))
+            del scan.keys[(name, path)]
         else:
-            scanned[(name, path)] = cache[key]
+            scan.scanned[(name, path)] = cache[key]
+    return scan
 
-    null_texts = {p: e["text_nulls"] for (_, p), e in scanned.items() if e.get("text_nulls")}
+
+def _check_bad_files(cfg: DataConfig, scan: _Scan) -> dict[str, list[list[int]]]:
+    """Warn of null texts; refuse the bad files (``on_bad_shard: error``) or log each skipped one.
+    Returns the null-text counts per file."""
+    null_texts = {p: e["text_nulls"] for (_, p), e in scan.scanned.items() if e.get("text_nulls")}
     for problem in null_text_problems(null_texts, cfg):
         log.warning("%s", problem)
-    if bad:
-        if cfg.on_bad_shard == "error":
-            raise ConfigError(
-                _shared_problem(bad, cfg, len(digests)) + f"{len(bad)} bad input file(s):\n  "
-                + "\n  ".join(f"{p}: {why}" for p, why in bad)
-                + "\nFix or remove them, or set data.on_bad_shard: skip to leave them out (logged and counted)."
-            )
-        for p, why in bad:
-            log.warning("skipping bad shard %s: %s", p, why)
+    if scan.bad and cfg.on_bad_shard == "error":
+        raise ConfigError(
+            _shared_problem(scan.bad, cfg, len(scan.digests)) + f"{len(scan.bad)} bad input file(s):\n  "
+            + "\n  ".join(f"{p}: {why}" for p, why in scan.bad)
+            + "\nFix or remove them, or set data.on_bad_shard: skip to leave them out (logged and counted)."
+        )
+    for p, why in scan.bad:
+        log.warning("skipping bad shard %s: %s", p, why)
+    return null_texts
 
-    good_paths = sorted({p for (_, p) in scanned})
+
+def _cut_sources(cfg: DataConfig, files_per_source: dict[str, list[str]],
+                 scan: _Scan) -> tuple[list[Shard], dict[str, SourceInfo], MappingReport | None]:
+    """The good shards, the mapping report, and each source cut into training and held-out chunks."""
+    good_paths = sorted({p for (_, p) in scan.scanned})
     stems = _stems(good_paths)
     index = {p: i for i, p in enumerate(good_paths)}
-    crcs = {p: e.get("counts_crc") for (_, p), e in scanned.items()}
-    shards = [Shard(p, stems[p], [], f"{digests[p]}:{crcs[p]}") for p in good_paths]
-    mapping = _mapping(cfg, files_per_source, scanned)
+    crcs = {p: e.get("counts_crc") for (_, p), e in scan.scanned.items()}
+    shards = [Shard(p, stems[p], [], f"{scan.digests[p]}:{crcs[p]}") for p in good_paths]
+    mapping = _mapping(cfg, files_per_source, scan.scanned)
     sources: dict[str, SourceInfo] = {}
     for name, files in files_per_source.items():
         groups = []  # (shard, first, rows, docs, tokens)
         for path in files:
-            entry = scanned.get((name, path))
+            entry = scan.scanned.get((name, path))
             if entry is None:
                 continue
             shard = index[path]
             shards[shard].row_groups = [(g[0], g[1]) for g in entry["row_groups"]]
             groups.extend((shard, *g) for g in entry["row_groups"] if g[2] > 0)
-        if not groups:
-            raise ConfigError(f"data.sources.{name}: no documents (all files bad, empty, or filtered out)")
-        if cfg.val_tokens_per_source > 0 and not any(g[4] for g in groups):
-            raise ConfigError(f"data.sources.{name}: the token_count column sums to 0 over its "
-                              f"{sum(g[3] for g in groups):,} document(s), so no tokens can be held out "
-                              "(data.val_tokens_per_source); token_count "
-                              "must hold each document's cl100k count: recompute it (data/tokenizer.py count_tokens)")
-        chunks, docs_of, tokens_of = _cut_chunks(groups, cfg.min_chunks_per_source)
-        train, val = _hold_out(chunks, tokens_of, cfg.val_tokens_per_source, name)
-        tokens = sum(g[4] for g in groups)
-        docs = sum(g[3] for g in groups)  # exact per row group (the filter was applied in the scan)
-        if val:  # token and (with a filter) doc counts per chunk are estimated pro rata within a row group
-            tokens -= sum(tokens_of[c] for c in val)
-            docs -= sum(docs_of[c] for c in val)
-        sources[name] = SourceInfo(
-            name=name,
-            filter=cfg.sources[name].filter,
-            chunks=train,
-            val_chunks=val,
-            docs=int(docs),
-            tokens=int(tokens),
-            shards=sorted({g[0] for g in groups}),
-        )
+        sources[name] = _source_info(cfg, name, groups)
+    return shards, sources, mapping
+
+
+def _source_info(cfg: DataConfig, name: str, groups: list[tuple]) -> SourceInfo:
+    """One source from its non-empty row groups ``(shard, first, rows, docs, tokens)``: chunks, held-out
+    chunks, and the document and token counts left for training."""
+    if not groups:
+        raise ConfigError(f"data.sources.{name}: no documents (all files bad, empty, or filtered out)")
+    if cfg.val_tokens_per_source > 0 and not any(g[4] for g in groups):
+        raise ConfigError(f"data.sources.{name}: the token_count column sums to 0 over its "
+                          f"{sum(g[3] for g in groups):,} document(s), so no tokens can be held out "
+                          "(data.val_tokens_per_source); token_count "
+                          "must hold each document's cl100k count: recompute it (data/tokenizer.py count_tokens)")
+    chunks, docs_of, tokens_of = _cut_chunks(groups, cfg.min_chunks_per_source)
+    train, val = _hold_out(chunks, tokens_of, cfg.val_tokens_per_source, name)
+    tokens = sum(g[4] for g in groups)
+    docs = sum(g[3] for g in groups)  # exact per row group (the filter was applied in the scan)
+    if val:  # token and (with a filter) doc counts per chunk are estimated pro rata within a row group
+        tokens -= sum(tokens_of[c] for c in val)
+        docs -= sum(docs_of[c] for c in val)
+    return SourceInfo(
+        name=name,
+        filter=cfg.sources[name].filter,
+        chunks=train,
+        val_chunks=val,
+        docs=int(docs),
+        tokens=int(tokens),
+        shards=sorted({g[0] for g in groups}),
+    )
+
+
+def _check_token_counts(cfg: DataConfig, files_per_source: dict[str, list[str]], scan: _Scan,
+                        sources: dict[str, SourceInfo], shards: list[Shard], cache: dict) -> list[str]:
+    """Each source's token_count sample (cached by its files' keys) and empty-source check: the problems."""
     problems = []
     for name, src in sources.items():
         filt = cfg.sources[name].filter
         skey = "sample|" + hashlib.sha256(json.dumps(
             [name, SAMPLE_ROWS, SAMPLE_SCAN_ROWS, TOKEN_COUNT_RATIO, cfg.text_column,
-             sorted(keys[(name, p)] for p in files_per_source[name] if (name, p) in keys)]).encode()).hexdigest()
+             sorted(scan.keys[(name, p)] for p in files_per_source[name] if (name, p) in scan.keys)]).encode()
+        ).hexdigest()
         outcome = cache.get(skey)
         if outcome is None:
             outcome = _sample_token_counts(name, src, shards, filt, cfg.text_column)
             cache[skey] = outcome
-            dirty = True
+            scan.dirty = True
         if outcome.get("problem"):
             problems.append(outcome["problem"])
         elif src.tokens == 0:
             problems.append(f"data.sources.{name}: all {src.docs:,} document(s) are empty (token_count 0 and empty "
                             f"`{cfg.text_column}` in the sample); it would train on EOT tokens only: fix its files or "
                             "drop the source")
-    if dirty:
-        _save_cache(cache_path, cache)
-    if problems:
-        raise ConfigError("\n".join(problems))
-    return Manifest(shards=shards, sources=sources, skipped=bad, null_texts=null_texts, mapping=mapping)
+    return problems
 
 
 def _mapping(cfg: DataConfig, files_per_source: dict[str, list[str]], scanned: dict) -> MappingReport | None:
@@ -488,6 +540,14 @@ def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: 
     :data:`TOKEN_COUNT_RATIO` (differences of at most :data:`SAMPLE_ROWS` tokens give no verdict).
     Returns ``{"problem": str | None, "rows", "counted", "real"}`` (cached).
     """
+    per_file = _count_sample(name, src, shards, filt, text_column)
+    n, counted, real = (sum(v[i] for v in per_file.values()) for i in range(3))
+    return {"problem": _token_count_problem(name, per_file, text_column), "rows": n, "counted": counted, "real": real}
+
+
+def _count_sample(name: str, src: SourceInfo, shards: list[Shard], filt: FilterConfig | None,
+                  text_column: str) -> dict[str, list[int]]:
+    """The sample of :func:`_sample_token_counts`: per file, ``[rows, token_count sum, real count]``."""
     from data.tokenizer import count_tokens
 
     groups = sorted({(c.shard, next(i for i, (f, n) in enumerate(shards[c.shard].row_groups) if f <= c.start < f + n))
@@ -514,20 +574,21 @@ def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: 
             continue
         rows = sorted(rng.permutation(table.num_rows)[:per_group].tolist())
         texts = _sample_texts(table.column(text_column), rows, path, shards[shard].row_groups[rg][0], text_column)
-        counted = sum(table.column("token_count").take(rows).to_pylist())
-        real = sum(count_tokens(texts, num_threads=1))
         acc = per_file.setdefault(path, [0, 0, 0])
         acc[0] += len(rows)
-        acc[1] += counted
-        acc[2] += real
+        acc[1] += sum(table.column("token_count").take(rows).to_pylist())
+        acc[2] += sum(count_tokens(texts, num_threads=1))
+    return per_file
+
+
+def _token_count_problem(name: str, per_file: dict[str, list[int]], text_column: str) -> str | None:
+    """The verdict on a sample (per file ``[rows, counted, real]``): None, or the problem naming the worst files."""
     n, counted, real = (sum(v[i] for v in per_file.values()) for i in range(3))
-    out = {"problem": None, "rows": n, "counted": counted, "real": real}
     lo, hi = TOKEN_COUNT_RATIO
-    if n and real == 0 and counted > 0:  # token_count 0 as well: the source-wide check below names it
-        out["problem"] = (f"data.sources.{name}: all {n} sampled document(s) have an empty `{text_column}` (in "
-                          f"{', '.join(sorted(per_file))}; token_count sums to {counted:,} over them); the source "
-                          "would train on EOT tokens only: fix its files, data.text_column, or drop the source")
-        return out
+    if n and real == 0 and counted > 0:  # token_count 0 as well: the source-wide check names it
+        return (f"data.sources.{name}: all {n} sampled document(s) have an empty `{text_column}` (in "
+                f"{', '.join(sorted(per_file))}; token_count sums to {counted:,} over them); the source "
+                "would train on EOT tokens only: fix its files, data.text_column, or drop the source")
 
     def off(c: int, r: int) -> bool:  # a difference of a few tokens gives no verdict
         return not lo * r <= c <= hi * r and abs(c - r) > SAMPLE_ROWS
@@ -538,15 +599,14 @@ def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: 
     # the source's sample as a whole, and each file's share of it (one bad file among many good ones)
     bad_files = [(p, v) for p, v in per_file.items() if off(v[1], v[2])]
     if not bad_files and not off(counted, real):
-        return out
+        return None
     bad_files = sorted(bad_files or per_file.items(), key=lambda kv: abs(math.log(ratio(kv[1]) or 1e-9)),
                        reverse=True)
     where = "; ".join(f"{p}: token_count {v[1]:,} vs {v[2]:,} real over {v[0]} sampled row(s) (x{ratio(v):.3g})"
                       for p, v in bad_files[:3])
-    out["problem"] = (f"data.sources.{name}: token_count does not match the text ({where}); the sample of {n} "
-                      f"row(s) must be within x{lo:g}..x{hi:g} of the real cl100k count: recompute the column with "
-                      "cl100k_base (data/tokenizer.py count_tokens) or fix the file")
-    return out
+    return (f"data.sources.{name}: token_count does not match the text ({where}); the sample of {n} "
+            f"row(s) must be within x{lo:g}..x{hi:g} of the real cl100k count: recompute the column with "
+            "cl100k_base (data/tokenizer.py count_tokens) or fix the file")
 
 
 def _sample_texts(column: pa.ChunkedArray, rows: list[int], path: str, first: int, text_column: str) -> list[str]:

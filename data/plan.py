@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from data import files
 from data.errors import ConfigError
 from data.formatting import human
 from data.schedules import Schedule, tokens_per_phase, tokens_per_source
@@ -138,15 +138,8 @@ def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
     fig.suptitle(f"{schedule.total_steps:,} steps, {human(schedule.total_tokens)} tokens")
 
     out_path = Path(out_path)
-    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=110)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out_path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with files.atomic_path(out_path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
 
 
 def _plot_steps(schedule: Schedule, n: int = 1000) -> list[int]:

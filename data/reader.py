@@ -19,7 +19,9 @@ without pre-buffering, which would hold each open chunk's whole compressed colum
 A null ``text`` is named ``file:row group:row``; with ``data.on_bad_shard: skip`` it is left out
 (logged and counted in ``ShardReader.bad_rows``), the same rows on every read, so the document
 counts a cursor relies on do not change between a run and its resume. Text that cannot be decoded is
-always an error naming the row.
+always an error naming the row. Every read failure (a file that will not open, a corrupt page, a row
+missing) is a ``data.errors.DataError`` naming ``file: row group`` and the way out: the entry points
+print it as one ``error:`` line (exit 2).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.config import DataConfig
-from data.errors import ConfigError
+from data.errors import DataError
 from data.manifest import Chunk, Manifest, matches
 from data.tokenizer import encode_docs
 
@@ -83,7 +85,8 @@ class ShardReader:
                 pf = pq.ParquetFile(self.manifest.shards[shard].path, buffer_size=READ_BUFFER,
                                     pre_buffer=False)  # pre-buffering holds whole column chunks
             except Exception as e:
-                raise RuntimeError(f"{self.manifest.shards[shard].path}: cannot open parquet file: {e}") from e
+                raise DataError(f"{self.manifest.shards[shard].path}: cannot open parquet file: {_first_line(e)}; "
+                                f"{REBUILD}") from e
             if len(self._files) >= self._max_open:
                 self._files.popitem(last=False)
         self._files[shard] = pf
@@ -93,7 +96,8 @@ class ShardReader:
         for i, (first, n) in enumerate(self.manifest.shards[shard].row_groups):
             if first <= row < first + n:
                 return i, first
-        raise IndexError(f"{self.manifest.shards[shard].path}: row {row} out of range")
+        raise DataError(f"{self.manifest.shards[shard].path}: row {row} out of range (file changed since the "
+                        f"manifest was built?); {REBUILD}")
 
     def _where(self, shard: int, rg: int, row: int | None = None) -> str:
         """``file:row group:row`` (or ``file: row group N`` for a whole row group)."""
@@ -105,8 +109,8 @@ class ShardReader:
         try:
             return self._file(shard).read_row_group(rg, columns=columns)
         except Exception as e:
-            raise RuntimeError(f"{self._where(shard, rg)} unreadable (file changed or corrupt since "
-                               f"the manifest was built?): {e}") from e
+            raise DataError(f"{self._where(shard, rg)}: column(s) {columns} unreadable (file changed or corrupt "
+                            f"since the manifest was built?): {_first_line(e)}; {REBUILD}") from e
 
     def _scan(self, shard: int, rg: int) -> Iterator[pa.Array]:
         """The text column of one row group, SLICE_ROWS rows at a time."""
@@ -116,8 +120,8 @@ class ShardReader:
             for batch in batches:
                 yield batch.column(0)
         except Exception as e:
-            raise RuntimeError(f"{self._where(shard, rg)}: text column unreadable (file changed or corrupt since "
-                               f"the manifest was built?): {e}") from e
+            raise DataError(f"{self._where(shard, rg)}: `{self.text_column}` unreadable (file changed or corrupt "
+                            f"since the manifest was built?): {_first_line(e)}; {REBUILD}") from e
 
     def _read_slice(self, scan: Iterator[pa.Array]) -> pa.Array | None:
         """The next slice of a scan (None at its end); one place to time parquet reads."""
@@ -165,7 +169,7 @@ class ShardReader:
     def _bad_text(self, shard: int, rg: int, rows: list[int]) -> None:
         where = ", ".join(self._where(shard, rg, int(r)) for r in rows[:5]) + (" ..." if len(rows) > 5 else "")
         if not self.skip_bad:
-            raise ConfigError(f"{len(rows)} document(s) with a null `{self.text_column}`: {where}; fix the file, or "
+            raise DataError(f"{len(rows)} document(s) with a null `{self.text_column}`: {where}; fix the file, or "
                               "set data.on_bad_shard: skip to leave such rows out (logged and counted)")
         if (shard, rg) not in self.bad_rows:
             log.warning("skipping %d row(s) with a null text: %s", len(rows), where)
@@ -218,8 +222,8 @@ class ShardReader:
                     state[0] += len(state[1])
                 nxt = self._read_slice(scan)
                 if nxt is None:
-                    raise RuntimeError(f"{self._where(shard, rg, int(row))}: row missing (file changed since the "
-                                       "manifest was built?)")
+                    raise DataError(f"{self._where(shard, rg, int(row))}: row missing (file changed since the "
+                                    f"manifest was built?); {REBUILD}")
                 self._check_utf8(nxt, shard, rg, state[0])
                 state[1:] = [nxt]
             texts.append(self._text(state[1], int(row) - state[0], shard, rg, int(row)))
@@ -232,13 +236,24 @@ class ShardReader:
         except pa.ArrowInvalid as e:
             bad = next((i for i in range(len(col)) if not _utf8(col[i])), None)
             where = self._where(shard, rg) if bad is None else self._where(shard, rg, first + bad)
-            raise ConfigError(f"{where}: `{self.text_column}` cannot be decoded: {e}") from e
+            raise DataError(f"{where}: `{self.text_column}` cannot be decoded ({_first_line(e)}); write the text "
+                            "as UTF-8 (parquet does not check it), or remove the file from the corpus") from e
 
     def _text(self, col: pa.Array, i: int, shard: int, rg: int, row: int) -> HeldText:
         value = col[i]
         if not value.is_valid:  # the footer's null count said none (or the file changed): always an error here
-            raise ConfigError(f"{self._where(shard, rg, row)}: `{self.text_column}` is null")
+            raise DataError(f"{self._where(shard, rg, row)}: `{self.text_column}` is null (the footer counted no "
+                            f"nulls: file changed since the manifest was built?); {REBUILD}")
         return HeldText.of(value.as_buffer())
+
+
+REBUILD = "restore or rewrite the file, or remove it from the corpus (the manifest is rebuilt at the next start)"
+"""The way out of an unreadable corpus file."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _utf8(value: pa.Scalar) -> bool:

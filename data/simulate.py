@@ -19,7 +19,7 @@ import json
 from typing import Callable, Iterator
 
 from data.config import DataConfig
-from data.cursor import check_order_state
+from data.cursor import read_order_state
 from data.errors import ConfigError
 from data.manifest import Manifest
 from data.packer import ConsumerStream
@@ -67,25 +67,25 @@ class OrderSimulator:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        check_order_state(state)  # every integer in range, the step the consumers agree on: named errors
+        cursors = read_order_state(state)  # every integer in range, the step the consumers agree on: named errors
         if (state["world_size"], state["num_workers"]) != (self.world_size, self.workers):
             raise ConfigError(
                 f"cursor was saved with --world-size {state['world_size']} --num-workers {state['num_workers']}; "
                 f"resume with the same values (got {self.world_size}, {self.workers})"
             )
-        fp = state["consumers"][0][0]["fingerprint"]
+        fp = cursors[0][0].fingerprint
         if fp != self.manifest.fingerprint():
             raise ConfigError(
                 f"cursor was saved for another corpus/config (fingerprint {fp}, now {self.manifest.fingerprint()}); "
                 "resume with the same corpus, filters and chunking"
             )
-        for rank, states in zip(self.consumers, state["consumers"]):
-            for consumer, st in zip(rank, states):
-                if st["seed"] != self.cfg.seed:
+        for rank, row in zip(self.consumers, cursors):
+            for consumer, cursor in zip(rank, row):
+                if cursor.seed != self.cfg.seed:
                     raise ConfigError(
-                        f"cursor was saved with seed {st['seed']}, not {self.cfg.seed}; use --seed {st['seed']}"
+                        f"cursor was saved with seed {cursor.seed}, not {self.cfg.seed}; use --seed {cursor.seed}"
                     )
-                consumer.load_state_dict(st)
+                consumer.restore(cursor)
         self.step = state["step"]
 
 

@@ -13,7 +13,7 @@ instead of wrapping into the next epoch, and no buffer holds two copies of a doc
 passes over a buffered document that is already in the batch being packed (an earlier epoch's read
 still in a row), so a micro-batch holds a document twice only when every source offers nothing else.
 
-The whole state is addresses and small integers (``snapshot``); ``load_state_dict`` re-reads the
+The whole state is addresses and small integers (``cursor``, data/cursor.py); ``restore`` re-reads the
 open chunks' remaining rows and the buffered documents by address, so restoring costs O(buffer),
 never a replay from the start.
 """
@@ -25,7 +25,7 @@ from collections import Counter
 import numpy as np
 
 from data.config import DataConfig
-from data.cursor import buffer_addrs
+from data.cursor import SourceCursor
 from data.manifest import Chunk
 from data.order import RNG_LEVEL2, ChunkOrder, element, source_key
 from data.reader import LazyChunk, ShardReader
@@ -168,24 +168,20 @@ class SourceStream:
             del self.epoch_counts[epoch]
 
     # -- cursor --------------------------------------------------------------------------------
-    def snapshot(self) -> dict:
-        """The state, cheaply (a copy of the buffer's address array); ``pack_cursor`` compacts it."""
-        return {
-            "taken": self.taken,
-            "open": [[g, used] for g, used, _ in self.open],
-            "buffer": self.addrs.copy(),
-            "rng": self.rng.bit_generator.state,
-        }
+    def cursor(self) -> SourceCursor:
+        """The state, cheaply (a copy of the buffer's address array; packed when serialised)."""
+        return SourceCursor(self.taken, tuple((g, used) for g, used, _ in self.open), self.addrs.copy(),
+                            self.rng.bit_generator.state)
 
-    def load_state_dict(self, state: dict) -> None:
-        self.taken = state["taken"]
+    def restore(self, cursor: SourceCursor) -> None:
+        self.taken = cursor.taken
         self.open = []
-        for g, used in state["open"]:
+        for g, used in cursor.open:
             lazy = self._load(g, skip=used)  # nothing before `used` is tokenized
             if lazy.left:  # an elastic resume hands over unopened chunks, which a row filter may leave empty
                 self.open.append([g, used, lazy])
-        self.addrs = buffer_addrs(state["buffer"])
+        self.addrs = cursor.addresses()
         texts = self.reader.read_texts(self.index, [(int(s), int(r)) for s, r, _ in self.addrs])
         self.buffer = [Doc(self.index, int(s), int(r), int(e), None, t) for (s, r, e), t in zip(self.addrs, texts)]
         self.epoch_counts = Counter(d.epoch for d in self.buffer)
-        self.rng.bit_generator.state = state["rng"]
+        self.rng.bit_generator.state = cursor.rng

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
+from data.errors import TokenizerError  # noqa: F401 (raised here; its home is the error family)
+
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 CL100K_PAT_STR = (
@@ -40,10 +42,6 @@ SPECIAL_TOKENS = {
     "<|fim_suffix|>": 100260,
     "<|endofprompt|>": 100276,
 }
-
-
-class TokenizerError(RuntimeError):
-    pass
 
 
 def _candidate_files() -> list[Path]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 if TYPE_CHECKING:
+    from data.cursor import ConsumerCursor
     from data.reader import HeldText
     from data.schedules import Schedule
 
@@ -44,7 +45,7 @@ class TrainBatch(TypedDict):
     ``input_ids``/``targets``/``target_source``/``doc_index`` are [B, L]; ``pieces`` are the document
     pieces ``[doc_id, first_token_offset, n_tokens]`` covering the input tokens row after row;
     ``source_tokens`` and ``weights`` are per source in manifest order; ``cursor`` is the consumer's
-    state after this batch (packed only when a checkpoint is written).
+    state after this batch (data/cursor.py; serialised only when a checkpoint is written).
     """
 
     step: int
@@ -57,7 +58,7 @@ class TrainBatch(TypedDict):
     pieces: list[list[int]]
     source_tokens: Any
     weights: Any
-    cursor: dict
+    cursor: ConsumerCursor
 
 
 class EvalBatch(TypedDict):

@@ -30,6 +30,11 @@ Absolute times are noisy on a shared machine; read the ratios.
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import dataclasses
 import gc
@@ -113,9 +118,14 @@ def stream_config(corpus: Path, **overrides) -> DataConfig:
 
 
 def big_weights() -> dict[str, float]:
-    """The 350M/20B config's stable-phase weights (its first phase)."""
+    """The 350M/20B config's stable-phase weights (its first phase), slot by slot on this bench's corpus
+    sources: the real config names its four slots web, code, pdfs, curated; the demo and scale corpora
+    call the third one books."""
     cfg = load_data_config(BIG_CONFIG)
-    return build_schedule(cfg.schedule, sources=list(cfg.sources)).mixture_weights(0)
+    weights = build_schedule(cfg.schedule, sources=list(cfg.sources)).mixture_weights(0)
+    if len(weights) != len(SOURCES):
+        raise SystemExit(f"{BIG_CONFIG}: {len(weights)} mixture sources, this bench's corpus has {len(SOURCES)}")
+    return dict(zip(SOURCES, weights.values()))
 
 
 def big_batch_shape() -> tuple[int, int]:

@@ -18,6 +18,11 @@ re-cut at 2,048 consumers in <= 10 s.
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import json
 import resource
@@ -88,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     everyone = redistribute(cursors, manifest, seed=0, world_size=to // workers, num_workers=workers,
                             batch_size=args.batch, resume_step=1000)
     all_s = time.perf_counter() - t0
-    assert [c["sources"] for c in everyone[0]] == [c["sources"] for c in new[0]]
-    moved = sum(len(cur["sources"][s]["open"]) for r in everyone for cur in r for s in SOURCES)
+    assert [c.to_dict()["sources"] for c in everyone[0]] == [c.to_dict()["sources"] for c in new[0]]
+    moved = sum(len(cur.sources[s].open) for r in everyone for cur in r for s in SOURCES)
     print(f"{n} consumers ({n // workers} ranks x {workers} workers), 4 sources x buffer {args.buffer:,} x "
           f"{args.open_chunks} open chunks, micro-batch {args.batch}; synthetic cursors built in {build_s:.1f} s")
     print(f"  cursor per consumer      {per / 1e3:8.1f} KB (JSON, packed buffers)")

@@ -11,6 +11,11 @@ the median of per-round ratios. Also timed: a warm build (every entry cached), a
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import statistics
 import sys

@@ -20,6 +20,11 @@ Absolute times are noisy on a shared machine; read the ratios.
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import json
 import os
@@ -33,6 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data.config import arrow_schema
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "global_shuffle.py"
 # Runs a command and prints the peak RSS (KB on Linux) of its whole process tree (reaped children included).
@@ -40,8 +47,7 @@ RSS_WRAPPER = (
     "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
     "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)"
 )
-SCHEMA = pa.schema([("source", pa.string()), ("date", pa.string()), ("text", pa.string()),
-                    ("token_count", pa.int64()), ("category", pa.string())])
+SCHEMA = arrow_schema()
 
 
 def synthetic_corpus(out: Path, total_mb: float, files: int = 16, sub_sources: int = 20, seed: int = 0) -> Path:

@@ -12,14 +12,21 @@ fails, 0 otherwise (a skipped one does not fail).
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import sys
 from pathlib import Path
 
 from ablations.diagnose import FAIL, Thresholds, write_report
+from data.errors import ConfigError, one_line_errors
 from train.rundir import RunDir
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path)
@@ -37,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epoch-rtol", type=float, default=d.epoch_rtol)
     args = p.parse_args(argv)
     if not RunDir(args.run_dir).metrics_csv.is_file():
-        raise SystemExit(f"error: {args.run_dir}/csv/metrics.csv not found (a run directory of python -m train fit?)")
+        raise ConfigError(f"{args.run_dir}/csv/metrics.csv not found (a run directory of python -m train fit?)")
     th = Thresholds(max_batch_distance=args.max_batch_distance, max_cumulative_distance=args.max_cumulative_distance,
                     alpha=args.alpha, window=args.window, min_drop=args.min_drop, epoch_rtol=args.epoch_rtol)
     out, checks = write_report(args.run_dir, args.out, args.corpus, th, plots=not args.no_plots)

@@ -14,6 +14,11 @@ Flags override the config: --corpus DIR (DIR/<source>/*.parquet), --seed, --weig
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import contextlib
 import json
@@ -23,7 +28,7 @@ from pathlib import Path
 
 from data import files
 from data.config import check_weights, corpus_sources, load_data_config
-from data.errors import ConfigError
+from data.errors import ConfigError, error_lines, one_line_errors
 from data.manifest import build_manifest
 from data.plan import stream_table
 from data.simulate import OrderSimulator, dumps
@@ -61,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     overrides: dict = {}
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                                   f"({type(e).__name__}: {e})") from None
         stop = steps if args.save_cursor_at is None else min(steps, args.save_cursor_at + 1)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(error_lines(e), file=sys.stderr)
         return 2
 
     print("effective streams (per consumer):\n" + stream_table(manifest, cfg, args.world_size * sim.workers),

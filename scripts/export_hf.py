@@ -7,14 +7,20 @@
 What it does, the options' meaning and the measurements: the library, ``train/export.py``.
 """
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import sys
 
-from data.errors import ConfigError
+from data.errors import one_line_errors
 from train.export import DTYPES, compare_logits, export
 from train.model import ModelConfigError
 
 
+@one_line_errors(also=(ModelConfigError,))
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -29,13 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         "--trust-checkpoint", action="store_true", help="allow full unpickling (only for checkpoints you trust)"
     )
     args = p.parse_args(argv)
-    try:
-        out = export(
-            args.checkpoint, args.out, args.model_config, args.dtype, not args.no_tokenizer_json, args.trust_checkpoint
-        )
-    except (ConfigError, ModelConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    out = export(
+        args.checkpoint, args.out, args.model_config, args.dtype, not args.no_tokenizer_json, args.trust_checkpoint
+    )
     print(f"wrote {', '.join(sorted(f.name for f in out.iterdir()))} to {out}")
     if args.check:
         diff = compare_logits(args.checkpoint, out, args.model_config, args.dtype, trust=args.trust_checkpoint)

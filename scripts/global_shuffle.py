@@ -41,6 +41,11 @@ is the job-array template, with the submission commands chaining the three phase
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import os
 import sys
@@ -63,7 +68,7 @@ from data.corpus.shuffle import (
     verify,
     write_report,
 )
-from data.errors import ConfigError
+from data.errors import ConfigError, one_line_errors
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,56 +98,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        spec = ShuffleSpec(
-            inputs=list_inputs(args.inputs),
-            out=args.out,
-            buckets=args.buckets,
-            seed=args.seed,
-            tmp=args.tmp,
-            source_column=args.source_column,
-            token_column=args.token_column or None,
-            text_column=args.text_column,
-            buffer_mb=args.buffer_mb,
-            row_group_rows=args.row_group_rows,
-            compression=args.compression,
-        )
-        if args.workers < 1:
-            raise ConfigError(f"--workers must be >= 1 (got {args.workers})")
-        Path(spec.out).mkdir(parents=True, exist_ok=True)
-        print(
-            f"{len(spec.inputs)} input file(s) -> {spec.buckets} buckets in {spec.out} (seed {spec.seed})", flush=True
-        )
-        t0 = time.perf_counter()
+    spec = ShuffleSpec(
+        inputs=list_inputs(args.inputs),
+        out=args.out,
+        buckets=args.buckets,
+        seed=args.seed,
+        tmp=args.tmp,
+        source_column=args.source_column,
+        token_column=args.token_column or None,
+        text_column=args.text_column,
+        buffer_mb=args.buffer_mb,
+        row_group_rows=args.row_group_rows,
+        compression=args.compression,
+    )
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be >= 1 (got {args.workers})")
+    Path(spec.out).mkdir(parents=True, exist_ok=True)
+    print(
+        f"{len(spec.inputs)} input file(s) -> {spec.buckets} buckets in {spec.out} (seed {spec.seed})", flush=True
+    )
+    t0 = time.perf_counter()
 
-        def progress(phase: str, result: dict) -> None:
-            if args.quiet:
-                return
-            what = f"bucket {result['bucket']}" if phase == "gather" else result["file"]
-            rows = result["stats"]["rows"]
-            print(f"  {phase} {'skipped (done)' if result['skipped'] else 'done'}: {what} ({rows:,} rows) "
-                  f"[{time.perf_counter() - t0:.1f}s]", flush=True)
+    def progress(phase: str, result: dict) -> None:
+        if args.quiet:
+            return
+        what = f"bucket {result['bucket']}" if phase == "gather" else result["file"]
+        rows = result["stats"]["rows"]
+        print(f"  {phase} {'skipped (done)' if result['skipped'] else 'done'}: {what} ({rows:,} rows) "
+              f"[{time.perf_counter() - t0:.1f}s]", flush=True)
 
-        if args.scatter_only:
-            done = scatter(spec, args.task_index, args.num_tasks, args.workers, lambda r: progress("scatter", r))
-            print(f"scatter task {args.task_index}/{args.num_tasks}: {len(done)} file(s) done")
-            return 0
-        if args.gather_only:
-            done = gather(spec, args.task_index, args.num_tasks, args.workers, progress=lambda r: progress("gather", r))
-            print(f"gather task {args.task_index}/{args.num_tasks}: {len(done)} bucket(s) done")
-            return 0
-        if args.report_only:
-            report = verify(spec)
-            write_report(spec, report)
-            if report["ok"] and not args.keep_tmp:
-                cleanup(spec)
-        else:
-            report = shuffle(spec, workers=args.workers, keep_tmp=args.keep_tmp, progress=progress)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.scatter_only:
+        done = scatter(spec, args.task_index, args.num_tasks, args.workers, lambda r: progress("scatter", r))
+        print(f"scatter task {args.task_index}/{args.num_tasks}: {len(done)} file(s) done")
+        return 0
+    if args.gather_only:
+        done = gather(spec, args.task_index, args.num_tasks, args.workers, progress=lambda r: progress("gather", r))
+        print(f"gather task {args.task_index}/{args.num_tasks}: {len(done)} bucket(s) done")
+        return 0
+    if args.report_only:
+        report = verify(spec)
+        write_report(spec, report)
+        if report["ok"] and not args.keep_tmp:
+            cleanup(spec)
+    else:
+        report = shuffle(spec, workers=args.workers, keep_tmp=args.keep_tmp, progress=progress)
     print(format_report(report))
     print(f"report: {Path(spec.out) / 'shuffle_report.json'}")
     return 0 if report["ok"] else 1

@@ -18,6 +18,11 @@ config is unreadable.
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import sys
 from pathlib import Path
@@ -32,7 +37,7 @@ from data.corpus.inspect import (
     inspect_corpus,
     propose_sources,
 )
-from data.errors import ConfigError
+from data.errors import ConfigError, one_line_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,20 +72,20 @@ def _mapping(config: str, summary):
     return build_mapping(cfg, files, summary.per_file)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from data.shuffled import shuffle_problems
 
+    filters = _config_filters(args.config) if args.config else None
     try:
-        filters = _config_filters(args.config) if args.config else None
         summary = inspect_corpus(args.dir, args.pattern)
-        incomplete = shuffle_problems(summary.paths)
-        if incomplete:
-            raise ConfigError("\n".join(incomplete))
-        mapping = _mapping(args.config, summary) if args.config else None
-    except (ConfigError, FileNotFoundError) as e:
-        print("\n".join(f"error: {ln}" for ln in str(e).splitlines()), file=sys.stderr)
-        return 2
+    except FileNotFoundError as e:  # no parquet file in the folder
+        raise ConfigError(str(e)) from None
+    incomplete = shuffle_problems(summary.paths)
+    if incomplete:
+        raise ConfigError("\n".join(incomplete))
+    mapping = _mapping(args.config, summary) if args.config else None
     print(format_report(summary, filters))
     if mapping is not None:
         print("\n" + mapping.text())

@@ -3,14 +3,22 @@
     python scripts/make_demo_corpus.py --out demo_corpus [--force]
 """
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from data.corpus.demo import build_demo_corpus, format_summary
+from data.errors import one_line_errors
 
 
-def main(argv: list[str] | None = None) -> None:
+@one_line_errors
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -26,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.out} already holds this corpus (use --force to rebuild)")
     else:
         print(f"built {args.out} in {elapsed:.1f}s")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,13 +17,18 @@ Exit status 2 with ``error: ...`` on stderr for an invalid config or unusable co
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import sys
 import warnings
 from pathlib import Path
 
 from data.config import corpus_sources, load_data_config
-from data.errors import ConfigError
+from data.errors import ConfigError, error_lines, one_line_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from data.plan import available_tokens, check_epochs, parse_tokens, plan_table, plot_schedule
@@ -71,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if not out.parent.is_dir():
             raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(error_lines(e), file=sys.stderr)
         return 2
 
     print(f"plan for {args.config}; available tokens: {origin}\n")

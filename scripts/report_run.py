@@ -9,13 +9,19 @@ the loss of a model that learned token frequencies and nothing else.
 
 from __future__ import annotations
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import math
-import os
 import sys
 from collections import Counter
 from pathlib import Path
 
+from data import files
+from data.errors import ConfigError, one_line_errors
 from train.rundir import read_metrics, series
 
 
@@ -58,11 +64,11 @@ def figure(rows, sources: list[str]):
 
 
 def plot(rows, sources: list[str], out: Path) -> None:
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    figure(rows, sources).savefig(tmp, dpi=110)
-    os.replace(tmp, out)
+    with files.atomic_path(out) as tmp:
+        figure(rows, sources).savefig(tmp, format="png", dpi=110)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path)
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = read_metrics(args.run_dir)
     except FileNotFoundError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise ConfigError(str(e)) from None
     sources = sorted({k.split("/")[-1] for r in rows[:1] for k in r
                       if k.startswith("val/loss/") or k.startswith("train/loss/")})
     lines = [f"{'source':<10} {'held-out start':>15} {'held-out end':>13} {'change':>8}"]

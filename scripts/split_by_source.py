@@ -6,6 +6,11 @@
 What it does, the options' meaning and the measurements: the library, ``data/corpus/split.py``.
 """
 
+try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
+    import _env  # noqa: F401
+except ImportError:  # loaded by path (a test, runpy): the caller's environment
+    pass
+
 import argparse
 import sys
 import time
@@ -13,9 +18,10 @@ from pathlib import Path
 
 from data.corpus.shuffle import list_inputs
 from data.corpus.split import compare_filter, parse_map, split_by_source
-from data.errors import ConfigError
+from data.errors import ConfigError, one_line_errors
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -39,19 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--repeats", type=int, default=3, help="timing repeats for --compare-filter (default 3)")
     args = p.parse_args(argv)
-    try:
-        mapping = parse_map(args.map)
-        if args.row_group_rows < 1 or args.rows_per_part < 1:
-            raise ConfigError("--row-group-rows and --rows-per-part must be >= 1")
-        inputs = list_inputs(args.inputs)
-        t0 = time.perf_counter()
-        report = split_by_source(inputs, args.out, mapping, column=args.column, unmapped=args.unmapped,
-                                 row_group_rows=args.row_group_rows, rows_per_part=args.rows_per_part,
-                                 compression=args.compression, overwrite=args.overwrite)
-        elapsed = time.perf_counter() - t0
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    mapping = parse_map(args.map)
+    if args.row_group_rows < 1 or args.rows_per_part < 1:
+        raise ConfigError("--row-group-rows and --rows-per-part must be >= 1")
+    inputs = list_inputs(args.inputs)
+    t0 = time.perf_counter()
+    report = split_by_source(inputs, args.out, mapping, column=args.column, unmapped=args.unmapped,
+                             row_group_rows=args.row_group_rows, rows_per_part=args.rows_per_part,
+                             compression=args.compression, overwrite=args.overwrite)
+    elapsed = time.perf_counter() - t0
     print(f"{report['rows_in']:,} rows from {len(inputs)} file(s) in {elapsed:.2f}s -> {args.out}")
     for name, rows in report["rows_per_source"].items():
         print(f"  {name:<12} {rows:>10,} rows  {report['parts_per_source'][name]} part(s)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -108,8 +107,8 @@ class DataStateCallback(L.Callback):
                 self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
                 self._file.flush()
             except OSError as e:
-                raise files.write_error(self._path(trainer), e, "free space (or inodes), then resume with "
-                                        "--ckpt_path last (a line cut short is dropped on resume)") from e
+                raise files.write_error(self._path(trainer), e, "resume with --ckpt_path last (a line cut "
+                                        "short is dropped on resume)") from e
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._file is not None:
@@ -333,22 +332,18 @@ def _write_checksum(path: Path, digest: str) -> None:
 def link_checkpoint(src: Path, dst: Path) -> None:
     """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
     atomically through a temporary like AtomicCheckpointIO's writes; ``src``'s checksum goes with it."""
-    tmp = _temporary(dst)
     try:
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-        checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
-        os.replace(tmp, dst)
+        with files.atomic_path(dst, fsync=False, tmp=_temporary(dst)) as tmp:
+            try:
+                os.link(src, tmp)
+            except OSError:
+                shutil.copyfile(src, tmp)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+            checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
     except OSError as e:  # out of space or inodes: the copy (a link needs an inode too) failed
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise files.write_error(dst, e, f"{src} holds the same state and is intact; free space (or inodes), then "
-                                f"resume with --ckpt_path {src}") from e
+        raise files.write_error(dst, e, f"resume with --ckpt_path {src}",
+                                f"{src} holds the same state and is intact") from e
     digest = read_checksum(src)
     if digest is not None:
         _write_checksum(dst, digest)
@@ -368,21 +363,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _temporary(path)
-        try:
-            tmp.unlink(missing_ok=True)  # a stale temporary of this pid, or a link left there: never written through
-            with open(tmp, "xb") as f:
-                torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
-                f.flush()
-                os.fsync(f.fileno())
-            digest = file_sha256(tmp)  # from the page cache, just written
-            checksum_path(path).unlink(missing_ok=True)
-            os.replace(tmp, path)
+        try:  # a stale temporary of this pid, or a link left there, is removed first: never written through
+            with files.atomic_path(path, fsync=False, tmp=_temporary(path)) as tmp:
+                with open(tmp, "xb") as f:
+                    torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
+                    f.flush()
+                    os.fsync(f.fileno())
+                digest = file_sha256(tmp)  # from the page cache, just written
+                checksum_path(path).unlink(missing_ok=True)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise files.write_error(f"checkpoint {path}", e, "the previous checkpoint is intact and the partial file "
-                                    "was removed; free space (or inodes), then resume with --ckpt_path last") from e
+            raise files.write_error(f"checkpoint {path}", e, "resume with --ckpt_path last", "the previous "
+                                    "checkpoint is intact and the partial file was removed") from e
         _write_checksum(path, digest)
 
     def remove_checkpoint(self, path) -> None:

@@ -241,7 +241,7 @@ def cursor_problem(ckpt: dict, path: Path, ranks: list[int] | None) -> str | Non
     """The data cursors a checkpoint names: every rank's file present, those of ``ranks`` (None: all)
     range-checked and against its step (data/cursor.py). A missing or damaged cursor is refused here,
     naming the file or the field, instead of crashing a DataLoader worker later."""
-    from data.cursor import CURSOR_VERSION, check_order_state
+    from data.cursor import ConsumerCursor, check_order_state
     from train.cursor_files import cursor_files, load_checkpoint_cursors
 
     state = ckpt.get("WellMixedData")
@@ -255,7 +255,7 @@ def cursor_problem(ckpt: dict, path: Path, ranks: list[int] | None) -> str | Non
         cursors = load_checkpoint_cursors(path, state, ranks)
     except ConfigError as e:
         return str(e)
-    if any(isinstance(c, dict) and c.get("version") != CURSOR_VERSION
+    if any(isinstance(c, dict) and not ConsumerCursor.is_current(c)
            for rank in cursors if isinstance(rank, list) for c in rank):
         return None  # another version of the data path: the datamodule's own error says what to do
     if not cursors:

@@ -40,7 +40,7 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
-from data.errors import ConfigError
+from data.errors import ConfigError, WellMixedError, error_lines
 from train import faults
 from train import lightning_internals as internals
 from train import loggers as run_loggers
@@ -57,7 +57,6 @@ from train.datamodule import WellMixedData
 from train.faults import (
     StopOnSignal,
     end_worker_processes,
-    error_lines,
     install_early_handlers,
 )
 from train.model import ModelConfigError
@@ -366,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     faults.FATAL_EXIT_AFTER_S = 60.0  # a fatal error ends this process within a minute (train/faults.py)
     try:
         WellMixedCLI(args=argv)
-    except (ConfigError, ModelConfigError) as e:
+    except (WellMixedError, ModelConfigError) as e:
         print(error_lines(e), file=sys.stderr)
         return 2
     except FloatingPointError as e:  # model.on_nonfinite: stop

@@ -58,8 +58,7 @@ _EARLIER = "resume from an earlier checkpoint with --ckpt_path FILE (or --run.ck
 EARLIER_SEVERAL_RANKS = ("resume from an earlier checkpoint with --ckpt_path FILE (on several ranks "
                          "--run.ckpt_fallback checks only that the cursor files exist)")
 """The way out where each rank reads its own file: the fallback's check did not read it (train/faults.py)."""
-_NO_CHECKPOINT = ("no checkpoint was written for this step, the previous ones are intact; free space (or inodes), "
-                  "then resume with --ckpt_path last")
+_NO_CHECKPOINT = "no checkpoint was written for this step, the previous ones are intact"
 
 
 def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
@@ -80,7 +79,7 @@ def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
             except FileExistsError:
                 version += 1
     except OSError as e:
-        raise files.write_error(root / f"step{step:07d}", e, _NO_CHECKPOINT) from e
+        raise files.write_error(root / f"step{step:07d}", e, "resume with --ckpt_path last", _NO_CHECKPOINT) from e
 
 
 def rank_file(step_dir: str | PathLike, rank: int) -> Path:
@@ -102,7 +101,7 @@ def save_rank_cursors(step_dir: str | PathLike, rank: int, cursors: list[dict | 
     try:
         files.write_bytes(rank_file(step_dir, rank), data)
     except OSError as e:
-        raise files.write_error(rank_file(step_dir, rank), e, _NO_CHECKPOINT) from e
+        raise files.write_error(rank_file(step_dir, rank), e, "resume with --ckpt_path last", _NO_CHECKPOINT) from e
     return hashlib.sha256(data).hexdigest()
 
 
@@ -125,13 +124,13 @@ def cursor_files(ckpt_path: str | PathLike, state: dict[str, Any]) -> list[Path]
 
 def load_checkpoint_cursors(ckpt_path: str | PathLike | None, state: dict[str, Any],
                             ranks: list[int] | None = None) -> list[list[dict | None]]:
-    """The packed cursors ``[rank][worker]`` of the checkpoint at ``ckpt_path`` (a ``.ckpt`` file or a
+    """The serialised cursors ``[rank][worker]`` of the checkpoint at ``ckpt_path`` (a ``.ckpt`` file or a
     sharded checkpoint folder) whose WellMixedData state is ``state``: one row per rank in ``ranks``
     (default: every rank of the checkpoint), in that order. Only those ranks' files are read.
 
-    A missing, unreadable or mismatched file is a ConfigError naming it. Not range-checked here
-    (data/cursor.py ``check_order_state`` is the callers' step, so that a cursor of another version
-    gets the data path's own message)."""
+    A missing, unreadable or mismatched file is a ConfigError naming it. The cursors are returned
+    serialised, not read: data/cursor.py ``read_order_state`` is the callers' step, so that a cursor of
+    another version gets the data path's own message."""
     ranks = list(range(int(state["world_size"]))) if ranks is None else list(ranks)
     if state.get("cursor_dir") is None:  # inline: an older checkpoint, or library use without a checkpoint dir
         inline = state.get("cursors")

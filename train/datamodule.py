@@ -42,7 +42,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from data.config import DataConfig
-from data.cursor import check_order_state, pack_cursor
+from data.cursor import ConsumerCursor, read_order_state
 from data.elastic import redistribute
 from data.errors import ConfigError
 from data.manifest import Manifest, build_manifest
@@ -81,7 +81,7 @@ class ConsumerDataset(IterableDataset):
     """One rank's training stream; each DataLoader worker runs one consumer of the global order."""
 
     def __init__(self, manifest: Manifest, cfg: DataConfig, rank: int, world_size: int, steps: StepSchedule,
-                 cursors: list[dict | None] | None, next_step: int):
+                 cursors: list[ConsumerCursor | None] | None, next_step: int):
         self.manifest, self.cfg, self.rank, self.world_size = manifest, cfg, rank, world_size
         self.steps, self.cursors, self.next_step = steps, cursors, next_step
         self.workers = max(1, cfg.num_workers)
@@ -94,7 +94,7 @@ class ConsumerDataset(IterableDataset):
                                 self.steps.weights, self.steps.seq_len)
         cursor = self.cursors[consumer] if self.cursors else None
         if cursor is not None:
-            stream.load_state_dict(cursor)
+            stream.restore(cursor)
         elif self.cursors is None and self.next_step:  # allow_changed_data: a fresh order from this step
             stream.next_step = self.next_step + slot
         # else: this consumer has not trained a batch yet (e.g. a checkpoint at step 1 with 2 workers):
@@ -182,7 +182,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         self.steps: StepSchedule | None = None
         self.accumulate = 1
         self._resume: _Resume | None = None
-        self._trained: dict[int, dict] = {}  # worker -> cursor after the last trained batch
+        self._trained: dict[int, ConsumerCursor] = {}  # worker -> cursor after the last trained batch
         self._order_log = None
         # The data config in the checkpoint (plain types: weights_only loading), so that
         # WellMixedData.load_from_checkpoint rebuilds it; loggers get the whole config from the CLI.
@@ -265,10 +265,11 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         """The data state of a checkpoint, on every rank: this rank's cursors go to its own file (see
         train/cursor_files.py), the returned state (rank 0's is the one saved) names their folder."""
         workers = max(1, self.num_workers)
-        mine = [None if w not in self._trained else pack_cursor(self._trained[w]) for w in range(workers)]
+        mine = [self._trained.get(w) for w in range(workers)]
         resumed = self._resumed_cursors()
         if resumed is not None:  # workers idle since the resume keep the cursors they resumed with
             mine = [m if m is not None else o for m, o in zip(mine, resumed)]
+        saved = [None if c is None else c.to_dict() for c in mine]  # buffers packed
         step = self.trainer.global_step if self.trainer else 0
         state = {
             "next_step": step * self.accumulate,
@@ -286,10 +287,10 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             if self.world_size > 1:
                 raise ConfigError("the data cursors of several ranks are saved to per-rank files beside the "
                                   "checkpoints: give the Trainer a ModelCheckpoint callback (its dirpath is used)")
-            return {**state, "cursors": [mine]}
+            return {**state, "cursors": [saved]}
         strategy = self.trainer.strategy
         cursor_dir = strategy.broadcast(claim_step_dir(ckpt_dir, step) if self.trainer.is_global_zero else None, src=0)
-        digest = save_rank_cursors(ckpt_dir / cursor_dir, self.rank, mine, state["next_step"])
+        digest = save_rank_cursors(ckpt_dir / cursor_dir, self.rank, saved, state["next_step"])
         digests = gather_digests(strategy, digest, self.world_size)  # the checkpoint records every rank's
         strategy.barrier("WellMixedData.state_dict")  # every rank's file is in place before the checkpoint names it
         return {**state, "cursor_dir": cursor_dir, "cursor_sha256": digests}
@@ -301,7 +302,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         dirpath = getattr(callback, "dirpath", None)
         return Path(dirpath) if dirpath else None
 
-    def _resumed_cursors(self) -> list[dict | None] | None:
+    def _resumed_cursors(self) -> list[ConsumerCursor | None] | None:
         """This rank's cursors of the checkpoint resumed from (None: no resume, or a fresh order), read on
         first use: its own file with the same layout, every old rank's file for an elastic re-cut."""
         resume = self._resume
@@ -318,7 +319,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             resume.mine = self._load_cursors(resume.state, [self.rank])[0]  # the same layout: its own file only
         return resume.mine
 
-    def _agreed_resumed_cursors(self) -> list[dict | None] | None:
+    def _agreed_resumed_cursors(self) -> list[ConsumerCursor | None] | None:
         """:meth:`_resumed_cursors`, with every rank learning whether any rank's cursors are unusable.
 
         Each rank reads its own file here; alone, a rank with a damaged file would end with its error while
@@ -344,16 +345,16 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             raise ConfigError(message)
         raise ReportedByRankZero(2)
 
-    def _load_cursors(self, state: dict[str, Any], ranks: list[int] | None) -> list[list[dict | None]]:
+    def _load_cursors(self, state: dict[str, Any], ranks: list[int] | None) -> list[list[ConsumerCursor | None]]:
         """The checkpoint's cursors of ``ranks`` (all: None), read from its files and range-checked."""
         ckpt_path = self.trainer.ckpt_path if self.trainer is not None else None
         rows = load_checkpoint_cursors(ckpt_path, state, ranks)
         try:
-            check_order_state({"next_step": state["next_step"], "cursors": rows, "num_workers": state["num_workers"],
-                               "world_size": state["world_size"]}, ranks=ranks)
+            return read_order_state({"next_step": state["next_step"], "cursors": rows,
+                                     "num_workers": state["num_workers"], "world_size": state["world_size"]},
+                                    ranks=ranks)
         except ConfigError as e:
             raise ConfigError(f"checkpoint {ckpt_path}: {e}") from None
-        return rows
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)

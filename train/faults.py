@@ -308,10 +308,3 @@ def end_worker_processes() -> list[int]:
         child.join(timeout=5)
         pids.append(child.pid)
     return pids
-
-
-def error_lines(e: BaseException) -> str:
-    """``error: <key>: <problem>; <what to do>``, one line per problem a ConfigError carries (several
-    independent config problems are reported together, so one run of ``train fit`` shows them all)."""
-    lines = [ln if ln[:1].isspace() else f"error: {ln}" for ln in str(e).splitlines() if ln.strip()]
-    return "\n".join(lines) or f"error: {e!r}"  # indented lines continue the problem above them

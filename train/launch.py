@@ -268,7 +268,23 @@ def _rank_selection(spec: str, world: int) -> list[int]:
     return sorted({int(x) for x in spec.split(",") if x.strip()})
 
 
-def dry_run(argv: list[str]) -> int:
+@dataclass(frozen=True)
+class _Job:
+    """The Slurm job a dry run describes: the real one (from ``SLURM_*``) or a simulated N x G."""
+
+    nodes: int
+    per_node: int
+    nodelist: str
+    job_id: int
+    env: dict[str, str]  # its SLURM_* variables (rank 0's when simulated)
+    simulated: bool
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.per_node
+
+
+def _dry_run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m train.launch dry-run",
                                 description="Resolved nodes, world size and per-rank data slices; no training.")
     p.add_argument("--simulate", metavar="NxG", help="a job of N nodes x G tasks per node (no Slurm needed)")
@@ -277,53 +293,72 @@ def dry_run(argv: list[str]) -> int:
                                                    "all, none, or a list 0,1,511")
     p.add_argument("--chunks", type=int, default=1, help="first chunks per source and consumer to print")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- --config CONFIG [overrides ...]")
-    a = p.parse_args(argv)
-    train_args = a.train_args[1:] if a.train_args[:1] == ["--"] else a.train_args
+    return p
 
-    if a.simulate:
-        m = re.fullmatch(r"(\d+)x(\d+)", a.simulate)
+
+def _job(p: argparse.ArgumentParser, simulate: str | None) -> _Job | None:
+    """The job from ``--simulate NxG`` or the Slurm environment; None (after one error line) when a
+    Slurm job lacks ``--ntasks-per-node``. Usage errors exit through ``p.error``."""
+    if simulate:
+        m = re.fullmatch(r"(\d+)x(\d+)", simulate)
         if not m:
             p.error("--simulate takes NxG, e.g. 4x8")
         nodes, per_node = int(m.group(1)), int(m.group(2))
         nodelist, job_id = simulated_nodelist(nodes), 4242
-        job_env = slurm_task_env(nodes, per_node, 0, job_id, nodelist)
-    else:
-        if "SLURM_JOB_ID" not in os.environ:
-            p.error("not inside a Slurm job: pass --simulate NxG (e.g. 4x8)")
-        per_node_txt = os.environ.get("SLURM_NTASKS_PER_NODE")
-        if per_node_txt is None:
-            print("error: SLURM_NTASKS_PER_NODE is not set: submit with --ntasks-per-node (one task per GPU); "
-                  "Lightning refuses --ntasks alone", file=sys.stderr)
-            return 2
-        nodes, per_node = int(os.environ["SLURM_NNODES"]), int(per_node_txt)
-        nodelist, job_id = os.environ["SLURM_JOB_NODELIST"], int(os.environ["SLURM_JOB_ID"])
-        job_env = {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}
-    world = nodes * per_node
-    hosts = expand_nodelist(nodelist)
+        return _Job(nodes, per_node, nodelist, job_id, slurm_task_env(nodes, per_node, 0, job_id, nodelist), True)
+    if "SLURM_JOB_ID" not in os.environ:
+        p.error("not inside a Slurm job: pass --simulate NxG (e.g. 4x8)")
+    per_node_txt = os.environ.get("SLURM_NTASKS_PER_NODE")
+    if per_node_txt is None:
+        print("error: SLURM_NTASKS_PER_NODE is not set: submit with --ntasks-per-node (one task per GPU); "
+              "Lightning refuses --ntasks alone", file=sys.stderr)
+        return None
+    return _Job(int(os.environ["SLURM_NNODES"]), int(per_node_txt), os.environ["SLURM_JOB_NODELIST"],
+                int(os.environ["SLURM_JOB_ID"]), {k: v for k, v in os.environ.items() if k.startswith("SLURM_")},
+                False)
+
+
+def dry_run(argv: list[str]) -> int:
+    p = _dry_run_parser()
+    a = p.parse_args(argv)
+    train_args = a.train_args[1:] if a.train_args[:1] == ["--"] else a.train_args
+    job = _job(p, a.simulate)
+    if job is None:
+        return 2
+    hosts = expand_nodelist(job.nodelist)
 
     from data.errors import ConfigError
     from train.model import ModelConfigError
 
     try:
-        dm, trainer, run = parse_run_config(train_args + ["--trainer.num_nodes", str(nodes),
-                                                          "--trainer.devices", str(per_node)])
+        dm, trainer, run = parse_run_config(train_args + ["--trainer.num_nodes", str(job.nodes),
+                                                          "--trainer.devices", str(job.per_node)])
         dm.prepare(trainer.accumulate_grad_batches or 1)
     except (ConfigError, ModelConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     workers = max(1, dm.num_workers)
-    table = SliceTable(dm.manifest, dm, world * workers)
+    table = SliceTable(dm.manifest, dm, job.world * workers)
     chunks = max(1, a.chunks)
 
     if a.task:  # this srun task, as Lightning sees it
         info = rank_info()
         print("\n".join(rank_lines(info, hosts, workers, table, chunks)), flush=True)
-        return 0 if info.world_size == world else 1
+        return 0 if info.world_size == job.world else 1
 
-    problems = []
+    lines, ok = _job_summary(job, hosts, dm, trainer, run, workers)
+    print("\n".join(lines))
+    _print_rank_slices(job, _rank_selection(a.ranks, job.world), hosts, workers, table, chunks)
+    return 0 if ok else 2
+
+
+def _job_summary(job: _Job, hosts: list[str], dm, trainer, run, workers: int) -> tuple[list[str], bool]:
+    """The job's resolved shape, batch arithmetic and notes; False when training would refuse it."""
+    world, nodes, per_node = job.world, job.nodes, job.per_node
     accumulate = trainer.accumulate_grad_batches or 1
+    name = "simulated" if job.simulated else os.environ.get("SLURM_JOB_NAME", "simulated")
     lines = [
-        f"dry run: job {job_id} ({os.environ.get('SLURM_JOB_NAME', 'simulated') if not a.simulate else 'simulated'})",
+        f"dry run: job {job.job_id} ({name})",
         f"  nodes       {nodes}: {' '.join(hosts[:16])}{' ...' if len(hosts) > 16 else ''}",
         f"  world size  {world} = {nodes} nodes x {per_node} tasks per node "
         f"(--trainer.num_nodes {nodes} --trainer.devices {per_node}, strategy {trainer.strategy}, "
@@ -334,39 +369,42 @@ def dry_run(argv: list[str]) -> int:
         f"  data        {workers} DataLoader worker(s) per rank -> {world * workers} consumers; "
         f"rank r runs consumers r*{workers} .. r*{workers}+{workers - 1}",
     ]
+    ok = True
     if dm.steps.schedule is not None:
         want = dm.steps.schedule.config.global_batch_size
         got = dm.batch_size * world * accumulate
-        ok = "ok" if got == want else "MISMATCH: training would refuse to start"
+        ok = got == want
         lines.append(
             f"  batch       data.batch_size {dm.batch_size} x {world} ranks x {accumulate} accumulation = {got} "
-            f"(data.schedule.global_batch_size {want}: {ok})"
+            f"(data.schedule.global_batch_size {want}: {'ok' if ok else 'MISMATCH: training would refuse to start'})"
         )
-        if got != want:
-            problems.append("global batch")
         lines.append(f"  steps       {dm.steps.schedule.total_steps} optimizer steps")
-    for name, info in dm.manifest.sources.items():
+    for source, info in dm.manifest.sources.items():
         n = len(info.chunks)
         if n < world * workers:
             lines.append(
-                f"  note        {name}: {n} chunks < {world * workers} consumers: consumers >= {n} start in a later "
-                f"epoch of {name} (still each document once per epoch); raise data.min_chunks_per_source to "
+                f"  note        {source}: {n} chunks < {world * workers} consumers: consumers >= {n} start in a later "
+                f"epoch of {source} (still each document once per epoch); raise data.min_chunks_per_source to "
                 "spread the first epoch over every consumer"
             )
-    print("\n".join(lines))
-    selection = [r for r in _rank_selection(a.ranks, world) if 0 <= r < world]
+    return lines, ok
+
+
+def _print_rank_slices(job: _Job, ranks: list[int], hosts: list[str], workers: int, table: SliceTable,
+                       chunks: int) -> None:
+    """Each selected rank's consumers and their first chunks, as that srun task would see them ('...' for gaps)."""
+    selection = [r for r in ranks if 0 <= r < job.world]
     if selection:
         print(f"per-rank data slices (first {chunks} chunk(s) per source of each consumer, <shard>:<rows>):")
     shown = -1
     for r in selection:
         if r != shown + 1 and shown >= 0:
             print("  ...")
-        with patched_environ({**job_env, **slurm_task_env(nodes, per_node, r, job_id, nodelist,
-                                                           job_env.get("SLURM_JOB_NAME", "wellmixed"))}):
+        with patched_environ({**job.env, **slurm_task_env(job.nodes, job.per_node, r, job.job_id, job.nodelist,
+                                                           job.env.get("SLURM_JOB_NAME", "wellmixed"))}):
             info = rank_info()
         print("\n".join(rank_lines(info, hosts, workers, table, chunks)))
         shown = r
-    return 2 if problems else 0
 
 
 def main(argv: list[str] | None = None) -> int:

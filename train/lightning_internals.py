@@ -10,6 +10,8 @@ installed, because each item below reads or overrides something Lightning does n
 - :func:`dead_loader_workers` -- the DataLoader's worker processes, through the fit loop's data fetcher;
 - :class:`ResumableCSVLogger` -- CSVLogger's writer without the deletion of ``metrics.csv`` at start
   (``_check_log_dir_exists``);
+- :class:`FSDP2Strategy` -- ModelParallelStrategy's mesh sizes (``_data_parallel_size``,
+  ``_tensor_parallel_size``) set to pure data parallelism over every rank (train/parallel.py FSDP2);
 - ``train/callbacks.py`` ``FinalCheckpoint`` overrides ModelCheckpoint's ``_save_topk_checkpoint`` /
   ``_save_last_checkpoint`` and reads ``_last_global_step_saved``: the hooks where ``last.ckpt`` is
   written (it stays there, with the checkpoint writing it belongs to).
@@ -29,6 +31,7 @@ import lightning
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from data import files
 
@@ -73,6 +76,15 @@ def align_accumulation_phase(trainer) -> None:
         tracker.started += shift
         tracker.processed += shift
         tracker.completed += shift
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """Lightning's ModelParallelStrategy over a 1-D mesh of every rank (pure FSDP, no tensor parallelism):
+    its "auto" would make data parallel = nodes and tensor parallel = devices per node."""
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size, self._tensor_parallel_size = self.world_size, 1
+        super().setup_environment()
 
 
 def dead_loader_workers(trainer) -> list[tuple[int, int, int | None, int]]:
@@ -126,8 +138,7 @@ class _AppendingWriter(ExperimentWriter):
         try:
             super().save()
         except OSError as e:
-            raise files.write_error(self.metrics_file_path, e, "free space (or inodes), then resume with "
-                                    "--ckpt_path last") from e
+            raise files.write_error(self.metrics_file_path, e, "resume with --ckpt_path last") from e
 
     def _rewrite(self, fieldnames: list[str], rows: list[dict]) -> None:
         out = io.StringIO()

@@ -20,7 +20,7 @@ import logging
 import os
 import subprocess
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import yaml
 from lightning.pytorch.cli import SaveConfigCallback
@@ -28,6 +28,9 @@ from lightning.pytorch.cli import SaveConfigCallback
 from data.errors import ConfigError
 from data.files import refuse_link, temp_path, write_text
 from train.rundir import RunDir, read_config
+
+if TYPE_CHECKING:
+    from train.architecture import Architecture
 
 log = logging.getLogger("wellmixed")
 
@@ -213,7 +216,7 @@ def derived_values(context, module, trainer) -> dict[str, Any]:
     out["max_steps"] = trainer.max_steps
     out["world_size"] = trainer.world_size
     out["accumulate_grad_batches"] = trainer.accumulate_grad_batches
-    model = getattr(module.model, "_orig_mod", module.model)
+    model: Architecture = getattr(module.model, "_orig_mod", module.model)  # torch.compile wraps it
     out["parameters"] = model.num_params()
     out["parameters_non_embedding"] = model.num_params(non_embedding=True)
     out["model_config"] = dict(vars(module.model_config))

@@ -10,6 +10,7 @@ only needs the step.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -17,7 +18,8 @@ import lightning as L
 import torch
 
 from data.types import TrainingContext
-from train.model import GPT, ModelConfig, load_model_config
+from train.architecture import Architecture, ArchitectureConfig, build_model
+from train.model import ModelConfig, load_model_config
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,8 @@ class PretrainModule(L.LightningModule):
     ):
         """
         Args:
-            model: a ModelConfig, or the path of a model YAML in configs/model/ (a checkpoint's dict works too).
+            model: a ModelConfig, or the path of a model YAML in configs/model/ (a checkpoint's dict works too);
+                in code, any other architecture's config (train/architecture.py, docs/model.md).
             optim: AdamW settings.
             compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64);
                 ``auto`` compiles on CUDA only, so one config serves the GPU run and a CPU smoke test.
@@ -58,7 +61,8 @@ class PretrainModule(L.LightningModule):
             model = ModelConfig(**model)
         if isinstance(optim, dict):
             optim = OptimConfig(**{**optim, "betas": tuple(optim.get("betas", OptimConfig.betas))})
-        self.model_config = model if isinstance(model, ModelConfig) else load_model_config(model)
+        self.model_config: ArchitectureConfig = load_model_config(model) if isinstance(model, (str, os.PathLike)) \
+            else model
         self.optim = optim or OptimConfig()
         # What a checkpoint needs to rebuild this module, saved once and never rewritten: the model config
         # resolved (a YAML path would tie the checkpoint to a file), plain types (checkpoints load with
@@ -72,7 +76,7 @@ class PretrainModule(L.LightningModule):
             "_class_path": f"{type(self).__module__}.{type(self).__qualname__}",
             "_instantiator": "lightning.pytorch.cli.instantiate_module",
         }, logger=False)
-        self.model = GPT(self.model_config)
+        self.model: Architecture = build_model(self.model_config)
         self.on_nonfinite = on_nonfinite
         self.log_every = max(1, log_every_n_steps)
         self.source_names: list[str] = []

@@ -31,9 +31,12 @@ one file is Lightning's ``python -m lightning.pytorch.utilities.consolidate_chec
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from data.errors import ConfigError
+
+if TYPE_CHECKING:
+    from train.architecture import Architecture
 
 
 def check_global_batch(global_batch: int, batch_size: int, world_size: int, accumulate: int) -> None:
@@ -86,10 +89,10 @@ def resolve_strategy(strategy: Any) -> Any:
     return strategy
 
 
-def shard_per_block(model, mesh) -> None:
-    """FSDP2: ``fully_shard`` each transformer block, then the root (embedding = tied LM head, final
-    norm), so the forward all-gathers one block at a time. Called from the module's configure_model
-    under ModelParallelStrategy, before torch.compile."""
+def shard_per_block(model: Architecture, mesh) -> None:
+    """FSDP2: ``fully_shard`` each of ``model.blocks`` (train/architecture.py), then the root (GPT: embedding
+    = tied LM head, final norm), so the forward all-gathers one block at a time. Called from the module's
+    configure_model under ModelParallelStrategy, before torch.compile."""
     from torch.distributed.fsdp import fully_shard
 
     for block in model.blocks:
@@ -100,14 +103,7 @@ def shard_per_block(model, mesh) -> None:
 def fsdp2_strategy(**overrides: Any):
     """Lightning's ModelParallelStrategy (FSDP2 over a 1-D data-parallel mesh, distributed checkpoints);
     the per-block ``fully_shard`` happens in PretrainModule.configure_model via :func:`shard_per_block`."""
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    class FSDP2Strategy(ModelParallelStrategy):
-        def setup_environment(self) -> None:
-            # Lightning's "auto" makes data parallel = nodes and tensor parallel = devices per node;
-            # this run shards over every rank (pure FSDP, no tensor parallelism)
-            self._data_parallel_size, self._tensor_parallel_size = self.world_size, 1
-            super().setup_environment()
+    from train.lightning_internals import FSDP2Strategy  # ModelParallelStrategy, data parallel over every rank
 
     kwargs: dict[str, Any] = {"save_distributed_checkpoint": True}
     kwargs.update(overrides)

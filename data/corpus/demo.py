@@ -42,21 +42,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data.config import arrow_schema
 from data.files import atomic_path
 from data.tokenizer import count_tokens
 
 # Bump whenever the produced text changes, so that an existing corpus directory gets rebuilt.
 CORPUS_VERSION = 1
 SOURCES = ("web", "code", "books", "curated")
-SCHEMA = pa.schema(
-    [
-        ("source", pa.string()),
-        ("date", pa.string()),
-        ("text", pa.string()),
-        ("token_count", pa.int64()),
-        ("category", pa.string()),
-    ]
-)
+SCHEMA = arrow_schema()
 MANIFEST = "corpus.json"
 
 SKIP_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}

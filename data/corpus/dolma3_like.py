@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data.config import arrow_schema
+
 SUBSOURCES = {  # value -> (share of the tokens, tokens per document, category)
     "common_crawl_science_math_and_technology": (0.400, 300, "web"),
     "common_crawl_health": (0.200, 300, "web"),
@@ -68,7 +70,7 @@ def write_dolma3_like(out: str | Path, total_tokens: int = 60_000, files: int = 
             "text": pa.array(texts, pa.string()),
             "token_count": pa.array(count_tokens(texts), pa.int64()),
             "category": pa.array([c for _, c, _ in picked], pa.string()),
-        })
+        }, schema=arrow_schema())
         path = out / f"part-{f:05d}.parquet"
         pq.write_table(table, path, row_group_size=row_group_size)
         paths.append(path)

@@ -20,7 +20,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
+
+from data.errors import DataError
 
 COLUMNS = ("source", "category")
 
@@ -49,8 +52,13 @@ def inspect_corpus(root: str | Path, pattern: str = "**/*.parquet") -> CorpusSum
         raise FileNotFoundError(f"no parquet file under {root} ({pattern})")
     out = CorpusSummary(files=len(files), paths=files)
     for path in files:
-        table = pq.read_table(path, columns=[c for c in (*COLUMNS, "token_count")
-                                             if c in pq.read_schema(path).names])
+        try:
+            table = pq.read_table(path, columns=[c for c in (*COLUMNS, "token_count")
+                                                 if c in pq.read_schema(path).names])
+        except (OSError, pa.ArrowException) as e:  # truncated, corrupt, or not parquet at all
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DataError(f"{path}: not a readable parquet file ({reason}); remove or re-download it, or "
+                            "leave it out with --pattern") from None
         tokens = table.column("token_count").to_pylist() if "token_count" in table.column_names else None
         out.rows += table.num_rows
         out.tokens += sum(t or 0 for t in tokens) if tokens else 0

@@ -28,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data import files
+from data.config import arrow_schema
 from data.corpus import PAGE_OPTIONS
 
 SUB_SOURCES = {  # sub-source: (share of documents, mean tokens per document)
@@ -97,10 +99,9 @@ def write_file(path: Path, rows: int, row_group: int, pool: str, chars_per_token
         "text": pa.array(texts, pa.string()),
         "token_count": pa.array(lengths, pa.int64()),
         "category": pa.array([names[i].split("_")[0] for i in which], pa.string()),
-    })
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(table, tmp, row_group_size=row_group, **(PAGE_OPTIONS if small_pages else {}))
-    tmp.replace(path)
+    }, schema=arrow_schema())
+    with files.atomic_path(path, fsync=False) as tmp:
+        pq.write_table(table, tmp, row_group_size=row_group, **(PAGE_OPTIONS if small_pages else {}))
     return int(lengths.sum())
 
 

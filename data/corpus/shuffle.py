@@ -265,12 +265,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
     if marker is not None:
         return {**marker, "skipped": True}
     path = spec.inputs[index]
-    final = spec.tmp_dir / f"f-{index:05d}"
-    partial = spec.tmp_dir / f"f-{index:05d}.partial"
-    for leftover in (final, partial):  # from an interrupted task: never trusted, rebuilt
-        shutil.rmtree(leftover, ignore_errors=True)
-    partial.mkdir(parents=True)
-
+    final, partial = _fresh_parts_folder(spec, index)
     schema = reference_schema(spec)
     rng = np.random.default_rng([spec.seed, 0, index])
     stats = RowStats()
@@ -288,11 +283,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
                 pieces.clear()
         buffered, flushes = 0, flushes + 1
 
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:
-        raise ConfigError(f"{path}: not a readable parquet file: {e}") from None
-    _check_columns(pf.schema_arrow, path, spec)
+    pf = _open_input(path, spec)
     for rg in range(pf.num_row_groups):
         try:
             table = pf.read_row_group(rg)
@@ -310,7 +301,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
             flush()
     flush()
 
-    os.rename(partial, final)
+    files.publish(partial, final)
     marker = {
         "identity": spec.identity(),
         "file": path,
@@ -320,6 +311,27 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
     }
     write_json_atomic(marker, _marker(spec, index))
     return {**marker, "skipped": False}
+
+
+def _fresh_parts_folder(spec: ShuffleSpec, index: int) -> tuple[Path, Path]:
+    """``(final, partial)`` folders of scatter task ``index``: leftovers of an interrupted task removed (never
+    trusted, rebuilt), ``partial`` created empty; it is published as ``final`` once every part is in."""
+    final = spec.tmp_dir / f"f-{index:05d}"
+    partial = spec.tmp_dir / f"f-{index:05d}.partial"
+    for leftover in (final, partial):
+        shutil.rmtree(leftover, ignore_errors=True)
+    partial.mkdir(parents=True)
+    return final, partial
+
+
+def _open_input(path: str, spec: ShuffleSpec) -> pq.ParquetFile:
+    """An input file, refused by name when it is not parquet or lacks the columns the shuffle needs."""
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:
+        raise ConfigError(f"{path}: not a readable parquet file: {e}") from None
+    _check_columns(pf.schema_arrow, path, spec)
+    return pf
 
 
 def read_footer(path: Path) -> Optional[dict]:
@@ -371,19 +383,14 @@ def gather_bucket(spec: ShuffleSpec, bucket: int) -> dict:
     perm = np.random.default_rng([spec.seed, 1, bucket]).permutation(table.num_rows)
     stats = RowStats()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with pq.ParquetWriter(tmp, schema, compression=spec.compression, **PAGE_OPTIONS) as writer:
-            for start in range(0, table.num_rows, spec.row_group_rows):
-                rows = table.take(pa.array(perm[start : start + spec.row_group_rows]))
-                stats.add_table(rows, spec)
-                writer.write_table(rows)
-            footer = {"identity": spec.identity(), "bucket": bucket, "stats": stats.to_dict()}
-            writer.add_key_value_metadata({FOOTER_KEY: json.dumps(footer).encode()})
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with files.atomic_path(path, fsync=False) as tmp, \
+            pq.ParquetWriter(tmp, schema, compression=spec.compression, **PAGE_OPTIONS) as writer:
+        for start in range(0, table.num_rows, spec.row_group_rows):
+            rows = table.take(pa.array(perm[start : start + spec.row_group_rows]))
+            stats.add_table(rows, spec)
+            writer.write_table(rows)
+        footer = {"identity": spec.identity(), "bucket": bucket, "stats": stats.to_dict()}
+        writer.add_key_value_metadata({FOOTER_KEY: json.dumps(footer).encode()})
     return {"bucket": bucket, "skipped": False, **footer}
 
 

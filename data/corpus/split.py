@@ -34,7 +34,6 @@ share them or decoding (not tokenizing) is the bottleneck, e.g. with pre-tokeniz
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from data import files
 from data.config import DataConfig, FilterConfig, SourceConfig
 from data.corpus import PAGE_OPTIONS
 from data.corpus.shuffle import cast_to_schema, split_rows_by_label, write_json_atomic
@@ -83,7 +83,7 @@ class _PartWriter:
         self.pending_rows = rest.num_rows
         if self.writer is None:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.tmp = self.folder / f".part-{self.part:05d}.parquet.{os.getpid()}.tmp"
+            self.tmp = files.temp_path(self.folder / f"part-{self.part:05d}.parquet")
             self.writer = pq.ParquetWriter(self.tmp, self.schema, compression=self.compression, **PAGE_OPTIONS)
         self.writer.write_table(head, row_group_size=rows)
         self.part_rows += head.num_rows
@@ -93,7 +93,7 @@ class _PartWriter:
     def _close_part(self) -> None:
         self.writer.close()
         final = self.folder / f"part-{self.part:05d}.parquet"
-        os.replace(self.tmp, final)
+        files.publish(self.tmp, final)
         self.parts.append(str(final))
         self.writer, self.tmp, self.part, self.part_rows = None, None, self.part + 1, 0
 
@@ -129,54 +129,24 @@ def split_by_source(
     """
     out = Path(out)
     names = list(mapping) + ([unmapped] if unmapped and unmapped not in mapping else [])
-    existing = [p for name in names for p in sorted((out / name).glob("part-*.parquet"))]
-    if existing and not overwrite:
-        raise ConfigError(f"{out}: already holds {len(existing)} part file(s), e.g. {existing[0]}; pass --overwrite")
-    for p in existing + [t for name in names for t in (out / name).glob(".part-*.tmp")]:
-        p.unlink()
-    schema = pq.read_schema(inputs[0])
-    if column not in schema.names:
-        raise ConfigError(f"--column {column!r}: not a column of {inputs[0]} (columns: {schema.names})")
-    schema = schema.remove_metadata()
+    _clear_output(out, names, overwrite)
+    schema = _input_schema(inputs, column)
     writers = {name: _PartWriter(out / name, schema, row_group_rows, rows_per_part, compression) for name in names}
-    rows_of = dict.fromkeys(names, 0)
-    unmapped_values: dict[str, int] = {}
-    ambiguous: set[str] = set()
-    rows_in = 0
+    tally = _SplitTally(rows_of=dict.fromkeys(names, 0))
     try:
         for path in inputs:
             pf = pq.ParquetFile(path)
             for rg in range(pf.num_row_groups):
                 table = cast_to_schema(pf.read_row_group(rg), schema, path).replace_schema_metadata(None)
-                rows_in += table.num_rows
-                col = table.column(column)
-                labels = np.full(table.num_rows, len(names), dtype=np.int64)  # len(names): unmapped, dropped
-                seen = np.zeros(table.num_rows, dtype=bool)
-                for i, patterns in enumerate(mapping.values()):
-                    hit = matches(col, patterns).to_numpy(zero_copy_only=False)
-                    ambiguous.update(v for v in pc.unique(col.filter(pa.array(hit & seen))).to_pylist())
-                    labels[hit & ~seen] = i
-                    seen |= hit
-                if unmapped and (~seen).any():
-                    labels[~seen] = names.index(unmapped)
-                if (~seen).any():
-                    for d in pc.value_counts(col.filter(pa.array(~seen))).to_pylist():
-                        key = "<null>" if d["values"] is None else str(d["values"])
-                        unmapped_values[key] = unmapped_values.get(key, 0) + d["counts"]
+                labels = _label_rows(table.column(column), mapping, names, unmapped, tally)
+                tally.rows_in += table.num_rows
                 for i, piece in enumerate(split_rows_by_label(table, labels, len(names) + 1)[: len(names)]):
                     if piece is not None:
                         writers[names[i]].add(piece)
-                        rows_of[names[i]] += piece.num_rows
-        if rows_in and not any(rows_of[name] for name in mapping):
-            for w in writers.values():  # nothing of what was asked for: leave no output at all
-                w.abort()
-                for part in w.parts:
-                    Path(part).unlink(missing_ok=True)
-            seen = ", ".join(f"{v} {n:,}" for v, n in sorted(unmapped_values.items(), key=lambda kv: -kv[1])[:8])
-            raise ConfigError(
-                f"--map: none of the {rows_in:,} rows of {len(inputs)} file(s) matched any pattern on column "
-                f"{column!r} (values there: {seen}); fix the patterns (fnmatch, case-sensitive) or --column"
-            )
+                        tally.rows_of[names[i]] += piece.num_rows
+        if tally.rows_in and not any(tally.rows_of[name] for name in mapping):
+            _discard_all(writers)  # nothing of what was asked for: leave no output at all
+            raise _nothing_matched(tally, len(inputs), column)
         for w in writers.values():
             w.close()
     except BaseException:
@@ -187,17 +157,80 @@ def split_by_source(
         "inputs": len(inputs),
         "column": column,
         "mapping": mapping,
-        "rows_in": rows_in,
-        "rows_out": sum(rows_of.values()),
-        "rows_per_source": rows_of,
+        "rows_in": tally.rows_in,
+        "rows_out": sum(tally.rows_of.values()),
+        "rows_per_source": tally.rows_of,
         "parts_per_source": {name: len(w.parts) for name, w in writers.items()},
-        "unmapped": unmapped_values,
+        "unmapped": tally.unmapped_values,
         "unmapped_to": unmapped,
-        "ambiguous_values": sorted(str(v) for v in ambiguous),
+        "ambiguous_values": sorted(str(v) for v in tally.ambiguous),
     }
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(report, out / "split_report.json")
     return report
+
+
+@dataclass
+class _SplitTally:
+    """What :func:`split_by_source` has seen so far (its report)."""
+
+    rows_of: dict[str, int]  # output name -> rows written
+    rows_in: int = 0
+    unmapped_values: dict[str, int] = field(default_factory=dict)  # value matching no pattern -> rows
+    ambiguous: set[str] = field(default_factory=set)  # values matching the patterns of several names
+
+
+def _clear_output(out: Path, names: list[str], overwrite: bool) -> None:
+    """Refuse existing part files unless ``overwrite``; then remove them and any temp left by a killed run."""
+    existing = [p for name in names for p in sorted((out / name).glob("part-*.parquet"))]
+    if existing and not overwrite:
+        raise ConfigError(f"{out}: already holds {len(existing)} part file(s), e.g. {existing[0]}; pass --overwrite")
+    for p in existing + [t for name in names for t in (out / name).glob(".part-*.tmp")]:
+        p.unlink()
+
+
+def _input_schema(inputs: list[str], column: str) -> pa.Schema:
+    """The first input's schema (metadata dropped): every part is written with it; ``column`` must be in it."""
+    schema = pq.read_schema(inputs[0])
+    if column not in schema.names:
+        raise ConfigError(f"--column {column!r}: not a column of {inputs[0]} (columns: {schema.names})")
+    return schema.remove_metadata()
+
+
+def _label_rows(col: pa.ChunkedArray, mapping: dict[str, list[str]], names: list[str], unmapped: Optional[str],
+                tally: _SplitTally) -> np.ndarray:
+    """Each row's output: the index in ``names`` of the first mapping that matches its value, the
+    ``unmapped`` output, or ``len(names)`` (left out). Counts unmapped and ambiguous values in ``tally``."""
+    labels = np.full(len(col), len(names), dtype=np.int64)  # len(names): unmapped, dropped
+    seen = np.zeros(len(col), dtype=bool)
+    for i, patterns in enumerate(mapping.values()):
+        hit = matches(col, patterns).to_numpy(zero_copy_only=False)
+        tally.ambiguous.update(v for v in pc.unique(col.filter(pa.array(hit & seen))).to_pylist())
+        labels[hit & ~seen] = i
+        seen |= hit
+    if unmapped and (~seen).any():
+        labels[~seen] = names.index(unmapped)
+    if (~seen).any():
+        for d in pc.value_counts(col.filter(pa.array(~seen))).to_pylist():
+            key = "<null>" if d["values"] is None else str(d["values"])
+            tally.unmapped_values[key] = tally.unmapped_values.get(key, 0) + d["counts"]
+    return labels
+
+
+def _discard_all(writers: dict[str, _PartWriter]) -> None:
+    """Abort every writer and remove the parts they finished."""
+    for w in writers.values():
+        w.abort()
+        for part in w.parts:
+            Path(part).unlink(missing_ok=True)
+
+
+def _nothing_matched(tally: _SplitTally, n_inputs: int, column: str) -> ConfigError:
+    seen = ", ".join(f"{v} {n:,}" for v, n in sorted(tally.unmapped_values.items(), key=lambda kv: -kv[1])[:8])
+    return ConfigError(
+        f"--map: none of the {tally.rows_in:,} rows of {n_inputs} file(s) matched any pattern on column "
+        f"{column!r} (values there: {seen}); fix the patterns (fnmatch, case-sensitive) or --column"
+    )
 
 
 def parse_map(items: list[str]) -> dict[str, list[str]]:

@@ -161,8 +161,8 @@ def test_runner_runs_three_seeds_by_default(capsys, tmp_path):
         assert f"--seed_everything {seed} --data.seed {seed} " in line and f"-seed{seed} " in line
     assert run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--num-seeds", "1"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
-    with pytest.raises(SystemExit):
-        run.main(["--pair", "demo", "--seeds", "1", "1", "--dry-run"])
+    assert run.main(["--pair", "demo", "--seeds", "1", "1", "--dry-run"]) == 2
+    assert capsys.readouterr().err == "error: --seeds repeats a seed: [1, 1]\n"
 
 
 def test_slurm_array_runs_one_arm_per_task(capsys, tmp_path):

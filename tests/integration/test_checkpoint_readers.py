@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scripts_in_process import load_script
 from training_runs import TINY, copy_checkpoint
 
 from train.callbacks import checksum_path
@@ -85,7 +86,7 @@ def _evaluate(run_dir: Path, capsys, monkeypatch) -> str:
 
 
 def _export(run_dir: Path, capsys, monkeypatch) -> str:
-    from scripts.export_hf import main
+    main = load_script("export_hf").main
 
     last = run_dir / "checkpoints" / "last.ckpt"
     assert main([str(last), "--out", str(run_dir / "hf"), "--no-tokenizer-json"]) == 2

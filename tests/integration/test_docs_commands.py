@@ -112,12 +112,10 @@ def test_the_demo_ends_with_its_run_directory_and_the_readme_next_commands():
 
 
 def _script_main(path: str):
-    import importlib.util
+    from scripts_in_process import load_script
 
-    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    assert path.startswith("scripts/"), path
+    return load_script(Path(path).stem).main
 
 
 @pytest.mark.slow

@@ -361,9 +361,10 @@ CRASH_DRIVER = textwrap.dedent("""
 @pytest.mark.slow
 def test_a_fatal_error_ends_the_process_and_its_workers_within_seconds(workdir, env):
     """Before: the main process sat in ``waitpid`` on a DataLoader worker (workers ignore SIGTERM, so
-    multiprocessing's exit-time terminate() did nothing) for 20+ minutes. Now: a non-zero exit with the
-    error shown, nothing of the process group left (the workers are ended before Lightning's teardown,
-    and a watchdog ends the process a minute after the error whatever it waits on)."""
+    multiprocessing's exit-time terminate() did nothing) for 20+ minutes. Now: exit 2 with one line naming
+    the file that could not be written and why (its folder is gone), nothing of the process group left
+    (the workers are ended before Lightning's teardown, and a watchdog ends the process a minute after
+    the error whatever it waits on)."""
     import subprocess
 
     driver = workdir / "crash_driver.py"
@@ -376,8 +377,9 @@ def test_a_fatal_error_ends_the_process_and_its_workers_within_seconds(workdir, 
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
         raise AssertionError("the crashed run hung instead of exiting") from None
-    assert p.returncode == 1, (p.returncode, out[-3000:])
-    assert "FileNotFoundError: [Errno 2] No such file or directory" in out, out[-3000:]
+    assert p.returncode == 2, (p.returncode, out[-3000:])  # one line naming the file the run could not write
+    assert "No such file or directory (its folder is gone: was the run directory moved or removed" in out, out[-3000:]
+    assert "restore the run directory, then resume with --ckpt_path last" in out, out[-3000:]
     assert "ended its DataLoader worker(s)" in out, out[-3000:]
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):  # no worker outlived the main process

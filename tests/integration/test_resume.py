@@ -330,7 +330,8 @@ def test_elastic_layout_change_keeps_exactly_once(make_cfg, old, new):
         for doc, _, n in ln["pieces"]:
             emitted[doc] += n
     in_rows = {m.doc_id(left.doc.shard, left.doc.row): left.offset for rank in second.consumers for consumer in rank
-               for left in [r for r in consumer.rows if r is not None] + consumer.pending + consumer.continuations}
+               for left in [r for r in consumer.packer.rows if r is not None] + consumer.policy.pending
+               + consumer.policy.continuations}
     reader = ShardReader(m, cfg)
     for doc, n in emitted.items():
         src, shard, row = address[doc]
@@ -372,11 +373,11 @@ def test_elastic_source_streams_cover_each_epoch_once(make_cfg, n_old, n_new):
     for i, s in enumerate(old):
         take(s, 60 + 7 * i)  # uneven progress, as workers have
     assert any(s.taken * n_old + s.consumer >= len(chunks) for s in old), "the change must come inside epoch 1"
-    states = redistribute_source([s.snapshot() for s in old], n_new, name, cfg.seed, resume_step=100)
+    states = redistribute_source([s.cursor() for s in old], n_new, name, cfg.seed, resume_step=100)
     new = []
-    for c, st in enumerate(json.loads(json.dumps(states))):
+    for c, st in enumerate(states):
         s = SourceStream(idx, name, chunks, reader, cfg, c, n_new)
-        s.load_state_dict(st)
+        s.restore(st)
         new.append(s)
     for s in new:
         for _ in range(20000):

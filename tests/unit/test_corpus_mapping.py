@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from scripts_in_process import load_script
 
 from data.config import DataConfig, FilterConfig, SourceConfig, load_data_config
 from data.corpus.dolma3_like import SUBSOURCES, write_dolma3_like
@@ -215,7 +216,7 @@ def test_token_count_zero_with_held_out_tokens_blames_the_column(shards, tmp_pat
 
 def test_a_shuffle_killed_after_3_of_12_buckets_is_refused_by_every_reader(dolma3, tmp_path, monkeypatch, capsys):
     from data.corpus.shuffle import ShuffleSpec, gather, list_inputs, scatter, shuffle
-    from scripts import dump_order, inspect_corpus
+    dump_order, inspect_corpus = load_script("dump_order"), load_script("inspect_corpus")
 
     out = tmp_path / "shuffled"
     spec = ShuffleSpec(list_inputs([str(dolma3 / "plain" / "*.parquet")]), str(out), buckets=12, seed=1)
@@ -238,7 +239,7 @@ def test_a_shuffle_killed_after_3_of_12_buckets_is_refused_by_every_reader(dolma
 
 
 def test_a_shuffle_out_inside_an_input_folder_is_refused(dolma3, tmp_path):
-    from scripts import global_shuffle
+    global_shuffle = load_script("global_shuffle")
 
     inputs = tmp_path / "in"
     shutil.copytree(dolma3 / "plain", inputs)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from data.cursor import pack_cursor
+from data.cursor import ConsumerCursor
 from data.errors import ConfigError
 from data.simulate import OrderSimulator
 from train.callbacks import AtomicCheckpointIO
@@ -69,7 +69,12 @@ def trained(make_cfg):
     dm = _datamodule(make_cfg)
     sim = OrderSimulator(dm.manifest, dm, 2, 2)
     list(sim.batches(STEP))
-    return [[pack_cursor(c.state_dict()) for c in rank] for rank in sim.consumers]
+    return [[c.state_dict() for c in rank] for rank in sim.consumers]
+
+
+def _typed(cursors: list[dict]) -> dict[int, ConsumerCursor]:
+    """What the DataModule records per worker: the cursor of its last trained batch."""
+    return {w: ConsumerCursor.from_dict(c) for w, c in enumerate(cursors)}
 
 
 class Collectives:
@@ -102,7 +107,7 @@ def _save(make_cfg, trained, ckpt_dir: Path, world: int = 2) -> dict:
     for rank in range(world):
         dm = _datamodule(make_cfg)
         dm.trainer = _trainer(rank, world, ckpt_dir, collectives.rank(rank))
-        dm._trained = dict(enumerate(trained[rank]))
+        dm._trained = _typed(trained[rank])
         dms.append(dm)
 
     def save(rank):
@@ -136,7 +141,9 @@ def test_the_checkpoint_state_does_not_grow_with_the_consumers(make_cfg, trained
     one = _save(make_cfg, trained[:1], tmp_path / "one", world=1)
     two = _save(make_cfg, trained, tmp_path / "two", world=2)
     assert len(pickle.dumps(one)) < 2_000 and len(pickle.dumps(two)) - len(pickle.dumps(one)) < 100  # a digest per rank
-    assert sum(len(pickle.dumps(r)) for r in trained) > 10 * len(pickle.dumps(two))
+    bigger = [[{**c, "fingerprint": c["fingerprint"] + " " * 100_000} for c in rank] for rank in trained]  # +100 KB
+    big = _save(make_cfg, bigger, tmp_path / "big", world=2)
+    assert len(pickle.dumps(big)) == len(pickle.dumps(two))  # the cursors' size stays in their files
 
 
 def test_same_layout_resume_reads_only_its_own_file_elastic_reads_all(make_cfg, trained, tmp_path, monkeypatch):
@@ -150,7 +157,7 @@ def test_same_layout_resume_reads_only_its_own_file_elastic_reads_all(make_cfg, 
     dm.trainer = _trainer(1, 2, tmp_path, Broadcast(), ckpt_path=str(ckpt))
     dm.load_state_dict(state)
     assert read == []  # read when the DataLoader is built (load_from_checkpoint reads no cursor file)
-    assert dm._resumed_cursors() == trained[1] and dm._resume.next_step == STEP
+    assert [c.to_dict() for c in dm._resumed_cursors()] == trained[1] and dm._resume.next_step == STEP
     assert read == ["rank00001.pt"]
 
     read.clear()
@@ -169,7 +176,7 @@ def test_a_missing_or_foreign_cursor_file_is_named(make_cfg, trained, tmp_path):
     dm = _datamodule(make_cfg)
     dm.trainer = _trainer(1, 2, tmp_path, Broadcast(), ckpt_path=str(ckpt))
     dm.load_state_dict(state)
-    assert dm._resumed_cursors() == trained[1]  # rank 1 needs only its own file
+    assert [c.to_dict() for c in dm._resumed_cursors()] == trained[1]  # rank 1 needs only its own file
     dm.trainer.global_rank, dm.trainer.is_global_zero = 0, True
     dm.load_state_dict(state)
     with pytest.raises(ConfigError, match=rf"data cursor file {step_dir / 'rank00000.pt'} \(rank 0 of checkpoint "
@@ -190,7 +197,7 @@ def test_a_missing_or_foreign_cursor_file_is_named(make_cfg, trained, tmp_path):
 def test_without_a_checkpoint_dir_one_rank_keeps_its_cursors_inline(make_cfg, trained):
     """Library use (no trainer, or one without a ModelCheckpoint): the state holds the cursors as before."""
     dm = _datamodule(make_cfg)
-    dm._trained = dict(enumerate(trained[0]))
+    dm._trained = _typed(trained[0])
     state = dm.state_dict()
     assert state["cursors"] == [trained[0]] and "cursor_dir" not in state and state["world_size"] == 1
     assert load_checkpoint_cursors(None, state) == [trained[0]]
@@ -295,7 +302,5 @@ def test_a_checkpoint_without_digests_loads_its_cursors_with_a_warning_naming_th
     assert f"data cursor file {path} (rank 0 of checkpoint {ckpt}) is not verified" in caplog.text
     # unverified, a flipped packed buffer is still one line from the range check, not a zlib.error traceback
     _rewrite(path, _flip_packed_buffer)
-    from data.cursor import check_ranges
-
     with pytest.raises(ConfigError, match=r"malformed \(error: Error -3 while decompressing"):
-        check_ranges(load_checkpoint_cursors(ckpt, old, [0])[0][0])
+        ConsumerCursor.from_dict(load_checkpoint_cursors(ckpt, old, [0])[0][0])

@@ -10,13 +10,13 @@ formats of ``python -m train fit``.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from scripts_in_process import load_script
 
 from ablations import diagnose as dg
 
@@ -204,9 +204,7 @@ def test_report_and_cli(tmp_path, capsys):
         assert (run / png).stat().st_size > 5_000 and f"]({png})" in md
     assert not list(run.glob(".*.tmp"))  # written atomically: no temp file left
 
-    spec = importlib.util.spec_from_file_location("diagnose_run", ROOT / "scripts" / "diagnose_run.py")
-    diagnose_run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(diagnose_run)
+    diagnose_run = load_script("diagnose_run")
 
     bad = make_run(tmp_path / "bad", frozenset({"sawtooth"}))
     assert diagnose_run.main([str(bad), "--out", str(tmp_path / "r" / "d.md"), "--no-plots"]) == 1
@@ -214,5 +212,5 @@ def test_report_and_cli(tmp_path, capsys):
     assert "FAIL  per-source loss smoothness" in printed and (tmp_path / "r" / "d.md").is_file()
     assert not (tmp_path / "r" / "diag_loss.png").exists()
     assert diagnose_run.main([str(run), "--no-plots"]) == 0
-    with pytest.raises(SystemExit):
-        diagnose_run.main([str(tmp_path)])  # not a run directory
+    assert diagnose_run.main([str(tmp_path)]) == 2  # not a run directory: one error line
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path}/csv/metrics.csv not found")

@@ -7,7 +7,7 @@ A path is checked when it starts with one of the repository's top-level folders 
 path), or is an upper-case Markdown file name (``CHANGELOG.md``); Markdown link targets are checked
 relative to their document. Not checked: the team's shared notes (``../shared/``), what a run writes
 (``runs/...``), URLs, and patterns or placeholders (``*``, ``<run>``, ``{x}``, ``$VAR``, ``NNN``,
-``scripts/X.py``).
+``scripts/NAME.py``, ``scripts/x.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ TOP = ["data", "train", "ablations", "scripts", "configs", "docs", "tests", ".ci
 PATH = re.compile(r"(?<![\w./$~-])((?:%s)/[\w./-]*\.[a-z]+|[A-Z][A-Z_]+\.md)(?![\w/*{<$])"
                   % "|".join(map(re.escape, TOP)))
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
-PLACEHOLDER = re.compile(r"[*<>{}$]|NNN|\.\.\.|/[A-Z]\.[a-z]+$")
+PLACEHOLDER = re.compile(r"[*<>{}$]|NNN|\.\.\.|/([A-Z_]+|[a-z])\.py$")  # scripts/NAME.py, scripts/x.py
 
 
 def cited(text: str) -> set[str]:
@@ -64,6 +64,6 @@ def test_every_path_a_docstring_cites_exists():
 
 
 def test_the_check_finds_a_missing_path():
-    assert cited("see `tests/test_ablations.py` and DESIGN.md, not runs/demo/x.png or <run>/evals/") == {
-        "tests/test_ablations.py", "DESIGN.md"}
+    assert cited("see `tests/test_ablations.py`, docs/DESIGN.md and DESIGN.md, not runs/demo/x.png, <run>/evals/ "
+                 "or scripts/NAME.py") == {"tests/test_ablations.py", "docs/DESIGN.md", "DESIGN.md"}
     assert not exists("tests/test_ablations.py", ROOT) and exists("tests/unit/test_doc_paths.py", ROOT)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from scripts_in_process import load_script
 
 from data.errors import ConfigError
 from train.callbacks import AtomicCheckpointIO
@@ -179,7 +180,7 @@ def test_schedule_changes_name_every_changed_key_and_the_override_lets_them_pass
 
 
 def test_error_lines_prefix_each_problem_and_keep_continuations():
-    from train.faults import error_lines
+    from data.errors import error_lines
 
     got = error_lines(ConfigError("a: x; fix\nb: y; fix\n  detail of b"))
     assert got == "error: a: x; fix\nerror: b: y; fix\n  detail of b"
@@ -294,6 +295,10 @@ CURSOR_ATTACKS = [
                                                          r"\(an integer >= 0 and < 4\)"),
     (lambda c: c["sources"]["books"].__setitem__("taken", "3"), r"sources\.books\.taken = '3' is out of range"),
     (lambda c: c.__delitem__("mixer"), r"malformed \(KeyError: 'mixer'\)"),
+    (lambda c: c["mixer"]["target"].pop(), r"mixer\.target = \[.*\] is out of range \(one value per source \(4\)\)"),
+    (lambda c: c["sources"]["web"].__setitem__("rng", 3), r"sources\.web\.rng = 3 is out of range \(a PCG64 state\)"),
+    (lambda c: c.__delitem__("fingerprint"), r"malformed \(KeyError: 'fingerprint'\)"),
+    (lambda c: c.__setitem__("continuations", [[0, 1, 2, 3]]), r"continuations\[0\] = \[0, 1, 2, 3\] is out of range"),
 ]
 
 
@@ -520,7 +525,7 @@ def test_a_ckpt_path_that_is_not_a_checkpoint_is_named_for_what_it_is(tmp_path):
 
 def test_export_suggests_trust_checkpoint_only_for_pickled_objects(tmp_path):
     """Before: export_hf.py on a folder or a truncated file suggested --trust-checkpoint."""
-    from scripts.export_hf import main
+    main = load_script("export_hf").main
 
     cases = _not_checkpoints(tmp_path)
     _save(tmp_path / "whole.ckpt", 3, time.time())

@@ -4,12 +4,11 @@ axis in the ablation report. Tiny figures, inspected as matplotlib objects (noth
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
+from scripts_in_process import load_script
 
 from ablations import diagnose as dg
 from ablations.decision import DecisionRule, Difference, decide
@@ -19,16 +18,11 @@ pytest.importorskip("matplotlib")
 
 from matplotlib.colors import to_hex  # noqa: E402 (after the importorskip)
 
-ROOT = Path(__file__).resolve().parents[2]
-
 SOURCES = ["web", "code", "books", "curated"]
 
 
 def report_run():
-    spec = importlib.util.spec_from_file_location("report_run", ROOT / "scripts" / "report_run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("report_run")
 
 
 def noisy_losses(n: int = 60) -> dict[str, list[tuple[int, float]]]:
