@@ -54,8 +54,8 @@ class Thresholds:
     ``batch_factor`` x the distance of batches whose rows each hold one source drawn by weight
     (``iid_rows_distance``)."""
     batch_factor: float = 2.0
-    """At 32 rows of 2,048 tokens (docs/DESIGN.md) random one-source rows give 0.10, so the limit is 0.21:
-    row-parallel packing (0.13) passes, linear packing of long documents (0.35) fails."""
+    """At 32 rows of 2,048 tokens random one-source rows give 0.10, so the limit is 0.21:
+    row-parallel packing (0.13, simulated) passes, linear packing of long documents (0.35) fails."""
     max_cumulative_distance: float = 0.02
     """The same over all tokens trained: the mixer must hit the target in the long run."""
     alpha: float = 1e-3
@@ -149,10 +149,7 @@ def check_histogram(distances: list[tuple[int, float]], cumulative: float | None
     lines.append(f"| **whole run** | {len(vals)} | {vals.mean():.4f} | {vals.std():.4f} | "
                  f"{np.percentile(vals, 95):.4f} | {vals.max():.4f} |")
     bad = []
-    limit = th.max_batch_distance if th.max_batch_distance is not None else (
-        None if baseline is None else th.batch_factor * baseline)
-    what = ("set" if th.max_batch_distance is not None else "no baseline without the order log"
-            if baseline is None else f"{th.batch_factor:g} x {baseline:.3f}, batches of rows of one random source each")
+    limit, what = histogram_limit(th, baseline)
     if limit is not None and vals.mean() > limit:
         bad.append(f"mean per-batch distance {vals.mean():.3f} > {limit:.3f} ({what})")
     if cumulative is not None and cumulative > th.max_cumulative_distance:
@@ -163,6 +160,17 @@ def check_histogram(distances: list[tuple[int, float]], cumulative: float | None
                   f" (limits: {'–' if limit is None else f'{limit:.3f}'} per batch, {what}; "
                   f"{th.max_cumulative_distance:g} cumulative)"))
     return Check("per-batch source histogram", FAIL if bad else PASS, summary, lines)
+
+
+def histogram_limit(th: Thresholds, baseline: float | None) -> tuple[float | None, str]:
+    """The mean per-batch distance the histogram check judges against (None: no limit), and where it
+    comes from (diag_histogram.png draws it)."""
+    if th.max_batch_distance is not None:
+        return th.max_batch_distance, "set"
+    if baseline is None:
+        return None, "no baseline without the order log"
+    limit = th.batch_factor * baseline
+    return limit, f"{th.batch_factor:g} x {baseline:.3f}, batches of rows of one random source each"
 
 
 def histogram_baseline(lines: list[dict], weights: np.ndarray) -> float | None:
@@ -505,8 +513,9 @@ def diagnose(run_dir: Path, corpus: Corpus | None = None, th: Thresholds | None 
         boundaries = {s: [(e, int(st) // accum) for e, st in epoch_boundaries(steps, tokens[:, j],
                                                                              corpus.stream_tokens.get(s, 0))]
                       for j, s in enumerate(sources)}
+    baseline = histogram_baseline(lines, weights)
     checks = [
-        check_histogram(distances, cumulative, th, histogram_baseline(lines, weights)),
+        check_histogram(distances, cumulative, th, baseline),
         check_sawtooth(losses, th),
         check_boundaries(losses, boundaries, th) if corpus is not None else
         Check("loss across epoch boundaries", SKIP, "corpus not found: epochs not located (use --corpus DIR)"),
@@ -516,58 +525,73 @@ def diagnose(run_dir: Path, corpus: Corpus | None = None, th: Thresholds | None 
         Check("implied epochs: realised vs planned", SKIP, "no order log (--data.order_log true)"),
     ]
     return checks, {"losses": losses, "distances": distances, "boundaries": boundaries, "steps": steps,
-                    "tokens": tokens, "weights": weights, "sources": sources}
+                    "tokens": tokens, "weights": weights, "sources": sources,
+                    "histogram_limit": histogram_limit(th, baseline)}
+
+
+def histogram_figure(data: dict):
+    """The per-batch distance from the target along the run, its moving mean, and the limit the check
+    judges the mean against (dashed, with where it comes from)."""
+    from matplotlib.figure import Figure
+
+    from data.plotting import plot_smoothed
+
+    fig = Figure(figsize=(7, 3.4))
+    ax = fig.subplots()
+    pts = [(s, v) for s, v in data["distances"] if not math.isnan(v)]
+    plot_smoothed(ax, pts, "C0", "per batch (faint), moving mean")
+    mean = float(np.mean([v for _, v in pts])) if pts else math.nan
+    ax.axhline(mean, color="k", lw=1, label=f"mean over the run {mean:.3f}")
+    limit, what = data.get("histogram_limit", (None, ""))
+    if limit is not None:
+        ax.axhline(limit, color="C3", ls="--", lw=1.2, label=f"limit on the mean {limit:.3f} ({what})")
+    ax.set(xlabel="step", ylabel="share distance from target", title="per-batch source histogram: distance "
+           "from the target" + ("" if limit is not None else " (no limit: no baseline without the order log)"))
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def loss_figure(data: dict):
+    """Per-source train loss, smoothed over the raw points, one colour per source (data/plotting.py:
+    the same as loss_per_source.png); dotted: a source starts a new epoch."""
+    from matplotlib.figure import Figure
+
+    from data.plotting import plot_source_losses
+
+    fig = Figure(figsize=(8, 4))
+    ax = fig.subplots()
+    colors = plot_source_losses(ax, data["losses"])
+    for s, marks in data["boundaries"].items():
+        for _, step in marks:
+            ax.axvline(step, color=colors.get(s, "k"), ls=":", lw=1)
+    ax.set_title("per-source train loss (faint: each step; line: moving average; dotted: a new epoch)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def write_plots(out_dir: Path, data: dict) -> dict[str, str]:
     """diag_histogram.png, diag_loss.png; {} without matplotlib."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         return {}
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from data.files import atomic_path
 
     def save(fig, name: str) -> str:
         with atomic_path(out_dir / name) as tmp:
             fig.savefig(tmp, dpi=100, format="png")
-        plt.close(fig)
         return name
 
     plots = {}
     if data["distances"]:
-        fig, ax = plt.subplots(figsize=(7, 3.2))
-        st, v = np.array(data["distances"], float).T
-        ax.plot(st, v, lw=0.6, color="C0", label="per batch")
-        if len(v) >= 10:
-            w = max(5, len(v) // 20)
-            ax.plot(st[w - 1:], np.convolve(v, np.ones(w) / w, mode="valid"), color="k", lw=1.2,
-                    label=f"mean of {w}")
-        ax.set(xlabel="step", ylabel="share distance from target", title="per-batch source histogram")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        plots["histogram"] = save(fig, "diag_histogram.png")
+        plots["histogram"] = save(histogram_figure(data), "diag_histogram.png")
     if any(data["losses"].values()):
-        fig, ax = plt.subplots(figsize=(8, 4))
-        for k, (s, pts) in enumerate(data["losses"].items()):
-            if pts:
-                st, v = np.array(pts, float).T
-                ax.plot(st, v, lw=0.6, color=f"C{k}", label=s)
-            for epoch, step in data["boundaries"].get(s, []):
-                ax.axvline(step, color=f"C{k}", ls=":", lw=1)
-        ax.set(xlabel="step", ylabel="train loss (nats/token)",
-               title="per-source train loss (dotted: a source starts a new epoch)")
-        vals = [v for pts in data["losses"].values() for s, v in pts[len(pts) // 10:] if not math.isnan(v)]
-        if vals:
-            lo, hi = np.percentile(vals, [1, 99])
-            ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo))
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        plots["loss"] = save(fig, "diag_loss.png")
+        plots["loss"] = save(loss_figure(data), "diag_loss.png")
     return plots
 
 

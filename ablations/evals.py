@@ -1,7 +1,7 @@
 """The downstream suite: a registry of evaluations, each mapping one run directory to named numbers.
 
-The report runs every evaluation of ``--suite`` on every arm and seed, takes the difference
-(scheduled - fixed) per metric, and its decision rule reads metrics by their full name
+The report runs every evaluation of ``--suite`` on every arm and seed, takes the gain per metric
+(positive: the schedule is better; ablations/report.py ``GAIN``), and its decision rule reads metrics by their full name
 ``<evaluation>/<metric>`` (e.g. ``heldout/curated``). Registered here:
 
 - ``heldout`` (default): the final held-out loss per source and overall, from the run's CSV log (no

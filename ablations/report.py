@@ -12,11 +12,10 @@ wandb account is needed. Writes:
   mean and standard error; KEEP, DROP, NO CLEAR GAIN, or CANNOT DECIDE with fewer than 2 seeds) and
   one table of its inputs; tokens per source planned and actually drawn by each arm, which must be
   equal (a mismatch is FLAGGED at the top); held-out loss per source at the end for both arms and the
-  difference (scheduled - fixed, mean +- std over seeds, and each seed's); the other evaluations of
-  ``--suite``;
-- ``heldout_end.png`` (each seed's difference at the end, the mean +- k x SE, the rule's tolerance),
-  ``heldout_along_run.png`` (loss per source for both arms and their difference along the run, each
-  seed and the spread),
+  gain (mean +- std over seeds, and each seed's); the other evaluations of ``--suite``;
+- ``heldout_end.png`` (each seed's gain at the end, the mean +- k x SE, the rule's tolerance; one panel
+  per evaluation, so losses and accuracies never share an axis), ``heldout_along_run.png`` (loss per
+  source for both arms and the gain along the run, each seed and the spread),
   ``tokens_drawn.png`` (cumulative tokens per source of both arms).
 
 Tokens drawn are equal "up to the documents in flight": each batch row is in the middle of a
@@ -25,6 +24,9 @@ passes when the arms differ by at most ``--token-rtol`` (0.5%) of its planned to
 less, ``--token-atol`` tokens (default: one step's tokens, global batch x final sequence length: the
 documents in flight at the end can hold that much). The planned tokens (from
 each run's saved config) must agree to 1e-6.
+
+One sign convention throughout, :data:`GAIN` (ablations/decision.py's): positive means the schedule
+is better, in every table and plot.
 
 Exit status: 0, or 1 when a check fails (tokens not equal, a run unfinished, an arm missing), so a
 pipeline stops on an invalid comparison. The decision itself never changes the exit status.
@@ -56,6 +58,7 @@ from ablations.outcomes import (
 )
 from data.errors import ConfigError, one_line_errors
 from data.files import atomic_path, write_text
+from data.plotting import source_colors
 from train.rundir import RunDir, read_config, read_metrics, series, tokens_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +68,9 @@ ARM_KEYS = ("data.schedule.mixture", "run.dir", "run.wandb_name", "ckpt_path")
 RUN_DIR = re.compile(r"^(scheduled|fixed)-seed(\d+)$")
 PLANNED_RTOL = 1e-6
 DEFAULT_RULE = ROOT / "ablations" / "decision_rule.yaml"
+GAIN = ("gain = fixed - scheduled for a loss, scheduled - fixed for a score (accuracy): "
+        "positive means the schedule is better")
+"""The one sign convention of the report, its tables and its plots (stated once, at the top)."""
 
 
 # -- tokens per source -----------------------------------------------------------------------------
@@ -294,8 +300,8 @@ def render(c: Comparison) -> str:
     md.append("")
     md.append(f"Rule (`{rule_source}`): {rule.describe()}.")
     md.append("")
-    md.append("Gain = fixed - scheduled for a loss (scheduled - fixed for a score): positive means the schedule "
-              "is better. SE = standard error of the mean gain over the paired seeds.")
+    md.append(f"Every table and plot of this report shows the {GAIN}. SE = standard error of the mean gain "
+              "over the paired seeds.")
     md.append("")
     md += rule_table(verdict)
     md.append("")
@@ -350,14 +356,14 @@ def render(c: Comparison) -> str:
 
     md.append("## Held-out loss per source at the end")
     md.append("")
-    md.append("| metric | scheduled | fixed | scheduled - fixed | per seed |")
+    md.append("| metric | scheduled | fixed | gain | gain per seed |")
     md.append("|---|---:|---:|---:|---|")
     for m, d in diffs.items():
         if m.startswith("heldout/"):
             md.append(f"| {m.split('/', 1)[1]} | {np.mean(d.scheduled):.4f} | {np.mean(d.fixed):.4f} | "
-                      f"{pm(d.mean, d.std)} | {', '.join(f'{x:+.4f}' for x in d.diffs)} |")
+                      f"{pm(d.gain, d.std)} | {', '.join(f'{x:+.4f}' for x in d.gains)} |")
     md.append("")
-    md.append("Nats per token on the held-out chunks (negative difference: the schedule is better)"
+    md.append("Nats per token on the held-out chunks; gain = fixed - scheduled (positive: the schedule is better)"
               + ("; mean ± std over seeds (the rule uses the standard error, std / sqrt(seeds))."
                  if len(seeds) > 1 else "."))
     md.append("")
@@ -381,11 +387,11 @@ def render(c: Comparison) -> str:
               + ". Add one with `ablations/evals.py`'s `@register` (see ablations/README.md).")
     md.append("")
     if others:
-        md.append("| metric | scheduled | fixed | scheduled - fixed | better |")
+        md.append("| metric | scheduled | fixed | gain | better |")
         md.append("|---|---:|---:|---:|---|")
         for m, d in diffs.items():
             if not m.startswith("heldout/"):
-                md.append(f"| {m} | {np.mean(d.scheduled):.4f} | {np.mean(d.fixed):.4f} | {pm(d.mean, d.std)} | "
+                md.append(f"| {m} | {np.mean(d.scheduled):.4f} | {np.mean(d.fixed):.4f} | {pm(d.gain, d.std)} | "
                           f"{'higher' if d.higher_is_better else 'lower'} |")
         md.append("")
     md.append("Run directories: " + ", ".join(f"`{runs[a][s].name}`" for s in seeds for a in ARMS) + ".")
@@ -394,14 +400,16 @@ def render(c: Comparison) -> str:
 
 
 def along_run_table(runs, seeds, decay_start: int) -> list[str]:
-    """Difference (scheduled - fixed) in overall and per-source held-out loss at each evaluation."""
+    """The gain (fixed - scheduled held-out loss: positive, the schedule is better), overall and per
+    source, at each evaluation."""
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
     keys = ["val/loss"] + sorted({k for r in rows["scheduled"][0] for k in r if k.startswith("val/loss/")})
     steps = sorted(set.intersection(*({st for st, _ in series(rows[arm][0], "val/loss")} for arm in ARMS)))
     if not steps:
         return []
     head = ["step"] + ["all" if k == "val/loss" else k.split("/")[-1] for k in keys]
-    out = ["Scheduled - fixed along the run" + (" (mean over seeds)" if len(seeds) > 1 else "") + ":", "",
+    out = ["Gain along the run (fixed - scheduled held-out loss; positive: the schedule is better"
+           + (", mean over seeds" if len(seeds) > 1 else "") + "):", "",
            "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for st in steps:
         cells = [f"{st:,}" + (" (anneal)" if st >= decay_start else "")]
@@ -410,7 +418,7 @@ def along_run_table(runs, seeds, decay_start: int) -> list[str]:
             for i in range(len(seeds)):
                 a, b = dict(series(rows["scheduled"][i], k)), dict(series(rows["fixed"][i], k))
                 if st in a and st in b:
-                    d.append(a[st] - b[st])
+                    d.append(b[st] - a[st])
             cells.append(f"{np.mean(d):+.4f}" if d else "")
         out.append("| " + " | ".join(cells) + " |")
     return out
@@ -443,7 +451,7 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
         if late:  # zoom on the last 70% of the run: the early losses (~11.5 at step 0) flatten the rest
             lo, hi = min(late), max(late)
             ax.set_ylim(lo - 0.08 * (hi - lo + 1e-3), hi + 0.08 * (hi - lo + 1e-3))
-        steps, mean, std, per_seed = _diff_series(rows, key, len(seeds))
+        steps, mean, std, per_seed = _gain_series(rows, key, len(seeds))
         dx.axhline(0, color="k", lw=0.6)
         if steps:
             if len(seeds) > 1:  # each seed's difference, thin, and the spread (mean ± std) around the mean
@@ -457,41 +465,23 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
         ax.set_title(name)
         dx.set_xlabel("step")
     axes[0, 0].set_ylabel("held-out loss (nats/token)")
-    axes[1, 0].set_ylabel("scheduled - fixed")
+    axes[1, 0].set_ylabel("gain: fixed - scheduled\n(nats/token; > 0: schedule better)")
     axes[0, 0].legend(fontsize=8)
     fig.suptitle("held-out loss along the run (dotted: anneal + LR decay start)"
                  + ("; bottom: each seed thin, mean thick, band ± std over seeds" if len(seeds) > 1 else ""))
     fig.tight_layout()
     along = _save(fig, out / "heldout_along_run.png")
 
-    # 2. at the end: difference per metric, each seed's point, the mean and the rule's noise band (k x SE)
-    metrics = [m for m in diffs if m.startswith("heldout/")] + [m for m in diffs if not m.startswith("heldout/")]
-    status = {a.metric: a.status for a in verdict.assessments}
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(metrics) + 2), 3.8))
-    for i, m in enumerate(metrics):
-        d = diffs[m]
-        color = {"improves": "C2", "worsens": "C3"}.get(status.get(m, ""), "0.6")
-        band = None if math.isnan(d.se) else rule.k_se * d.se
-        ax.bar(i, d.mean, color=color, alpha=0.7, yerr=band, capsize=5)
-        ax.plot([i + 0.12 * (j - (d.n - 1) / 2) for j in range(d.n)], d.diffs, "k.", ms=5)
-    ax.axhline(0, color="k", lw=0.6)
-    for sign in (1, -1):  # a loss may rise by max_regression; a score may fall by it
-        ax.axhline(sign * rule.max_regression, color="C3", ls="--", lw=0.8)
-    ax.set_xticks(range(len(metrics)), [m.replace("heldout/", "") for m in metrics],
-                  rotation=30 if len(metrics) > 6 else 0)
-    ax.set_ylabel("scheduled - fixed (nats/token)")
-    ax.set_title(f"at the end, {len(seeds)} seed(s): {verdict.outcome.upper()} (dots: seeds; bars: mean "
-                 f"± {rule.k_se:g} SE; dashed: ±{rule.max_regression:g})", fontsize=9)
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    end = _save(fig, out / "heldout_end.png")
+    # 2. at the end: the gain per metric, one panel per evaluation (losses and accuracies never share an axis)
+    end = _save(end_figure(diffs, rule, verdict, len(seeds)), out / "heldout_end.png")
 
     # 3. cumulative tokens per source (first seed): the schedule catches up in the anneal
     fig, ax = plt.subplots(figsize=(7, 4))
     for arm, ls in (("scheduled", "-"), ("fixed", "--")):
         cum = _cumulative_tokens(runs[arm][seeds[0]])
-        for k, (source, ys) in enumerate(cum.items()):
-            ax.plot(range(len(ys)), ys, ls=ls, color=f"C{k}", label=f"{source} ({arm})")
+        colors = source_colors(cum)
+        for source, ys in cum.items():
+            ax.plot(range(len(ys)), ys, ls=ls, color=colors[source], label=f"{source} ({arm})")
     ax.axvline(decay_start, color="grey", ls=":", lw=1)
     ax.set(xlabel="step", ylabel="tokens drawn (cumulative)", title=f"tokens per source, seed {seeds[0]} "
            "(solid: scheduled, dashed: fixed)")
@@ -502,12 +492,52 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
     return {"along": along, "end": end, "tokens": tokens}
 
 
-def _diff_series(rows, key: str, n: int):
-    """Steps evaluated by every run, and scheduled - fixed at them: mean, std over seeds, each seed's."""
+EVALUATION_UNITS = {"heldout": "held-out loss gain (nats/token)", "local": "cloze accuracy gain",
+                    "lm_eval": "lm-eval score gain"}
+"""The y-axis of each evaluation's panel in heldout_end.png (an evaluation not named here: its name)."""
+
+
+def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdict, n_seeds: int):
+    """heldout_end.png: the gain of every metric at the end (bar: mean gain, error bar: k x SE, dots:
+    each seed), one panel per evaluation (``heldout/...``, ``local/...``, ...): one quantity per axis.
+    Dashed: -max_regression, below which a metric outside the noise worsens."""
+    from matplotlib.figure import Figure
+
+    groups: dict[str, list[str]] = {}
+    for m in diffs:
+        groups.setdefault(m.split("/", 1)[0], []).append(m)
+    status = {a.metric: a.status for a in verdict.assessments}
+    widths = [max(2.5, 0.9 * len(ms) + 1) for ms in groups.values()]
+    fig = Figure(figsize=(max(6.5, sum(widths) + 0.5), 4.1))
+    axes = fig.subplots(1, len(groups), squeeze=False, width_ratios=widths)[0]
+    for ax, (ev, metrics) in zip(axes, groups.items()):
+        for i, m in enumerate(metrics):
+            d = diffs[m]
+            color = {"improves": "C2", "worsens": "C3"}.get(status.get(m, ""), "0.6")
+            band = None if math.isnan(d.se) else rule.k_se * d.se
+            ax.bar(i, d.gain, color=color, alpha=0.7, yerr=band, capsize=5)
+            ax.plot([i + 0.12 * (j - (d.n - 1) / 2) for j in range(d.n)], d.gains, "k.", ms=5)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.axhline(-rule.max_regression, color="C3", ls="--", lw=0.8, label=f"-{rule.max_regression:g}: worse beyond")
+        ax.set_xticks(range(len(metrics)), [m.split("/", 1)[1] for m in metrics],
+                      rotation=30 if len(metrics) > 5 else 0, fontsize=8)
+        ax.set_ylabel(EVALUATION_UNITS.get(ev, f"{ev} gain"))
+        ax.set_title(ev, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"gain at the end, {n_seeds} seed(s): {verdict.outcome.upper()}\n(> 0: the schedule is better; "
+                 f"dots: seeds; bars: mean ± {rule.k_se:g} SE)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _gain_series(rows, key: str, n: int):
+    """Steps evaluated by every run, and the gain (fixed - scheduled loss) at them: mean, std over
+    seeds, each seed's."""
     per_seed = []
     for i in range(n):
         a, b = dict(series(rows["scheduled"][i], key)), dict(series(rows["fixed"][i], key))
-        per_seed.append({st: a[st] - b[st] for st in a if st in b})
+        per_seed.append({st: b[st] - a[st] for st in a if st in b})
     steps = sorted(set.intersection(*(set(d) for d in per_seed))) if per_seed else []
     if not steps:
         return [], np.array([]), np.array([]), np.zeros((0, 0))
@@ -527,7 +557,8 @@ def _save(fig, path: Path) -> str:
 
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    if plt.fignum_exists(getattr(fig, "number", -1)):  # a pyplot figure; a matplotlib.figure.Figure is not registered
+        plt.close(fig)
     return path.name
 
 

@@ -109,11 +109,15 @@ def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
     """
     from matplotlib.figure import Figure  # imported here: the data stream imports this module too
 
+    from data.plotting import source_colors
+
     steps = _plot_steps(schedule)
     weights = np.array([[schedule.mixture_weights(s)[src] for src in schedule.sources] for s in steps])
     fig = Figure(figsize=(10, 8), layout="constrained")
     ax_mix, ax_lr, ax_seq = fig.subplots(3, 1, sharex=True)
-    ax_mix.stackplot(steps, weights.T, labels=schedule.sources, alpha=0.85)
+    colors = source_colors(schedule.sources)  # each source's colour in every picture (data/plotting.py)
+    ax_mix.stackplot(steps, weights.T, labels=schedule.sources, colors=[colors[s] for s in schedule.sources],
+                     alpha=0.85)
     ax_mix.set(ylabel="mixture weight", ylim=(0, 1), xlim=(0, schedule.total_steps - 1))
     ax_mix.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     ax_lr.plot(steps, [schedule.lr(s) for s in steps])

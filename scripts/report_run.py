@@ -39,28 +39,33 @@ def unigram_entropy(corpus: Path) -> float:
     return -sum(c / total * math.log(c / total) for c in counts.values())
 
 
-def plot(rows, sources: list[str], out: Path) -> None:
-    import matplotlib
+def figure(rows, sources: list[str]):
+    """Train loss per source (raw points faint, smoothed line on top) and held-out loss per source,
+    one colour per source (data/plotting.py: the same colours as diag_loss.png)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from data.plotting import plot_source_losses, source_colors
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig = Figure(figsize=(12, 4.5))
+    ax1, ax2 = fig.subplots(1, 2)
+    plot_source_losses(ax1, {s: series(rows, f"train/loss/{s}") for s in sources})
+    colors = source_colors(sources)
     for s in sources:
-        tr = series(rows, f"train/loss/{s}")
-        if tr:
-            ax1.plot([p[0] for p in tr], [p[1] for p in tr], lw=0.8, label=s)
         va = series(rows, f"val/loss/{s}")
         if va:
-            ax2.plot([p[0] for p in va], [p[1] for p in va], marker="o", label=s)
-    ax1.set(title="train loss per source", xlabel="step", ylabel="loss (nats/token)")
-    ax2.set(title="held-out loss per source", xlabel="step")
+            ax2.plot([p[0] for p in va], [p[1] for p in va], marker="o", color=colors[s], label=s)
+    ax1.set_title("train loss per source (faint: each step; line: moving average)")
+    ax2.set(title="held-out loss per source", xlabel="step", ylabel="loss (nats/token)")
     for ax in (ax1, ax2):
         ax.legend()
         ax.grid(alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot(rows, sources: list[str], out: Path) -> None:
     with files.atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+        figure(rows, sources).savefig(tmp, format="png", dpi=110)
 
 
 @one_line_errors

@@ -43,7 +43,8 @@ TINY = [
     "--data.num_workers", "2",
 ]
 # A run long enough for the loss to fall and the schedules to play out: 34 steps of 4 x 16..32 tokens,
-# held-out loss every 10 steps (tests/test_train.py, the demo ablation in tests/test_ablations.py).
+# held-out loss every 10 steps (tests/integration/test_train.py, the demo ablation in
+# tests/integration/test_ablations.py).
 SMALL = [
     "--model.model", str(ROOT / "configs" / "model" / "tiny.yaml"),
     "--trainer.precision", "32-true",

@@ -3,7 +3,7 @@
 The DataModule *is* the data config (a dataclass over :class:`DataConfig`), so LightningCLI's
 ``data:`` section, ``scripts/dump_order.py`` and the tests read one schema.
 
-Resume, as DESIGN.md section 5 asks:
+Resume (docs/checkpoints.md):
 
 - every batch carries its producer's cursor (the consumer's state right after producing it);
   :meth:`record` keeps, per worker, the cursor of the last batch that was *trained* (called from a

@@ -24,6 +24,11 @@ Steps, each written under ``<run>/evals/`` (or ``--out``):
    Without lm-eval this step is skipped with the command that installs it (``pip install -e
    '.[eval]'``) -- checked first, before anything is exported.
 
+Before any of it, :func:`plan_tasks` looks at what is installed and cached and prints which tasks will
+run and which are skipped, and why: offline, a standard task whose dataset (its lm-eval YAML's
+``dataset_path``) is in neither the HF hub cache nor the datasets cache is skipped without starting
+lm-eval (each start costs tens of seconds); a task this check cannot resolve is left to lm-eval.
+
 Everything lands in ``evals/results.json`` (lm-eval's logs in ``evals/lm_eval/``), is printed as a
 table and, unless ``--no-log``, goes to the loggers the run trained with at the checkpoint's step
 (:func:`metrics_of`: ``eval/loss/<source>``, ``eval/<task>/<metric>``; train/loggers.py
@@ -33,6 +38,7 @@ table and, unless ``--no-log``, goes to the loggers the run trained with at the 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -41,6 +47,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +66,112 @@ CLOZE_CONTEXT, CLOZE_CONTINUATION, CLOZE_CHOICES, CLOZE_ITEMS = 64, 24, 4, 200
 standard error of ~0.03 on an accuracy; a small held-out set gives fewer)."""
 PPL_DOCS, PPL_TOKENS = 20, 1024
 """Held-out documents per source in the perplexity task, and tokens kept of each."""
+
+
+@dataclass
+class TaskPlan:
+    """What :func:`evaluate` will do with the ``--tasks`` it was given, decided before any compute."""
+
+    run: list[str]
+    """Task names to run, in order (``local`` included)."""
+    skipped: dict[str, str]
+    """Task -> why it will not run."""
+    notes: dict[str, str]
+    """Task -> what was found for a task that runs (its dataset cached, built locally, ...)."""
+
+    def describe(self) -> str:
+        lines = ["plan: held-out loss per source" + (", then lm-eval: " + ", ".join(self.run) if self.run else
+                                                      " (no lm-eval task will run)")]
+        lines += [f"  run   {t}: {self.notes.get(t, '')}".rstrip(": ") for t in self.run]
+        lines += [f"  skip  {t}: {why}" for t, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def _lm_eval_tasks_dir() -> Path | None:
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "tasks"
+
+
+def task_dataset(task: str, tasks_dir: Path | None = None) -> str | None:
+    """The ``dataset_path`` of lm-eval's task ``task`` (from its YAML, following one ``include``), or
+    None when no task YAML names it (a group, a task of an ``--include_path``, a newer lm-eval)."""
+    tasks_dir = tasks_dir or _lm_eval_tasks_dir()
+    if tasks_dir is None or not tasks_dir.is_dir():
+        return None
+    named = re.compile(rf"^task:\s*['\"]?{re.escape(task)}['\"]?\s*$", re.M)
+    files = _task_yamls(tasks_dir)
+    for path in [p for p in files if p.stem == task] + files:  # a task's YAML is usually named after it
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if named.search(text):
+            for source in (text, _included(path, text)):
+                found = re.search(r"^dataset_path:\s*['\"]?([^'\"\s#]+)", source or "", re.M)
+                if found:
+                    return found.group(1)
+            return None
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _task_yamls(tasks_dir: Path) -> list[Path]:
+    return sorted(tasks_dir.rglob("*.yaml"))  # ~14,000 files in lm-eval 0.4: walked once per process
+
+
+def _included(path: Path, text: str) -> str | None:
+    inc = re.search(r"^include:\s*['\"]?([^'\"\s#]+)", text, re.M)
+    if inc and (path.parent / inc.group(1)).is_file():
+        return (path.parent / inc.group(1)).read_text(errors="replace")
+    return None
+
+
+def dataset_cached(dataset_path: str) -> str | None:
+    """Where the HF dataset ``dataset_path`` (``org/name``) is cached (the hub cache or the datasets
+    cache, as ``HF_HOME`` / ``HF_HUB_CACHE`` / ``HF_DATASETS_CACHE`` place them), or None."""
+    from huggingface_hub import constants
+
+    hub = Path(constants.HF_HUB_CACHE) / f"datasets--{dataset_path.replace('/', '--')}"
+    datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets")
+    built = datasets_cache / dataset_path.replace("/", "___")
+    for where in (hub / "snapshots", built):
+        if where.is_dir() and any(where.iterdir()):
+            return str(where.parent if where.name == "snapshots" else where)
+    return None
+
+
+def plan_tasks(names: list[str], offline: bool = True) -> TaskPlan:
+    """Which of ``names`` will run, checked before anything is computed: lm-eval installed, and
+    offline, each standard task's dataset in the local HF cache (module docstring)."""
+    run: list[str] = []
+    skipped: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    if names and not lm_eval_available():
+        return TaskPlan([], {t: f"lm-eval is not installed: {INSTALL_HINT}" for t in names}, {})
+    for task in names:
+        if task == LOCAL:
+            run.append(task)
+            notes[task] = "built from the run's held-out chunks (offline)"
+            continue
+        dataset = task_dataset(task)
+        if dataset is None:
+            run.append(task)
+            notes[task] = "no dataset_path found for it here: lm-eval decides"
+        elif not offline:
+            run.append(task)
+            notes[task] = f"{dataset} (--online: downloaded if not cached)"
+        elif (Path(dataset).exists() or "/" not in dataset):  # a local folder or a builder such as json
+            run.append(task)
+            notes[task] = f"{dataset} (local)"
+        elif (where := dataset_cached(dataset)) is not None:
+            run.append(task)
+            notes[task] = f"{dataset} cached in {where}"
+        else:
+            skipped[task] = (f"offline and its dataset {dataset} is not in the HF cache (--online downloads it; "
+                             "or leave the task out of --tasks)")
+    return TaskPlan(run, skipped, notes)
 
 
 EVALUATE_ANOTHER = "evaluate another checkpoint (e.g. a stepNNNNNNN.ckpt in the run's checkpoints/)"
@@ -266,25 +379,30 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
 
     step = int(read_checkpoint(ckpt, "checkpoint", EVALUATE_ANOTHER).get("global_step", -1))
     results: dict[str, Any] = {"checkpoint": str(ckpt), "step": step}
+    names = [t.strip() for t in (tasks or "").split(",") if t.strip()]
+    plan = plan_tasks(names, offline)  # before any compute: say what will run and what is skipped
+    print(plan.describe(), flush=True)
     dm = load_data(ckpt)
     results["heldout"] = heldout_loss(ckpt, device, dm)
-    names = [t.strip() for t in (tasks or "").split(",") if t.strip()]
     if names:
         if not lm_eval_available():  # checked before the export: nothing is written for nothing
             results["lm_eval"] = {"skipped": f"lm-eval is not installed: {INSTALL_HINT}"}
-        else:
+        elif plan.run:
             from train.export import export
 
             hf_dir = export(ckpt, out_dir / "hf")
             lm: dict[str, float] = {}
-            if LOCAL in names:
+            if LOCAL in plan.run:
                 lm.update(run_local_tasks(dm, hf_dir, out_dir, lm_eval_args))
-            found, skipped = run_each_task([n for n in names if n != LOCAL], hf_dir, out_dir / "lm_eval", offline,
-                                           lm_eval_args)
+            found, skipped = run_each_task([n for n in plan.run if n != LOCAL], hf_dir, out_dir / "lm_eval",
+                                           offline, lm_eval_args)
             lm.update(found)
             results["lm_eval"] = lm
-            if skipped:
-                results["lm_eval_skipped"] = skipped
+            plan.skipped.update(skipped)
+        else:
+            results["lm_eval"] = {}
+        if plan.skipped:
+            results["lm_eval_skipped"] = plan.skipped
     write_json(out_dir / "results.json", results)
     if log:
         if RunDir(run_dir).config.is_file():

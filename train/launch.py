@@ -19,7 +19,7 @@ listens. A port still in TIME_WAIT after an earlier job counts as busy.
 an ``N x G`` job runs on node ``r // G`` as local rank ``r % G``, and Lightning reads exactly that from
 ``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NODEID`` / ``SLURM_NTASKS``. :func:`slurm_task_env`
 writes those variables for a simulated task (the dry run's ``--simulate`` and
-tests/test_rank_arithmetic.py), and :func:`rank_info` reads them back through Lightning's own class.
+tests/unit/test_rank_arithmetic.py), and :func:`rank_info` reads them back through Lightning's own class.
 
 **Data slice of a rank.** Rank ``r`` with ``W`` DataLoader workers runs the consumers ``r*W + w``
 (``w < W``) of ``C = ranks x W``; consumer ``c`` takes elements ``c, c+C, c+2C, ...`` of each

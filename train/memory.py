@@ -2,7 +2,7 @@
 
 Counted from what the code keeps, not fitted: the parameters and their state, plus the tensors autograd
 saves for backward under bf16 autocast (counted with ``saved_tensors_hooks`` on this repo's block, see
-tests/test_memory_estimate in tests/unit/test_loss.py), plus the loss path's transients.
+test_memory_estimate_counts_what_autograd_saves in tests/unit/test_loss.py), plus the loss path's transients.
 """
 
 from __future__ import annotations

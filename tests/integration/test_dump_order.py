@@ -292,7 +292,7 @@ def test_bad_input_exits_2_with_one_line(work, head, case):
     """Guards: tracebacks (or a silent exit 0) for user mistakes. Missing config, --weights not
     summing to 1 / naming an unknown source / malformed, and cursor files that are not JSON, not a
     cursor, or corrupt inside (a cursor for another world size, seed or corpus is refused the same
-    way; tests/test_stream.py covers those refusals): exit code 2 and a single stderr line
+    way; tests/unit/test_stream.py covers those refusals): exit code 2 and a single stderr line
     `error: ...` naming the flag or file."""
     (work / "garbage.json").write_text("this is not json {")
     (work / "empty.json").write_text("{}")

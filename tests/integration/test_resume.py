@@ -7,7 +7,7 @@ rank, the loss bitwise identical (fp32 on CPU), and lr / sequence length / mixtu
 the same step. Variants: one process with 2 DataLoader workers, killed in the middle of the anneal;
 2 DDP ranks with 2 workers each; a kill across a source's epoch boundary; a run cut short by
 ``--trainer.max_steps`` and continued. The uninterrupted runs are shared with
-tests/test_faults.py (tests/conftest.py: ref_single, ref_ddp).
+tests/integration/test_faults.py (tests/conftest.py: ref_single, ref_ddp).
 
 Kill points vary from run to run; the seed is printed with every failure and can be fixed with
 WELLMIXED_KILL_SEED=<n>.
@@ -155,7 +155,7 @@ def test_sigkill_across_a_source_epoch_boundary(workdir, env, demo_corpus, cache
     exactly the order perm(epoch 0) ++ perm(epoch 1) ++ ... of the global shard order -- which proves
     from the log that every document is read once per epoch and repeats only after all were seen.
     (With a larger buffer the epochs overlap by up to a buffer's worth of documents, by design;
-    tests/test_stream.py checks exactly-once per epoch for that case on the data layer.)"""
+    tests/unit/test_stream.py checks exactly-once per epoch for that case on the data layer.)"""
     seed, rng = kill_rng
     small = _small_curated(workdir, demo_corpus, rows=10)
     sources = {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in ("web", "code", "books")}

@@ -247,8 +247,8 @@ class LocalSlurm:
 @pytest.fixture(scope="module")
 def slurm():
     if os.geteuid() != 0:
-        pytest.fail("tests/test_slurm.py starts munged, slurmctld and slurmd itself (SlurmUser=root): run the "
-                    "suite as root, as CI does")
+        pytest.fail("tests/integration/test_slurm.py starts munged, slurmctld and slurmd itself (SlurmUser=root): "
+                    "run the suite as root, as CI does")
     ensure_slurm_installed()
     # Not pytest's tmp_path: munge's socket path must stay short and its folders world-traversable.
     root = Path(tempfile.mkdtemp(prefix="wm-slurm-"))
