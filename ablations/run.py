@@ -1,6 +1,6 @@
 """Run an ablation pair: both arms (scheduled and fixed mixture), for one or more seeds, then the report.
 
-    python ablations/run.py --pair demo                                  # CPU, 3 seeds x 2 arms x ~3 minutes
+    python ablations/run.py --pair demo                                  # CPU, 3 seeds x 2 arms: ~53 min on 2 cores
     python ablations/run.py --pair demo --seeds 1234 5678 --out runs/ablation-demo-2seeds
     python ablations/run.py --pair demo --num-seeds 5
     python ablations/run.py --pair 350m_2b --slurm                      # a SLURM job array, one task per run
@@ -44,6 +44,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ablations.cleanup import prune_finished_run
 from ablations.outcomes import is_complete
 from data.errors import ConfigError, one_line_errors
 
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label} failed with exit code {proc.returncode}; re-run the same command to resume",
                   file=sys.stderr)
             return proc.returncode
+        prune_finished_run(ROOT / job.run_dir)  # the report reads last.ckpt and the logs only
     if args.dry_run or args.no_report:
         return 0
     from ablations.report import main as report_main
