@@ -2,6 +2,7 @@
 
     python scripts/bench_train.py                        # (a) CPU: Lightning step vs a plain PyTorch loop
     python scripts/bench_train.py --device cuda          # (b) GPU: tokens/s and MFU of the 350M config
+    python scripts/bench_train.py --cpu-precision        # (c) CPU: fp32 vs bf16 autocast, the demo model
 
 (a) The same tiny model, the same batches (real packed batches of the demo corpus), the same AdamW,
     gradient clipping and LR schedule: our LightningModule under a Trainer (its per-source loss
@@ -15,6 +16,9 @@
     train/memory.py's estimate; a contender that runs out of memory says OOM (the plain loss at 32 x
     2048 is expected to). Targets on an H200: MFU >= 50%, peak <= 100 GB with the chunked loss; the
     whole run stays under 8 minutes (--budget-s).
+(c) The demo model (configs/model/demo.yaml) forward + backward on 4 x 128 tokens, fp32 against bf16
+    autocast, alternating in this process: the bf16/fp32 time ratio, and whether this CPU has native
+    bf16 (AVX512-BF16 / AMX). It decides configs/demo.yaml's trainer.precision for a given machine.
 """
 
 from __future__ import annotations
@@ -284,6 +288,36 @@ def bench_cuda(args) -> None:
     print(f"    total {time.perf_counter() - started:.0f} s")
 
 
+def bench_cpu_precision(rounds: int) -> None:
+    """(c): fp32 vs bf16 autocast forward + backward of the demo model, alternating, one thread."""
+    from train.model import GPT, load_model_config
+
+    torch.set_num_threads(1)
+    cfg = load_model_config(ROOT / "configs" / "model" / "demo.yaml")
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (4, 129))
+
+    def step(bf16: bool) -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.float().mean().backward()
+        model.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    step(False)  # first call: allocations
+    times = {"fp32": [], "bf16": []}
+    for _ in range(rounds):
+        times["fp32"].append(step(False))
+        times["bf16"].append(step(True))
+    fp32, bf16 = statistics.median(times["fp32"]), statistics.median(times["bf16"])
+    print(f"(c) demo model, 4 x 128 tokens, forward + backward, 1 thread, median of {rounds} alternating rounds; "
+          f"native bf16 on this CPU: {'yes' if native else 'no'}")
+    print(f"    fp32 {fp32:.2f} s   bf16 autocast {bf16:.2f} s   bf16/fp32 = {bf16 / fp32:.2f}x")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -301,8 +335,11 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--warmup", type=int, default=3, help="cuda: untimed steps (compilation)")
     p.add_argument("--peak-flops", type=float, default=None)
+    p.add_argument("--cpu-precision", action="store_true", help="(c) only: fp32 vs bf16 autocast on this CPU")
     args = p.parse_args(argv)
-    if args.device == "cpu":
+    if args.cpu_precision:
+        bench_cpu_precision(args.rounds)
+    elif args.device == "cpu":
         args.steps = args.steps or 40
         bench_cpu(args)
     else:
