@@ -9,7 +9,7 @@ only needs the step.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import logging
 import os
 from dataclasses import dataclass
@@ -68,7 +68,7 @@ class PretrainModule(L.LightningModule):
         if isinstance(model, (str, os.PathLike)):
             model = load_model_config(model)
         elif isinstance(model, ModelConfig):
-            model = dataclasses.replace(model)  # a copy: the CLI's parsed config stays as parsed
+            model = copy.copy(model)  # the CLI's parsed config stays as parsed
         self.model_config: ArchitectureConfig = model
         self.optim = optim or OptimConfig()
         # What a checkpoint needs to rebuild this module, saved once and never rewritten: the model config

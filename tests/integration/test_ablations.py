@@ -155,8 +155,8 @@ def test_runner_dry_run_names_each_arm_and_seed(capsys, tmp_path):
 def test_runner_checks_the_overrides_as_train_fit_does_before_any_run(capsys, tmp_path):
     """Guards: ``-- --data.seed 9`` relabelling every run (seed 1234's run trained with seed 9), and a
     misspelt override found only when the first run starts."""
-    with pytest.raises(SystemExit, match="--data.seed is set per run"):
-        run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--", "--data.seed", "9"])
+    assert run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--", "--data.seed", "9"]) == 2
+    assert capsys.readouterr().err.startswith("error: --data.seed is set per run by ablations/run.py")
     with pytest.raises(SystemExit) as e:
         run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--", "--trainer.precison", "32"])
     assert e.value.code == 2 and "did you mean --trainer.precision" in capsys.readouterr().err

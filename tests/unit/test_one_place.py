@@ -100,18 +100,20 @@ def imported_names(node: ast.AST) -> dict[str, str]:
 
 
 def lightning_bases(cls: ast.ClassDef, names: dict[str, str]) -> list[type]:
-    """The classes of ``cls``'s bases that come from Lightning (imported, possibly inside a function)."""
+    """The classes of ``cls``'s bases that are Lightning's, or ours built on Lightning's (imported,
+    possibly inside a function): a subclass of train/config.py's ConfigCLI is a LightningCLI too."""
     out = []
     for base in cls.bases:
         dotted = ast.unparse(base).split(".")
         origin = names.get(dotted[0])
-        if origin is None or not origin.startswith("lightning"):
+        if origin is None or origin.split(".")[0] not in ("lightning", "train"):
             continue
         module, attr = origin.rpartition(".")[::2] if len(dotted) == 1 else (origin, None)
         obj = importlib.import_module(module)
         for part in ([attr] if attr else []) + dotted[1:]:
             obj = getattr(obj, part)
-        out.append(obj)
+        if isinstance(obj, type) and any(k.__module__.startswith("lightning") for k in obj.__mro__):
+            out.append(obj)
     return out
 
 
