@@ -1,4 +1,5 @@
-"""scripts/plan.py as a user runs it: a subprocess from the repo root, table on stdout, PNG on disk."""
+"""scripts/plan.py: table on stdout, PNG on disk. The first test runs it as a user does (a subprocess
+from the repo root); the others call its ``main`` in this process (torch and Lightning imported once)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from scripts_in_process import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ["web", "code", "books", "curated"]  # the demo corpus's sources
@@ -20,6 +24,27 @@ def run_plan(*args: str, cache_dir: Path) -> subprocess.CompletedProcess:
     env["WELLMIXED_CACHE"] = str(cache_dir)
     return subprocess.run([sys.executable, "scripts/plan.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def plan(cache_dir, monkeypatch, capsys):
+    """``plan(*args) -> (exit code, stdout, stderr)``: scripts/plan.py's main in this process, from the
+    repo root, with the environment of :func:`run_plan`."""
+    main = load_script("plan").main
+    monkeypatch.delenv("DOLMA3_DIR", raising=False)
+    monkeypatch.setenv("WELLMIXED_CACHE", str(cache_dir))
+    monkeypatch.chdir(ROOT)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            rc = main(list(args))
+        except SystemExit as e:  # the config parser's refusal, as `python scripts/plan.py` exits with it
+            rc = e.code
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    return run
 
 
 def table_rows(stdout: str) -> dict[str, list[str]]:
@@ -47,51 +72,50 @@ def test_demo_config_on_demo_corpus(demo_corpus, cache_dir, tmp_path):
     assert data.startswith(PNG_MAGIC) and len(data) > 10_000
 
 
-def test_350m_uses_expected_tokens(cache_dir, tmp_path):
+def test_350m_uses_expected_tokens(plan, tmp_path):
     """Without the Dolma3 download the published counts give the epochs: each well under one."""
     out = tmp_path / "plan.png"
-    r = run_plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(out), cache_dir=cache_dir)
-    assert r.returncode == 0, r.stderr
-    assert "data.expected_tokens" in r.stdout
-    rows = table_rows(r.stdout)
+    rc, stdout, stderr = plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(out))
+    assert rc == 0, stderr
+    assert "data.expected_tokens" in stdout
+    rows = table_rows(stdout)
     assert sorted(rows) == sorted(REAL_SOURCES)
     epochs = {s: float(cells[2]) for s, cells in rows.items()}
     assert all(0 < e < 1 for e in epochs.values()), epochs
-    assert "warning:" not in r.stdout
+    assert "warning:" not in stdout
     assert out.read_bytes().startswith(PNG_MAGIC)
     # the memory plan of the real model at the config's micro-batch (32 x 2048): chunked fits, plain not
-    assert "data.batch_size 32 x 2048 tokens" in r.stdout
-    mem = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("model.loss_impl")]
+    assert "data.batch_size 32 x 2048 tokens" in stdout
+    mem = [ln for ln in stdout.splitlines() if ln.strip().startswith("model.loss_impl")]
     assert len(mem) == 4 and "<- this config" in mem[0] and mem[0].split()[-4:-3] != ["DOES"]
     assert "DOES NOT FIT" in mem[2]  # plain loss, no checkpointing: 177 GB
 
 
-def test_tokens_flag_warns_about_epochs(cache_dir, tmp_path):
+def test_tokens_flag_warns_about_epochs(plan, tmp_path):
     """--tokens overrides the counts; a source drawn more than --max-epochs times is warned about."""
-    r = run_plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(tmp_path / "p.png"),
-                 "--tokens", "web=2e11,code=2e10,pdfs=4e10,curated=1e8", cache_dir=cache_dir)
-    assert r.returncode == 0, r.stderr
-    assert float(table_rows(r.stdout)["curated"][2]) > 4
-    assert "warning: source 'curated' would be repeated" in r.stdout
-    strict = run_plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(tmp_path / "p.png"),
-                      "--tokens", "web=2e11,code=2e10,pdfs=4e10,curated=1e8", "--strict", cache_dir=cache_dir)
-    assert strict.returncode == 2 and "curated" in strict.stderr
+    rc, stdout, stderr = plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(tmp_path / "p.png"),
+                              "--tokens", "web=2e11,code=2e10,pdfs=4e10,curated=1e8")
+    assert rc == 0, stderr
+    assert float(table_rows(stdout)["curated"][2]) > 4
+    assert "warning: source 'curated' would be repeated" in stdout
+    rc, _, stderr = plan("--config", "configs/pretrain_350m_20b.yaml", "--out", str(tmp_path / "p.png"),
+                         "--tokens", "web=2e11,code=2e10,pdfs=4e10,curated=1e8", "--strict")
+    assert rc == 2 and "curated" in stderr
 
 
-def test_bad_config_exits_2(cache_dir, tmp_path):
+def test_bad_config_exits_2(plan, tmp_path):
     bad = tmp_path / "bad.yaml"
     text = (
         (ROOT / "configs/pretrain_350m_20b.yaml").read_text().replace("web: 0.62, code: 0.18", "web: 0.70, code: 0.18")
     )
     bad.write_text(text)
-    r = run_plan("--config", str(bad), "--out", str(tmp_path / "p.png"), cache_dir=cache_dir)
-    assert r.returncode == 2
-    assert r.stderr.startswith("error: ") and "weights sum to" in r.stderr
+    rc, _, stderr = plan("--config", str(bad), "--out", str(tmp_path / "p.png"))
+    assert rc == 2
+    assert stderr.startswith("error: ") and "weights sum to" in stderr
     assert not (tmp_path / "p.png").exists()
 
-    missing = run_plan("--config", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "p.png"), cache_dir=cache_dir)
-    assert missing.returncode == 2 and "error: " in missing.stderr
+    rc, _, stderr = plan("--config", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "p.png"))
+    assert rc == 2 and "error: " in stderr
 
-    no_corpus = run_plan("--config", "configs/demo.yaml", "--corpus", str(tmp_path), "--out", str(tmp_path / "p.png"),
-                         cache_dir=cache_dir)
-    assert no_corpus.returncode == 2 and "--corpus" in no_corpus.stderr
+    rc, _, stderr = plan("--config", "configs/demo.yaml", "--corpus", str(tmp_path), "--out", str(tmp_path / "p.png"))
+    assert rc == 2 and "--corpus" in stderr
