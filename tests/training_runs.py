@@ -9,6 +9,7 @@ DataLoader workers and, with DDP, the other rank) as a cluster sends it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -212,3 +213,28 @@ def owed_docs(stream, epoch: int) -> list[tuple[int, int]]:
             out += [(chunk.shard, r) for r in range(chunk.start, chunk.stop)]
         g += stream.num_consumers
     return out
+
+
+def all_loggers() -> dict:
+    return {"": logging.getLogger(), **{n: lg for n, lg in logging.Logger.manager.loggerDict.items()
+                                        if isinstance(lg, logging.Logger)}}
+
+
+def fit_in_process(args: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m train fit ARGS`` in this process: (exit code, stdout, stderr)."""
+    from train.cli import main
+
+    saved, sys.argv = sys.argv, sys.argv[:1]
+    for log in all_loggers().values():  # handlers bound to an earlier test's captured (closed) stderr
+        log.handlers[:] = [h for h in log.handlers if not getattr(getattr(h, "stream", None), "closed", False)]
+    handlers = {name: list(log.handlers) for name, log in all_loggers().items()}
+    try:
+        rc = main(["fit", *args])
+    except SystemExit as e:
+        rc = e.code
+    finally:
+        sys.argv = saved
+        for name, log in all_loggers().items():  # main's handlers write to this test's captured stderr
+            log.handlers[:] = handlers.get(name, [])
+    out = capsys.readouterr()
+    return rc, out.out, out.err

@@ -191,31 +191,17 @@ def consumer_ids(rank: int, num_workers: int) -> list[int]:
 
 # -- the config, parsed as `python -m train fit` parses it --------------------------------------
 def parse_run_config(args: list[str]):
-    """(data module, trainer namespace, run config) from CLI arguments, instantiating only the data."""
+    """(data module, trainer namespace, run config) from CLI arguments, instantiating only the data:
+    train/config.py's resolve_config, the parser ``python -m train fit`` uses."""
     from jsonargparse import ArgumentParser, Namespace
 
-    from train.cli import WellMixedCLI
+    from train.config import resolve_config
     from train.datamodule import WellMixedData
 
-    class _ParseOnly(WellMixedCLI):
-        def instantiate_classes(self) -> None:
-            p = ArgumentParser()
-            p.add_class_arguments(WellMixedData, "data")
-            self.datamodule = p.instantiate(Namespace(data=self.config.data)).data
-
-    import logging
-
-    args = [a for a in args if a != "fit"]
-    argv, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when sys.argv holds arguments besides args
-    quiet = logging.getLogger("lightning.fabric.utilities.seed")
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)
-    try:
-        cli = _ParseOnly(args=args, run=False)
-    finally:
-        sys.argv = argv
-        quiet.setLevel(level)
-    return cli.datamodule, cli.config.trainer, cli.config.run
+    config = resolve_config(args)
+    p = ArgumentParser()
+    p.add_class_arguments(WellMixedData, "data")
+    return p.instantiate(Namespace(data=config.data)).data, config.trainer, config.run
 
 
 class SliceTable:

@@ -10,12 +10,12 @@ hyper-parameters): the comparison needs nothing more, and nothing trains.
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from training_runs import fit_in_process as fit
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -41,27 +41,6 @@ def fake_checkpoint(path: Path, hp: dict) -> Path:
     return path
 
 
-def all_loggers() -> dict:
-    return {"": logging.getLogger(), **{n: lg for n, lg in logging.Logger.manager.loggerDict.items()
-                                        if isinstance(lg, logging.Logger)}}
-
-
-def fit(args: list[str], capsys) -> tuple[int, str]:
-    from train.cli import main
-
-    saved, sys.argv = sys.argv, sys.argv[:1]
-    for log in all_loggers().values():  # handlers bound to an earlier test's captured (closed) stderr
-        log.handlers[:] = [h for h in log.handlers if not getattr(getattr(h, "stream", None), "closed", False)]
-    handlers = {name: list(log.handlers) for name, log in all_loggers().items()}
-    try:
-        rc = main(["fit", *args])
-    except SystemExit as e:
-        rc = e.code
-    finally:
-        sys.argv = saved
-        for name, log in all_loggers().items():  # main's handlers write to this test's captured stderr
-            log.handlers[:] = handlers.get(name, [])
-    return rc, capsys.readouterr().err
 
 
 def test_the_rule_refuses_a_changed_model_and_applies_what_may_change():
@@ -89,7 +68,7 @@ def test_a_resume_with_another_model_is_refused_by_name_before_compute(how, tmp_
     """Named file: the flag was replaced by the checkpoint's; ``last``: a size-mismatch traceback."""
     run = tmp_path / "run"
     ckpt = fake_checkpoint(run / "checkpoints" / ("step0000002.ckpt" if how == "file" else "last.ckpt"), hparams())
-    rc, err = fit(["--config", DEMO, "--model.model", TINY, "--model.model.d_model", "64", "--run.dir", str(run),
+    rc, _, err = fit(["--config", DEMO, "--model.model", TINY, "--model.model.d_model", "64", "--run.dir", str(run),
                    "--run.wandb", "false", "--ckpt_path", str(ckpt) if how == "file" else "last"], capsys)
     assert rc == 2, err
     line = err.strip().splitlines()[-1]

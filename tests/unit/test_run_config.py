@@ -9,13 +9,12 @@ written nothing into it.
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import re
-import sys
 from pathlib import Path
 
 import yaml
+from scripts_in_process import load_script
+from training_runs import fit_in_process as fit
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -23,36 +22,8 @@ REAL = str(ROOT / "configs" / "pretrain_350m_20b.yaml")
 PRESET64 = str(ROOT / "configs" / "presets" / "64gpu.yaml")
 
 
-def script(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_script", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+script = load_script
 
-
-def all_loggers() -> dict:
-    return {"": logging.getLogger(), **{n: lg for n, lg in logging.Logger.manager.loggerDict.items()
-                                        if isinstance(lg, logging.Logger)}}
-
-
-def fit(args: list[str], capsys) -> tuple[int, str, str]:
-    """``python -m train fit ARGS`` in this process: (exit code, stdout, stderr)."""
-    from train.cli import main
-
-    saved, sys.argv = sys.argv, sys.argv[:1]
-    for log in all_loggers().values():  # handlers bound to an earlier test's captured (closed) stderr
-        log.handlers[:] = [h for h in log.handlers if not getattr(getattr(h, "stream", None), "closed", False)]
-    handlers = {name: list(log.handlers) for name, log in all_loggers().items()}
-    try:
-        rc = main(["fit", *args])
-    except SystemExit as e:
-        rc = e.code
-    finally:
-        sys.argv = saved
-        for name, log in all_loggers().items():  # main's handlers write to this test's captured stderr
-            log.handlers[:] = handlers.get(name, [])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_a_model_field_override_changes_that_field_of_the_model_the_config_names(capsys):
