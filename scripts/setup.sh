@@ -50,14 +50,14 @@ case "$(torch_decision "$BEFORE")" in
       # A local CPU wheel if pip's configured find-links has one, else the official CPU index.
       $PIP install -q --no-deps --no-index "torch==$PIN" 2>/dev/null \
         || $PIP install -q --no-deps "torch==$PIN" --index-url https://download.pytorch.org/whl/cpu
+      # torch's own pure-Python dependencies (the CPU wheel above came without them; torch stays)
+      $PIP install -q "torch==$PIN"
     fi
     EXPECT=$(torch_version)
     case "$EXPECT" in
       "$PIN"|"$PIN"+*) ;;
       *) echo "setup: installing torch==$PIN gave '${EXPECT:-no torch}'" >&2; exit 1 ;;
-    esac
-    # torch's own pure-Python dependencies (the CPU wheel above came without them)
-    $PIP install -q "torch==$PIN" ;;
+    esac ;;
 esac
 # The installed torch satisfies pyproject's range: this adds the project and its other dependencies only.
 $PIP install -q -e ".[dev]"
