@@ -1,6 +1,7 @@
 """What a downloaded corpus holds, and which mixture source each value feeds, before any compute.
 
     python scripts/inspect_corpus.py $DOLMA3_DIR --config configs/pretrain_350m_20b.yaml
+    python scripts/inspect_corpus.py $DOLMA3_DIR --config configs/pretrain_350m_20b.yaml --data.unclaimed 0.01
 
 Prints the distinct ``source`` and ``category`` values with rows, tokens (``token_count``) and share,
 and, with ``--config``, the mixture source each value goes to under the config's ``filter:`` blocks
@@ -13,7 +14,8 @@ except the sampled texts. Library: data/corpus/inspect.py.
 
 Exit status 0; 1 when the config's mapping has errors (``train fit`` would refuse it); 2 with
 ``error: ...`` when the folder holds no parquet file, is an incomplete global-shuffle output, or the
-config is unreadable.
+config is unreadable. The configuration is resolved as ``python -m train fit`` resolves it
+(train/config.py): stacked ``--config`` files and ``--data.*`` overrides.
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
     pass
 
 import argparse
+import dataclasses
 import sys
-from pathlib import Path
-
-import yaml
 
 from data.corpus.inspect import (
     duplicate_counts,
@@ -43,41 +43,43 @@ from data.errors import ConfigError, one_line_errors
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", help="corpus folder (searched recursively for parquet files)")
-    p.add_argument("--config", default=None, help="run YAML whose data.sources filters to apply")
     p.add_argument("--pattern", default="**/*.parquet", help="glob under DIR (default **/*.parquet)")
     p.add_argument("--sample-rows", type=int, default=20_000,
                    help="rows whose texts are checked for duplicates (default 20,000; 0: skip)")
     p.add_argument("--paths", default="$DOLMA3_DIR/**/*.parquet", help="the glob the proposed sources block reads")
+    p.epilog = ("Also: --config FILE (repeatable: stacked as train fit stacks them) and --data.* overrides, "
+                "whose data.sources filters are applied to the folder's files.")
     return p
 
 
-def _config_filters(path: str) -> dict:
-    try:
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        sources = (raw.get("data") or {}).get("sources")
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"--config {path}: {e}") from None
-    if not isinstance(sources, dict) or not sources:
-        raise ConfigError(f"--config {path}: no data.sources mapping to take the filters from")
-    return filters_of(sources)
+def _data_config(config_args: list[str]):
+    """The run's data config as ``train fit`` resolves it, or None without ``--config``."""
+    if not config_args:
+        return None
+    from train.config import data_config, resolve_config
+
+    return data_config(resolve_config(config_args))
 
 
-def _mapping(config: str, summary):
+def _mapping(cfg, summary):
     """The start-up mapping report of the config's filters over every file of the folder."""
-    from data.config import load_data_config
     from data.mapping import build_mapping
 
-    cfg = load_data_config(config)
     files = {name: list(summary.paths) for name in cfg.sources}
     return build_mapping(cfg, files, summary.per_file)
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from train.config import split_tool_args
+
+    parser = build_parser()
+    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
     from data.shuffled import shuffle_problems
 
-    filters = _config_filters(args.config) if args.config else None
+    cfg = _data_config(rest)
+    filters = filters_of({n: dataclasses.asdict(s) for n, s in cfg.sources.items()}) if cfg else None
     try:
         summary = inspect_corpus(args.dir, args.pattern)
     except FileNotFoundError as e:  # no parquet file in the folder
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     incomplete = shuffle_problems(summary.paths)
     if incomplete:
         raise ConfigError("\n".join(incomplete))
-    mapping = _mapping(args.config, summary) if args.config else None
+    mapping = _mapping(cfg, summary) if cfg else None
     print(format_report(summary, filters))
     if mapping is not None:
         print("\n" + mapping.text())

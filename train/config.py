@@ -495,17 +495,26 @@ def _flag_value(value: Any) -> str:
 
 def split_tool_args(own: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
     """A tool's command line split into its own flags (``own``'s options, with their values) and the rest,
-    for :func:`resolve_config` (``--config``, ``--data.*``, ...). The tool then parses its own part with
-    ``own.parse_args`` (an unknown flag is the configuration parser's to name, with a "did you mean")."""
+    for :func:`resolve_config` (``--config``, ``--data.*``, ...): a configuration flag keeps the word after it
+    as its value, and a bare word no flag took is one of the tool's positional arguments. The tool then parses
+    its own part with ``own.parse_args`` (an unknown flag is the configuration parser's to name, with a "did
+    you mean")."""
     takes_value = {o: a.nargs != 0 for a in own._actions for o in a.option_strings}
     mine, rest = [], []
-    it = iter(argv)
-    for token in it:
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
         name = token.split("=", 1)[0]
+        takes_next = "=" not in token and i + 1 < len(tokens)
         if name in takes_value:
+            take = 2 if takes_value[name] and takes_next else 1
+            mine += tokens[i:i + take]
+        elif token.startswith("-"):  # a configuration flag; its value (if any) follows it
+            take = 2 if takes_next and not tokens[i + 1].startswith("--") else 1
+            rest += tokens[i:i + take]
+        else:  # a bare word no flag took: one of the tool's positional arguments
+            take = 1
             mine.append(token)
-            if takes_value[name] and "=" not in token:
-                mine.append(next(it, ""))
-        else:
-            rest.append(token)
+        i += take
     return mine, rest

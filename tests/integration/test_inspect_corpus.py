@@ -60,3 +60,16 @@ def test_values_rows_tokens_and_the_mixture_source_each_filter_gives(tmp_path):
 def test_an_empty_folder_is_an_error_naming_it(tmp_path):
     r = run(str(tmp_path))
     assert r.returncode == 2 and str(tmp_path) in r.stderr
+
+
+def test_stacked_configs_and_data_overrides_resolve_as_train_fit_resolves_them(tmp_path):
+    """The tool reads the configuration the way ``train fit`` does: a preset stacked on the real config,
+    and a ``--data.unclaimed`` override that turns the unclaimed-share refusal (0.5% of the tokens here)
+    into a warning, placed before and after the folder argument."""
+    make_dolma3_layout(tmp_path)
+    r = run("--config", "configs/pretrain_350m_20b.yaml", str(tmp_path), "--config", "configs/presets/64gpu.yaml",
+            "--data.unclaimed", "0.01", "--sample-rows", "0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "warning: `source` value(s) 'reddit_dump'" in r.stdout and "(below data.unclaimed 1.000%)" in r.stdout
+    r = run(str(tmp_path), "--config", "configs/pretrain_350m_20b.yaml", "--data.unclamed", "0.01")
+    assert r.returncode == 2 and "did you mean --data.unclaimed" in r.stderr, r.stderr
