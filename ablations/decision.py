@@ -196,27 +196,34 @@ def decide(rule: DecisionRule, diffs: dict[str, Difference]) -> Verdict:
         raise SystemExit(f"error: the decision rule names {missing}, which no evaluation reports "
                          f"(have: {', '.join(sorted(diffs))})")
     read = list(rule.improve) + [m for m in diffs if rule.guards(m) and m not in rule.improve]
-    assessments = [assess(diffs[m], rule, tuple(r for r, on in (("improve", m in rule.improve),
-                                                                  ("guard", rule.guards(m))) if on))
-                   for m in read]
-    lines = []
-    for a in assessments:
-        if a.status == UNDECIDED:
-            lines.append(f"CANNOT DECIDE: `{a.metric}` has {a.n} seed(s); gain {a.gain:+.4f} with no standard error")
-            continue
-        what = {IMPROVES: "improves", WORSENS: "WORSENS", NOISE: "is within noise"}[a.status]
-        role = "must improve" if "improve" in a.roles else "must not worsen"
-        lines.append(f"{'PASS' if a.passes else 'FAIL'}: `{a.metric}` {what} ({role}): mean gain {a.gain:+.4f} "
-                     f"± {a.se:.4f} SE over {a.n} seeds (k x SE = {a.k_se * a.se:.4f})")
+    assessments = [assess(diffs[m], rule, roles_of(rule, m)) for m in read]
+    return Verdict(outcome_of(assessments), assessments, [verdict_line(a) for a in assessments])
+
+
+def roles_of(rule: DecisionRule, metric: str) -> tuple[str, ...]:
+    """What the rule asks of ``metric``: "improve" and/or "guard"."""
+    return tuple(r for r, on in (("improve", metric in rule.improve), ("guard", rule.guards(metric))) if on)
+
+
+def verdict_line(a: Assessment) -> str:
+    """One line per metric: whether it meets its role, and the numbers that say so."""
+    if a.status == UNDECIDED:
+        return f"CANNOT DECIDE: `{a.metric}` has {a.n} seed(s); gain {a.gain:+.4f} with no standard error"
+    what = {IMPROVES: "improves", WORSENS: "WORSENS", NOISE: "is within noise"}[a.status]
+    role = "must improve" if "improve" in a.roles else "must not worsen"
+    return (f"{'PASS' if a.passes else 'FAIL'}: `{a.metric}` {what} ({role}): mean gain {a.gain:+.4f} "
+            f"± {a.se:.4f} SE over {a.n} seeds (k x SE = {a.k_se * a.se:.4f})")
+
+
+def outcome_of(assessments: list[Assessment]) -> str:
+    """CANNOT_DECIDE, DROP, KEEP or NO_GAIN, in that order of precedence (see the module docstring)."""
     if any(a.status == UNDECIDED for a in assessments):
-        outcome = CANNOT_DECIDE
-    elif any(a.status == WORSENS for a in assessments):
-        outcome = DROP
-    elif all(a.status == IMPROVES for a in assessments if "improve" in a.roles):
-        outcome = KEEP
-    else:
-        outcome = NO_GAIN
-    return Verdict(outcome, assessments, lines)
+        return CANNOT_DECIDE
+    if any(a.status == WORSENS for a in assessments):
+        return DROP
+    if all(a.status == IMPROVES for a in assessments if "improve" in a.roles):
+        return KEEP
+    return NO_GAIN
 
 
 def rule_table(verdict: Verdict, digits: int = 4) -> list[str]:

@@ -206,43 +206,10 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
                  atol: float | None, rule_source: str = "ablations/decision_rule.yaml") -> tuple[str, bool]:
     """The Markdown report (plots written next to it) and whether every check passed."""
     runs = discover(out)
-    flags: list[str] = []
-    seeds = sorted(set(runs["scheduled"]) & set(runs["fixed"]))
-    for arm in ARMS:
-        for seed in sorted(set(runs[arm]) - set(seeds)):
-            flags.append(f"`{runs[arm][seed].name}` has no counterpart in the other arm: left out")
-    if not seeds:
-        raise ConfigError(f"{out} holds no pair of scheduled-seed<S>/ and fixed-seed<S>/ run directories "
-                          "with csv/metrics.csv (run ablations/run.py first)")
-    for seed in seeds:
-        for arm in ARMS:
-            if not is_complete(runs[arm][seed]):
-                flags.append(f"`{runs[arm][seed].name}` is not finished: its last held-out loss predates the end "
-                             "of the schedule (resume it: re-run ablations/run.py with the same arguments)")
-    for seed in seeds:
-        differ = config_differences(*(read_config(runs[arm][seed]) for arm in ARMS), allowed=ARM_KEYS)
-        if differ:
-            flags.append(f"seed {seed}: the arms' configs differ in more than the mixture: "
-                         + ", ".join(f"`{k}`" for k in differ))
-    checks = []
-    for seed in seeds:
-        check = check_tokens(seed, {arm: runs[arm][seed] for arm in ARMS}, rtol, atol)
-        checks.append(check)
-        if not check.planned_equal:
-            flags.append(f"seed {seed}: the arms were configured for DIFFERENT tokens per source (planned "
-                         f"scheduled {_short(check.planned[0])} vs fixed {_short(check.planned[1])}): the fixed arm "
-                         "must be `mixture: {fixed_equivalent_of: <the scheduled phases>}` over the same budget")
-        if check.targets_equal is False:
-            flags.append(f"seed {seed}: the arms' mixers aimed at DIFFERENT tokens per source over the tokens they "
-                         "trained (final checkpoints' cursors)")
-        if check.steps[0] != check.steps[1]:
-            flags.append(f"seed {seed}: the arms trained different numbers of steps "
-                         f"({check.steps[0]} vs {check.steps[1]})")
-        bad = [r for r in check.rows if not r.ok]
-        if bad:
-            flags.append(f"seed {seed}: tokens drawn per source DIFFER beyond the tolerance for "
-                         + ", ".join(f"{r.source} ({r.delta:+,d} tokens, {100 * r.delta / max(r.planned, 1):+.1f}% "
-                                     f"of plan; tolerance {fmt_tokens(r.tolerance)})" for r in bad))
+    seeds = paired_seeds(out, runs)
+    flags = unpaired_flags(runs, seeds) + unfinished_flags(runs, seeds) + config_flags(runs, seeds)
+    checks = [check_tokens(seed, {arm: runs[arm][seed] for arm in ARMS}, rtol, atol) for seed in seeds]
+    flags += [flag for check in checks for flag in token_flags(check)]
     diffs = evaluate(suite, runs, seeds)
     verdict = decide(rule, diffs)
     configs = {arm: read_config(runs[arm][seeds[0]]) for arm in ARMS}
@@ -252,6 +219,60 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
     md = render(Comparison(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots,
                            rtol, atol, rule_source))
     return md, not flags
+
+
+def paired_seeds(out: Path, runs: dict[str, dict[int, Path]]) -> list[int]:
+    """The seeds both arms ran; an error when there is none."""
+    seeds = sorted(set(runs["scheduled"]) & set(runs["fixed"]))
+    if not seeds:
+        raise ConfigError(f"{out} holds no pair of scheduled-seed<S>/ and fixed-seed<S>/ run directories "
+                          "with csv/metrics.csv (run ablations/run.py first)")
+    return seeds
+
+
+def unpaired_flags(runs: dict[str, dict[int, Path]], seeds: list[int]) -> list[str]:
+    """A flag per run whose seed the other arm did not run (it is left out)."""
+    return [f"`{runs[arm][seed].name}` has no counterpart in the other arm: left out"
+            for arm in ARMS for seed in sorted(set(runs[arm]) - set(seeds))]
+
+
+def unfinished_flags(runs: dict[str, dict[int, Path]], seeds: list[int]) -> list[str]:
+    """A flag per paired run that has not trained its whole schedule."""
+    return [f"`{runs[arm][seed].name}` is not finished: its last held-out loss predates the end "
+            "of the schedule (resume it: re-run ablations/run.py with the same arguments)"
+            for seed in seeds for arm in ARMS if not is_complete(runs[arm][seed])]
+
+
+def config_flags(runs: dict[str, dict[int, Path]], seeds: list[int]) -> list[str]:
+    """A flag per seed whose arms' saved configs differ in more than :data:`ARM_KEYS`."""
+    flags = []
+    for seed in seeds:
+        differ = config_differences(*(read_config(runs[arm][seed]) for arm in ARMS), allowed=ARM_KEYS)
+        if differ:
+            flags.append(f"seed {seed}: the arms' configs differ in more than the mixture: "
+                         + ", ".join(f"`{k}`" for k in differ))
+    return flags
+
+
+def token_flags(check: TokenCheck) -> list[str]:
+    """The failed parts of one seed's token check: plan, mixer targets, steps, tokens drawn."""
+    seed, flags = check.seed, []
+    if not check.planned_equal:
+        flags.append(f"seed {seed}: the arms were configured for DIFFERENT tokens per source (planned "
+                     f"scheduled {_short(check.planned[0])} vs fixed {_short(check.planned[1])}): the fixed arm "
+                     "must be `mixture: {fixed_equivalent_of: <the scheduled phases>}` over the same budget")
+    if check.targets_equal is False:
+        flags.append(f"seed {seed}: the arms' mixers aimed at DIFFERENT tokens per source over the tokens they "
+                     "trained (final checkpoints' cursors)")
+    if check.steps[0] != check.steps[1]:
+        flags.append(f"seed {seed}: the arms trained different numbers of steps "
+                     f"({check.steps[0]} vs {check.steps[1]})")
+    bad = [r for r in check.rows if not r.ok]
+    if bad:
+        flags.append(f"seed {seed}: tokens drawn per source DIFFER beyond the tolerance for "
+                     + ", ".join(f"{r.source} ({r.delta:+,d} tokens, {100 * r.delta / max(r.planned, 1):+.1f}% "
+                                 f"of plan; tolerance {fmt_tokens(r.tolerance)})" for r in bad))
+    return flags
 
 
 @dataclass
@@ -280,123 +301,128 @@ def _short(tokens: dict[str, float]) -> str:
 
 
 def render(c: Comparison) -> str:
-    out, seeds, runs, configs, schedule, flags = c.out, c.seeds, c.runs, c.configs, c.schedule, c.flags
-    checks, diffs, rule, verdict, suite, plots = c.checks, c.diffs, c.rule, c.verdict, c.suite, c.plots
-    rtol, atol, rule_source = c.rtol, c.atol, c.rule_source
-    name = configs["scheduled"]["run"].get("wandb_group") or out.name
-    md = [f"# Ablation report: {name}", ""]
-    shown = os.path.relpath(out) if Path(out).resolve().is_relative_to(Path.cwd()) else str(out)
-    md.append(f"Scheduled vs fixed mixture, {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), "
-              f"from the logs in `{shown}` (`python ablations/report.py {shown}`).")
-    md.append("")
-    if flags:
-        md.append("## ⚠️ CHECKS FAILED: this is not a valid comparison")
-        md.append("")
-        md += [f"- **FLAG**: {f}" for f in flags]
-        md.append("")
-    md.append("## Verdict")
-    md.append("")
-    md.append(f"**{verdict.headline}**" + (" — but see the failed checks above" if flags else "") + ".")
-    md.append("")
-    md.append(f"Rule (`{rule_source}`): {rule.describe()}.")
-    md.append("")
-    md.append(f"Every table and plot of this report shows the {GAIN}. SE = standard error of the mean gain "
-              "over the paired seeds.")
-    md.append("")
-    md += rule_table(verdict)
-    md.append("")
-    md += [f"- {line}" for line in verdict.lines]
-    if len(seeds) < rule.min_seeds:
-        md.append(f"- {len(seeds)} seed(s): no estimate of the seed noise, so no decision; run "
+    """The report's Markdown, one section after another (each section's lines end with a blank line)."""
+    sections = (title_section, flags_section, verdict_section, setup_section, tokens_section, heldout_end_section,
+                along_run_section, downstream_section)
+    return "\n".join(line for section in sections for line in section(c))
+
+
+def title_section(c: Comparison) -> list[str]:
+    name = c.configs["scheduled"]["run"].get("wandb_group") or c.out.name
+    shown = os.path.relpath(c.out) if Path(c.out).resolve().is_relative_to(Path.cwd()) else str(c.out)
+    return [f"# Ablation report: {name}", "",
+            f"Scheduled vs fixed mixture, {len(c.seeds)} seed(s) ({', '.join(map(str, c.seeds))}), "
+            f"from the logs in `{shown}` (`python ablations/report.py {shown}`).", ""]
+
+
+def flags_section(c: Comparison) -> list[str]:
+    """The failed checks, at the top; nothing when every check passed."""
+    if not c.flags:
+        return []
+    return ["## ⚠️ CHECKS FAILED: this is not a valid comparison", "", *(f"- **FLAG**: {f}" for f in c.flags), ""]
+
+
+def verdict_section(c: Comparison) -> list[str]:
+    """The decision, the rule, the sign convention and the rule's inputs (ablations/decision.py)."""
+    md = ["## Verdict", "",
+          f"**{c.verdict.headline}**" + (" — but see the failed checks above" if c.flags else "") + ".", "",
+          f"Rule (`{c.rule_source}`): {c.rule.describe()}.", "",
+          f"Every table and plot of this report shows the {GAIN}. SE = standard error of the mean gain "
+          "over the paired seeds.", "",
+          *rule_table(c.verdict), "",
+          *(f"- {line}" for line in c.verdict.lines)]
+    if len(c.seeds) < c.rule.min_seeds:
+        md.append(f"- {len(c.seeds)} seed(s): no estimate of the seed noise, so no decision; run "
                   "`ablations/run.py --num-seeds 3` (the default) to tell small differences from noise")
-    md.append("")
+    return md + [""]
 
-    md.append("## Setup")
-    md.append("")
-    md.append("| arm | mixture | steps | tokens | anneal + LR decay from step |")
-    md.append("|---|---|---|---|---|")
+
+def setup_section(c: Comparison) -> list[str]:
+    """Each arm's mixture and schedule."""
+    md = ["## Setup", "",
+          "| arm | mixture | steps | tokens | anneal + LR decay from step |",
+          "|---|---|---|---|---|"]
     for arm in ARMS:
-        s = schedule_of(configs[arm])
-        md.append(f"| {arm} | {mixture_text(configs[arm])} | {s.total_steps:,} | {fmt_tokens(s.total_tokens)} | "
+        s = schedule_of(c.configs[arm])
+        md.append(f"| {arm} | {mixture_text(c.configs[arm])} | {s.total_steps:,} | {fmt_tokens(s.total_tokens)} | "
                   f"{s.decay_start:,} |")
-    md.append("")
-    md.append("Everything else in the two arms' saved configs is identical (checked: model, budget, LR schedule, "
-              "data, seed per pair" + ("; see the flags above" if any("configs differ" in f for f in flags) else "")
-              + "); the held-out chunks are the same for every arm and seed.")
-    md.append("")
+    configs_differ = any("configs differ" in f for f in c.flags)
+    return md + ["",
+                 "Everything else in the two arms' saved configs is identical (checked: model, budget, LR schedule, "
+                 "data, seed per pair" + ("; see the flags above" if configs_differ else "")
+                 + "); the held-out chunks are the same for every arm and seed.", ""]
 
-    md.append("## Tokens per source (must be equal)")
-    md.append("")
-    all_ok = all(c.ok for c in checks)
-    md.append(("Equal: both arms drew the same tokens per source, up to the documents in flight at the end "
-               f"(tolerance per source: {rtol:g} of its planned tokens, or where that is less, "
-               f"{'one step of tokens' if atol is None else fmt_tokens(atol) + ' tokens'})."
-               if all_ok else "**MISMATCH — FLAGGED**: the arms did not draw the same tokens per source (see above)."))
-    md.append("")
-    for c in checks:
-        targets = {None: "not checked (no final checkpoint)", True: "equal", False: "**NOT equal**"}[c.targets_equal]
-        md.append(f"Seed {c.seed}: {c.steps[0]:,} / {c.steps[1]:,} steps. Planned tokens (each run's saved config): "
-                  f"{'equal' if c.planned_equal else '**NOT equal**'}. Mixer targets (what each arm's mixer aimed "
-                  f"for over the tokens it trained, from the final checkpoint): {targets}.")
-        md.append("")
-        md.append("| source | planned | drawn: scheduled | drawn: fixed | difference | % of plan | tolerance "
-                  "| in flight at the end (sched / fixed) | |")
-        md.append("|---|---:|---:|---:|---:|---:|---:|---:|---|")
-        for r in c.rows:
-            flight = " / ".join("–" if x is None else fmt_tokens(x) for x in r.in_flight)
-            md.append(f"| {r.source} | {fmt_tokens(r.planned)} | {fmt_tokens(r.scheduled)} | {fmt_tokens(r.fixed)} | "
-                      f"{r.delta:+,d} | {100 * r.delta / max(r.planned, 1):+.2f}% | {fmt_tokens(r.tolerance)} | "
-                      f"{flight} | {'ok' if r.ok else '**MISMATCH**'} |")
-        md.append("")
-        md.append("In flight: tokens of the documents the batch rows were in the middle of when the run stopped "
-                  "(chosen and counted by the mixer, not trained).")
-        md.append("")
-    md.append(f"![tokens drawn]({plots['tokens']})")
-    md.append("")
 
-    md.append("## Held-out loss per source at the end")
-    md.append("")
-    md.append("| metric | scheduled | fixed | gain | gain per seed |")
-    md.append("|---|---:|---:|---:|---|")
-    for m, d in diffs.items():
+def tokens_section(c: Comparison) -> list[str]:
+    """Whether the arms drew the same tokens per source, and each seed's table."""
+    tolerance = "one step of tokens" if c.atol is None else fmt_tokens(c.atol) + " tokens"
+    md = ["## Tokens per source (must be equal)", "",
+          ("Equal: both arms drew the same tokens per source, up to the documents in flight at the end "
+           f"(tolerance per source: {c.rtol:g} of its planned tokens, or where that is less, {tolerance})."
+           if all(check.ok for check in c.checks)
+           else "**MISMATCH — FLAGGED**: the arms did not draw the same tokens per source (see above)."), ""]
+    for check in c.checks:
+        md += seed_tokens_table(check)
+    return md + [f"![tokens drawn]({c.plots['tokens']})", ""]
+
+
+def seed_tokens_table(check: TokenCheck) -> list[str]:
+    """One seed's steps, plan and mixer-target checks, and tokens per source of both arms."""
+    targets = {None: "not checked (no final checkpoint)", True: "equal", False: "**NOT equal**"}[check.targets_equal]
+    md = [f"Seed {check.seed}: {check.steps[0]:,} / {check.steps[1]:,} steps. Planned tokens (each run's saved "
+          f"config): {'equal' if check.planned_equal else '**NOT equal**'}. Mixer targets (what each arm's mixer "
+          f"aimed for over the tokens it trained, from the final checkpoint): {targets}.", "",
+          "| source | planned | drawn: scheduled | drawn: fixed | difference | % of plan | tolerance "
+          "| in flight at the end (sched / fixed) | |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in check.rows:
+        flight = " / ".join("–" if x is None else fmt_tokens(x) for x in r.in_flight)
+        md.append(f"| {r.source} | {fmt_tokens(r.planned)} | {fmt_tokens(r.scheduled)} | {fmt_tokens(r.fixed)} | "
+                  f"{r.delta:+,d} | {100 * r.delta / max(r.planned, 1):+.2f}% | {fmt_tokens(r.tolerance)} | "
+                  f"{flight} | {'ok' if r.ok else '**MISMATCH**'} |")
+    return md + ["", "In flight: tokens of the documents the batch rows were in the middle of when the run stopped "
+                 "(chosen and counted by the mixer, not trained).", ""]
+
+
+def heldout_end_section(c: Comparison) -> list[str]:
+    """Held-out loss per source at the end: both arms and the gain, mean and per seed."""
+    md = ["## Held-out loss per source at the end", "",
+          "| metric | scheduled | fixed | gain | gain per seed |",
+          "|---|---:|---:|---:|---|"]
+    for m, d in c.diffs.items():
         if m.startswith("heldout/"):
             md.append(f"| {m.split('/', 1)[1]} | {np.mean(d.scheduled):.4f} | {np.mean(d.fixed):.4f} | "
                       f"{pm(d.gain, d.std)} | {', '.join(f'{x:+.4f}' for x in d.gains)} |")
-    md.append("")
-    md.append("Nats per token on the held-out chunks; gain = fixed - scheduled (positive: the schedule is better)"
-              + ("; mean ± std over seeds (the rule uses the standard error, std / sqrt(seeds))."
-                 if len(seeds) > 1 else "."))
-    md.append("")
-    md.append(f"![held-out loss at the end]({plots['end']})")
-    md.append("")
-    md.append("## Held-out loss along the run")
-    md.append("")
-    md.append(f"![held-out loss along the run]({plots['along']})")
-    md.append("")
-    md.append(f"The dotted line is the start of the anneal and the LR decay (step {schedule.decay_start:,}).")
-    md.append("")
-    along = along_run_table(runs, seeds, schedule.decay_start)
-    if along:
-        md += along
-        md.append("")
+    return md + ["",
+                 "Nats per token on the held-out chunks; gain = fixed - scheduled (positive: the schedule is better)"
+                 + ("; mean ± std over seeds (the rule uses the standard error, std / sqrt(seeds))."
+                    if len(c.seeds) > 1 else "."), "",
+                 f"![held-out loss at the end]({c.plots['end']})", ""]
 
-    others = [ev for ev in suite if ev.name != "heldout"]
-    md.append("## Downstream suite")
-    md.append("")
-    md.append("Evaluations: " + ", ".join(f"`{ev.name}` ({ev.description})" for ev in suite)
-              + ". Add one with `ablations/evals.py`'s `@register` (see ablations/README.md).")
-    md.append("")
-    if others:
-        md.append("| metric | scheduled | fixed | gain | better |")
-        md.append("|---|---:|---:|---:|---|")
-        for m, d in diffs.items():
+
+def along_run_section(c: Comparison) -> list[str]:
+    """The along-the-run plot and the gain at each evaluation."""
+    md = ["## Held-out loss along the run", "",
+          f"![held-out loss along the run]({c.plots['along']})", "",
+          f"The dotted line is the start of the anneal and the LR decay (step {c.schedule.decay_start:,}).", ""]
+    along = along_run_table(c.runs, c.seeds, c.schedule.decay_start)
+    return md + (along + [""] if along else [])
+
+
+def downstream_section(c: Comparison) -> list[str]:
+    """The evaluations of the suite other than the held-out loss, and the run directories."""
+    md = ["## Downstream suite", "",
+          "Evaluations: " + ", ".join(f"`{ev.name}` ({ev.description})" for ev in c.suite)
+          + ". Add one with `ablations/evals.py`'s `@register` (see ablations/README.md).", ""]
+    if any(ev.name != "heldout" for ev in c.suite):
+        md += ["| metric | scheduled | fixed | gain | better |",
+               "|---|---:|---:|---:|---|"]
+        for m, d in c.diffs.items():
             if not m.startswith("heldout/"):
                 md.append(f"| {m} | {np.mean(d.scheduled):.4f} | {np.mean(d.fixed):.4f} | {pm(d.gain, d.std)} | "
                           f"{'higher' if d.higher_is_better else 'lower'} |")
         md.append("")
-    md.append("Run directories: " + ", ".join(f"`{runs[a][s].name}`" for s in seeds for a in ARMS) + ".")
-    md.append("")
-    return "\n".join(md)
+    return md + ["Run directories: " + ", ".join(f"`{c.runs[a][s].name}`" for s in c.seeds for a in ARMS) + ".", ""]
 
 
 def along_run_table(runs, seeds, decay_start: int) -> list[str]:
@@ -425,44 +451,41 @@ def along_run_table(runs, seeds, decay_start: int) -> list[str]:
 
 
 # -- plots ---------------------------------------------------------------------------------------
+ARM_COLORS = {"scheduled": "C0", "fixed": "C1"}
+
+
 def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: Verdict) -> dict[str, str]:
+    """The report's three figures, written next to it; their file names by role."""
+    along = _save(along_run_figure(runs, seeds, decay_start), out / "heldout_along_run.png")
+    end = _save(end_figure(diffs, rule, verdict, len(seeds)), out / "heldout_end.png")
+    tokens = _save(tokens_figure(runs, seeds, decay_start), out / "tokens_drawn.png")
+    return {"along": along, "end": end, "tokens": tokens}
+
+
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"scheduled": "C0", "fixed": "C1"}
+    return plt
+
+
+def along_run_figure(runs, seeds, decay_start: int):
+    """heldout_along_run.png: per source and overall, the loss of both arms (top) and the gain (bottom)."""
+    plt = _pyplot()
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
     keys = sorted({k for r in rows["scheduled"][0] for k in r if k.startswith("val/loss/")}) + ["val/loss"]
-    names = [k.split("/")[-1] if k != "val/loss" else "all" for k in keys]
-
-    # 1. along the run: loss per source for both arms (top), their difference (bottom)
     fig, axes = plt.subplots(2, len(keys), figsize=(3.2 * len(keys), 6.2), sharex=True, squeeze=False)
-    for j, (key, name) in enumerate(zip(keys, names)):
+    for j, key in enumerate(keys):
         ax, dx = axes[0, j], axes[1, j]
-        for arm in ARMS:
-            for i in range(len(seeds)):
-                pts = series(rows[arm][i], key)
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors[arm], marker=".",
-                        lw=1.2 if len(seeds) == 1 else 0.7, label=arm if i == 0 else None)
-        pts = [p for arm in ARMS for r in rows[arm] for p in series(r, key)]
-        last = max((st for st, _ in pts), default=0)
-        late = [v for st, v in pts if st >= 0.3 * last and st > 0]
-        if late:  # zoom on the last 70% of the run: the early losses (~11.5 at step 0) flatten the rest
-            lo, hi = min(late), max(late)
-            ax.set_ylim(lo - 0.08 * (hi - lo + 1e-3), hi + 0.08 * (hi - lo + 1e-3))
-        steps, mean, std, per_seed = _gain_series(rows, key, len(seeds))
-        dx.axhline(0, color="k", lw=0.6)
-        if steps:
-            if len(seeds) > 1:  # each seed's difference, thin, and the spread (mean ± std) around the mean
-                for ys in per_seed:
-                    dx.plot(steps, ys, color="C2", lw=0.6, alpha=0.6, marker=".", ms=2)
-                dx.fill_between(steps, mean - std, mean + std, color="C2", alpha=0.2)
-            dx.plot(steps, mean, color="C2", marker=".", lw=1.6)
+        _plot_losses(ax, rows, key, len(seeds))
+        _plot_gain(dx, rows, key, len(seeds))
         for a in (ax, dx):
             a.axvline(decay_start, color="grey", ls=":", lw=1)
             a.grid(alpha=0.3)
-        ax.set_title(name)
+        ax.set_title(key.split("/")[-1] if key != "val/loss" else "all")
         dx.set_xlabel("step")
     axes[0, 0].set_ylabel("held-out loss (nats/token)")
     axes[1, 0].set_ylabel("gain: fixed - scheduled\n(nats/token; > 0: schedule better)")
@@ -470,12 +493,43 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
     fig.suptitle("held-out loss along the run (dotted: anneal + LR decay start)"
                  + ("; bottom: each seed thin, mean thick, band ± std over seeds" if len(seeds) > 1 else ""))
     fig.tight_layout()
-    along = _save(fig, out / "heldout_along_run.png")
+    return fig
 
-    # 2. at the end: the gain per metric, one panel per evaluation (losses and accuracies never share an axis)
-    end = _save(end_figure(diffs, rule, verdict, len(seeds)), out / "heldout_end.png")
 
-    # 3. cumulative tokens per source (first seed): the schedule catches up in the anneal
+def _plot_losses(ax, rows, key: str, n_seeds: int) -> None:
+    """Each run's loss ``key``, zoomed on the last 70% of the run (the early losses, ~11.5 at step 0,
+    would flatten the rest)."""
+    for arm in ARMS:
+        for i in range(n_seeds):
+            pts = series(rows[arm][i], key)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=ARM_COLORS[arm], marker=".",
+                    lw=1.2 if n_seeds == 1 else 0.7, label=arm if i == 0 else None)
+    pts = [p for arm in ARMS for r in rows[arm] for p in series(r, key)]
+    last = max((st for st, _ in pts), default=0)
+    late = [v for st, v in pts if st >= 0.3 * last and st > 0]
+    if late:
+        lo, hi = min(late), max(late)
+        ax.set_ylim(lo - 0.08 * (hi - lo + 1e-3), hi + 0.08 * (hi - lo + 1e-3))
+
+
+def _plot_gain(dx, rows, key: str, n_seeds: int) -> None:
+    """The gain in loss ``key`` along the run: the mean, and with 2+ seeds each seed thin and the spread
+    (mean ± std)."""
+    steps, mean, std, per_seed = _gain_series(rows, key, n_seeds)
+    dx.axhline(0, color="k", lw=0.6)
+    if not steps:
+        return
+    if n_seeds > 1:
+        for ys in per_seed:
+            dx.plot(steps, ys, color="C2", lw=0.6, alpha=0.6, marker=".", ms=2)
+        dx.fill_between(steps, mean - std, mean + std, color="C2", alpha=0.2)
+    dx.plot(steps, mean, color="C2", marker=".", lw=1.6)
+
+
+def tokens_figure(runs, seeds, decay_start: int):
+    """tokens_drawn.png: cumulative tokens per source of both arms, first seed (the schedule catches up in
+    the anneal)."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for arm, ls in (("scheduled", "-"), ("fixed", "--")):
         cum = _cumulative_tokens(runs[arm][seeds[0]])
@@ -488,8 +542,7 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tokens = _save(fig, out / "tokens_drawn.png")
-    return {"along": along, "end": end, "tokens": tokens}
+    return fig
 
 
 EVALUATION_UNITS = {"heldout": "held-out loss gain (nats/token)", "local": "cloze accuracy gain",
@@ -565,6 +618,24 @@ def _save(fig, path: Path) -> str:
 # -- command line --------------------------------------------------------------------------------
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    rule = rule_from_args(args)
+    suite = suite_from_args(args)
+    md, ok = build_report(args.out, rule, suite, args.token_rtol, args.token_atol, rule_source=rule_source(args))
+    path = args.out / "report.md"
+    write_text(path, md)
+    print(md.split("## Setup")[0].rstrip())
+    print(f"\nreport: {path}")
+    if not ok:
+        print("CHECKS FAILED: see the flags at the top of the report", file=sys.stderr)
+    return 0 if ok else 1
+
+
+RULE_FLAGS = ("improve", "guard", "min_improvement", "max_regression", "k_se")
+"""The flags that override a field of the decision rule (``--min-improvement`` sets ``min_improvement``)."""
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="the ablation folder: <arm>-seed<S>/ run directories")
     p.add_argument("--decision-rule", type=Path, default=DEFAULT_RULE,
@@ -583,48 +654,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-atol", type=float, default=None,
                    help="the tolerance in tokens where the share gives less (default: one step, global batch x "
                         "final seq len)")
-    args = p.parse_args(argv)
+    return p
 
+
+def rule_from_args(args: argparse.Namespace) -> DecisionRule:
+    """The ``--decision-rule`` file with the fields the flags override (lists are comma-separated)."""
     rule = DecisionRule.load(args.decision_rule)
-    if args.improve is not None:
-        rule.improve = [m for m in args.improve.split(",") if m]
-    if args.guard is not None:
-        rule.guard = [m for m in args.guard.split(",") if m]
-    if args.min_improvement is not None:
-        rule.min_improvement = args.min_improvement
-    if args.max_regression is not None:
-        rule.max_regression = args.max_regression
-    if args.k_se is not None:
-        rule.k_se = args.k_se
+    for name in RULE_FLAGS:
+        value = getattr(args, name)
+        if value is not None:
+            setattr(rule, name, [m for m in value.split(",") if m] if name in ("improve", "guard") else value)
+    return rule
+
+
+def suite_from_args(args: argparse.Namespace) -> list[Evaluation]:
+    """The evaluations of ``--suite`` (after importing the ``--plugin`` modules), checked before any run is
+    exported or evaluated."""
     for module in args.plugin:
         importlib.import_module(module)
-    if args.suite is None:
-        args.suite = default_suite(args.out)
-    names = [n for n in args.suite.split(",") if n]
+    names = [n for n in (args.suite if args.suite is not None else default_suite(args.out)).split(",") if n]
     unknown = [n for n in names if n not in EVALUATIONS]
     if unknown:
         raise ConfigError(f"--suite: unknown evaluation(s) {unknown}; registered: {sorted(EVALUATIONS)}")
     harness = [n for n in names if n in ("lm_eval", "local")]
-    if harness:  # checked before any run is exported or evaluated
+    if harness:
         from train.evaluate import INSTALL_HINT, lm_eval_available
 
         if not lm_eval_available():
             raise ConfigError(f"--suite {','.join(harness)} needs lm-evaluation-harness, which is not "
                               f"installed: {INSTALL_HINT}")
-    overridden = [f for f in ("improve", "guard", "min_improvement", "max_regression", "k_se")
-                  if getattr(args, f) is not None]
+    return [EVALUATIONS[n] for n in names]
+
+
+def rule_source(args: argparse.Namespace) -> str:
+    """Where the rule came from, as the report states it: its file and the flags that override it."""
     source = os.path.relpath(args.decision_rule, ROOT) if args.decision_rule.resolve().is_relative_to(ROOT) \
         else str(args.decision_rule)
-    source += "".join(f", --{f.replace('_', '-')}" for f in overridden)
-    md, ok = build_report(args.out, rule, [EVALUATIONS[n] for n in names], args.token_rtol, args.token_atol,
-                          rule_source=source)
-    path = args.out / "report.md"
-    write_text(path, md)
-    print(md.split("## Setup")[0].rstrip())
-    print(f"\nreport: {path}")
-    if not ok:
-        print("CHECKS FAILED: see the flags at the top of the report", file=sys.stderr)
-    return 0 if ok else 1
+    overridden = [f for f in RULE_FLAGS if getattr(args, f) is not None]
+    return source + "".join(f", --{f.replace('_', '-')}" for f in overridden)
 
 
 if __name__ == "__main__":

@@ -162,6 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--task-args"]:  # called by ablations/ablation.sbatch in each array task
         return print_task_args(Path(argv[1]), int(argv[2]))
     own, extra = split_extra(argv)
+    args = parser().parse_args(own)
+    out, name, jobs = jobs_from_args(args, extra)
+    if args.slurm:
+        return submit_array(jobs, out, name, args)
+    failed = run_here(jobs, args.dry_run)
+    if failed or args.dry_run or args.no_report:
+        return failed
+    from ablations.report import main as report_main
+
+    return report_main([str(ROOT / out), *shlex.split(args.report_args)])
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pair", required=True, choices=sorted(PAIRS))
     p.add_argument("--seeds", type=int, nargs="+", default=None,
@@ -177,8 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-report", action="store_true", help="do not write OUT/report.md after the runs")
     p.add_argument("--report-args", default="",
                    help='flags for ablations/report.py, given with "=": --report-args="--token-rtol 0.05"')
-    args = p.parse_args(own)
+    return p
 
+
+def jobs_from_args(args: argparse.Namespace, extra: list[str]) -> tuple[Path, str, list[Job]]:
+    """The ablation folder (relative to the repository root), its name and its jobs; the seeds and the
+    overrides after ``--`` are checked before anything runs."""
     pair = PAIRS[args.pair]
     out = repo_relative(args.out or ROOT / "runs" / f"ablation-{args.pair}")
     name = args.name or out.name
@@ -187,25 +204,32 @@ def main(argv: list[str] | None = None) -> int:
         resolve_arms(pair, extra)  # the overrides checked before anything runs
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds repeats a seed: {seeds}")
-    jobs = plan_jobs(pair, seeds, out, name, extra)
+    return out, name, plan_jobs(pair, seeds, out, name, extra)
 
-    if args.slurm:
-        jobs_file = out / "jobs.json"
-        cmd = sbatch_command(jobs_file, len(jobs), name, shlex.split(args.sbatch_args))
-        if not args.dry_run:
-            (ROOT / out).mkdir(parents=True, exist_ok=True)
-            (ROOT / "logs").mkdir(exist_ok=True)  # the sbatch --output folder; SLURM does not create it
-            (ROOT / jobs_file).write_text(json.dumps([asdict(j) for j in jobs], indent=1))
-        print(shlex.join(cmd))
-        for i, job in enumerate(jobs):
-            print(f"  task {i}: {shlex.join(['python', '-m', 'train', 'fit', *job.args])}")
-        if args.dry_run:
-            return 0
-        proc = subprocess.run(cmd, cwd=ROOT)
-        if proc.returncode == 0:
-            print(f"when the array has finished: python ablations/report.py {out}")
-        return proc.returncode
 
+def submit_array(jobs: list[Job], out: Path, name: str, args: argparse.Namespace) -> int:
+    """Writes ``OUT/jobs.json`` and submits the SLURM array (with ``--dry-run``: prints the commands only);
+    sbatch's exit status."""
+    jobs_file = out / "jobs.json"
+    cmd = sbatch_command(jobs_file, len(jobs), name, shlex.split(args.sbatch_args))
+    if not args.dry_run:
+        (ROOT / out).mkdir(parents=True, exist_ok=True)
+        (ROOT / "logs").mkdir(exist_ok=True)  # the sbatch --output folder; SLURM does not create it
+        (ROOT / jobs_file).write_text(json.dumps([asdict(j) for j in jobs], indent=1))
+    print(shlex.join(cmd))
+    for i, job in enumerate(jobs):
+        print(f"  task {i}: {shlex.join(['python', '-m', 'train', 'fit', *job.args])}")
+    if args.dry_run:
+        return 0
+    proc = subprocess.run(cmd, cwd=ROOT)
+    if proc.returncode == 0:
+        print(f"when the array has finished: python ablations/report.py {out}")
+    return proc.returncode
+
+
+def run_here(jobs: list[Job], dry_run: bool) -> int:
+    """Runs the unfinished jobs one after another (with ``dry_run``: prints their commands); the exit
+    status of the first that fails, else 0."""
     for job in jobs:
         todo = task_args(job)
         label = f"[{job.arm} seed {job.seed}]"
@@ -214,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cmd = [sys.executable, "-m", "train", "fit", *todo]
         print(f"{label} {shlex.join(cmd)}", flush=True)
-        if args.dry_run:
+        if dry_run:
             continue
         proc = subprocess.run(cmd, cwd=ROOT)
         if proc.returncode != 0:
@@ -222,11 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return proc.returncode
         prune_finished_run(ROOT / job.run_dir)  # the report reads last.ckpt and the logs only
-    if args.dry_run or args.no_report:
-        return 0
-    from ablations.report import main as report_main
-
-    return report_main([str(ROOT / out), *shlex.split(args.report_args)])
+    return 0
 
 
 def print_task_args(jobs_file: Path, index: int) -> int:
