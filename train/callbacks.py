@@ -129,11 +129,11 @@ class ThroughputCallback(L.Callback):
     """Per-interval throughput: global tokens/s, TFLOP/s and MFU per device, every ``log_every_n_steps``.
 
     Lightning's :class:`Throughput` is fed the way its docstring asks: ``time``, ``batches`` and
-    ``samples`` cumulative and strictly increasing, ``flops`` *since the previous update* (the old
-    code passed cumulative FLOPs, so MFU grew with the step). Its window is 2 updates, so each figure
+    ``samples`` cumulative and strictly increasing, ``flops`` *since the previous update* (cumulative
+    FLOPs would make MFU grow with the step). Its window is 2 updates, so each figure
     covers exactly the last interval. Updates happen only when an optimizer step completed
     (``trainer.global_step`` advanced): under gradient accumulation the micro-batches in between add
-    their tokens and FLOPs but are not an update (feeding the unchanged step crashed, issue 15).
+    their tokens and FLOPs but are not an update (the monitor refuses a step that did not advance).
     The first completed step after (re)start is the baseline, so no interval contains compilation,
     DataLoader start-up or the time a resumed job spent before its first step.
 
