@@ -85,31 +85,38 @@ def build_mapping(cfg: DataConfig, files_per_source: dict[str, list[str]],
     for name, files in files_per_source.items():
         for path in files:
             readers.setdefault(path, []).append(name)
-    sources, doubled = [], {}
-    for name, files in files_per_source.items():
-        filt = cfg.sources[name].filter
-        files = [p for p in files if filt is None or (p, filt.column) in values_of]
-        sm = SourceMapping(name, filt.column if filt else None, len(files))
-        if filt is not None:
-            sm.patterns = [PatternMatch(p, p not in filt.values) for p in filt.patterns]
-            for path in files:
-                for value, (rows, tokens) in values_of[(path, filt.column)].items():
-                    hit = next((pm for pm in sm.patterns if value is not None
-                                and fnmatch.fnmatchcase(value, pm.pattern)), None)
-                    if hit is None:
-                        continue
-                    _add(hit.values, value, rows, tokens)
-                    sm.rows, sm.tokens = sm.rows + rows, sm.tokens + tokens
-                    others = [o for o in readers[path] if o != name and _claims(cfg.sources[o].filter,
-                                                                                 filt.column, value)]
-                    if others:
-                        doubled.setdefault((filt.column, value), set()).update([name, *others])
-        sources.append(sm)
+    doubled: dict[tuple[str, str], set[str]] = {}  # (column, value) -> sources claiming it in one file
+    sources = [_map_source(cfg, name, files, values_of, readers, doubled)
+               for name, files in files_per_source.items()]
     filtered = {src.filter.column for src in cfg.sources.values() if src.filter is not None}
     unclaimed, totals = _unclaimed(cfg, readers, {k: v for k, v in values_of.items() if k[1] in filtered})
     report = MappingReport(sources, unclaimed, totals)
     _judge(report, cfg, doubled)
     return report
+
+
+def _map_source(cfg: DataConfig, name: str, files: list[str], values_of: dict[tuple[str, str], ValueCounts],
+                readers: dict[str, list[str]], doubled: dict[tuple[str, str], set[str]]) -> SourceMapping:
+    """One source's patterns with the values each takes first; values another source reading the same
+    file also claims are added to `doubled`."""
+    filt = cfg.sources[name].filter
+    files = [p for p in files if filt is None or (p, filt.column) in values_of]
+    sm = SourceMapping(name, filt.column if filt else None, len(files))
+    if filt is None:
+        return sm
+    sm.patterns = [PatternMatch(p, p not in filt.values) for p in filt.patterns]
+    for path in files:
+        for value, (rows, tokens) in values_of[(path, filt.column)].items():
+            hit = next((pm for pm in sm.patterns if value is not None
+                        and fnmatch.fnmatchcase(value, pm.pattern)), None)
+            if hit is None:
+                continue
+            _add(hit.values, value, rows, tokens)
+            sm.rows, sm.tokens = sm.rows + rows, sm.tokens + tokens
+            others = [o for o in readers[path] if o != name and _claims(cfg.sources[o].filter, filt.column, value)]
+            if others:
+                doubled.setdefault((filt.column, value), set()).update([name, *others])
+    return sm
 
 
 def _unclaimed(cfg: DataConfig, readers: dict[str, list[str]], values_of: dict[tuple[str, str], ValueCounts]):

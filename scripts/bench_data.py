@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -757,8 +758,29 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, corpus: Path) -> int:
+    """Print the header, then the report of each part of ``--part`` in the order a-f, then the total time."""
     texts, lengths = read_corpus(corpus)
     n_docs, n_tokens = len(texts), int(sum(int(v.sum()) - len(v) for v in lengths.values()))
+    sizes = bench_sizes(args, n_docs, n_tokens)
+    print(f"wellmixed data benchmark: corpus {corpus} ({n_docs:,} docs, {human(n_tokens)} tokens); "
+          f"python {platform.python_version()}, {os.cpu_count()} CPUs{'; --quick' if args.quick else ''}")
+    t_start = time.perf_counter()
+    for part, bench in PARTS.items():
+        if part in args.part:
+            print("\n".join(bench(args, corpus, texts, lengths, sizes)), flush=True)
+    print(f"done in {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+class Sizes(NamedTuple):
+    buffer_size: int
+    threads: list[int]  # tokenizer thread counts of part (a)
+    rounds: int  # alternating rounds of part (a)
+    batches: int  # batches per round of part (a)
+
+
+def bench_sizes(args, n_docs: int, n_tokens: int) -> Sizes:
+    """The flags' sizes, else defaults for the corpus (small ones with ``--quick``)."""
     buffer_size = args.buffer_size or (DEFAULT_BUFFER if n_docs >= DEFAULT_BUFFER else DEMO_BUFFER)
     if args.quick:
         buffer_size = args.buffer_size or 64
@@ -766,40 +788,48 @@ def run(args, corpus: Path) -> int:
     rounds = args.rounds or (1 if args.quick else 5)
     per_batch = 8 * 2048
     batches = 4 if args.quick else -(-n_tokens // per_batch)  # about one pass over the corpus per round
-    print(f"wellmixed data benchmark: corpus {corpus} ({n_docs:,} docs, {human(n_tokens)} tokens); "
-          f"python {platform.python_version()}, {os.cpu_count()} CPUs{'; --quick' if args.quick else ''}")
-    t_start = time.perf_counter()
-    if "a" in args.part:
-        lines, _ = bench_throughput(corpus, texts, threads, buffer_size, rounds, batches,
-                                    do_rss=True, do_breakdown=not args.quick)
-        if args.profile:
-            lines += profile_path(corpus, threads[0], buffer_size, batches)
-        print("\n".join(lines), flush=True)
-    if "b" in args.part:
-        lines, _ = bench_mixing(corpus, lengths, buffer_size, batches=4 if args.quick else 48,
-                                iid_batches=50 if args.quick else 2000)
-        print("\n".join(lines), flush=True)
-    if "c" in args.part:
-        lines, _ = bench_phases(corpus, [0.1] if args.quick else [1, 10])
-        print("\n".join(lines), flush=True)
-    if "d" in args.part:
-        lines, _ = bench_resume(corpus, buffer_size, (10, 300) if args.quick else (10, 10_000),
-                                repeats=3 if args.quick else 5)
-        print("\n".join(lines), flush=True)
-    if "e" in args.part:
-        with tempfile.TemporaryDirectory(prefix="wellmixed-long-") as tmp:
-            lines, _ = bench_long_docs(corpus, Path(tmp), steps=40 if args.quick else 400,
-                                       seeds=[1] if args.quick else [1, 2, 3], phases=not args.quick)
-        print("\n".join(lines), flush=True)
-    if "f" in args.part:
-        with tempfile.TemporaryDirectory(prefix="wellmixed-scale-") as tmp:
-            lines, _ = bench_scale(Path(tmp), args.scale_corpus, args.before, corpus,
-                                   rows=1000 if args.quick else args.scale_rows,
-                                   buffer_size=100 if args.quick else args.scale_buffer,
-                                   batches=3 if args.quick else 300, small_pages=args.scale_small_pages)
-        print("\n".join(lines), flush=True)
-    print(f"done in {time.perf_counter() - t_start:.0f} s")
-    return 0
+    return Sizes(buffer_size, threads, rounds, batches)
+
+
+def part_throughput(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
+    lines, _ = bench_throughput(corpus, texts, sizes.threads, sizes.buffer_size, sizes.rounds, sizes.batches,
+                                do_rss=True, do_breakdown=not args.quick)
+    if args.profile:
+        lines += profile_path(corpus, sizes.threads[0], sizes.buffer_size, sizes.batches)
+    return lines
+
+
+def part_mixing(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
+    return bench_mixing(corpus, lengths, sizes.buffer_size, batches=4 if args.quick else 48,
+                        iid_batches=50 if args.quick else 2000)[0]
+
+
+def part_phases(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
+    return bench_phases(corpus, [0.1] if args.quick else [1, 10])[0]
+
+
+def part_resume(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
+    return bench_resume(corpus, sizes.buffer_size, (10, 300) if args.quick else (10, 10_000),
+                        repeats=3 if args.quick else 5)[0]
+
+
+def part_long_docs(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="wellmixed-long-") as tmp:
+        return bench_long_docs(corpus, Path(tmp), steps=40 if args.quick else 400,
+                               seeds=[1] if args.quick else [1, 2, 3], phases=not args.quick)[0]
+
+
+def part_scale(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="wellmixed-scale-") as tmp:
+        return bench_scale(Path(tmp), args.scale_corpus, args.before, corpus,
+                           rows=1000 if args.quick else args.scale_rows,
+                           buffer_size=100 if args.quick else args.scale_buffer,
+                           batches=3 if args.quick else 300, small_pages=args.scale_small_pages)[0]
+
+
+PARTS = {"a": part_throughput, "b": part_mixing, "c": part_phases, "d": part_resume, "e": part_long_docs,
+         "f": part_scale}
+"""``--part`` letter -> the part's report lines, run in this order."""
 
 
 if __name__ == "__main__":

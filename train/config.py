@@ -214,28 +214,44 @@ class WellMixedParser(LightningArgumentParser):
 def short_error(message: str, parser: WellMixedParser) -> str:
     """The parser's message in a few lines: a refused Trainer key names its replacement; an unknown flag
     gets the closest known ones."""
-    for key, instead in {**{f"trainer.{k}": v for k, v in SET_BY_CLI.items()}, **HIDDEN}.items():
-        if f"--{key}" in message or f'"{key}"' in message or f"'{key}'" in message:
-            return f"--{key} is set by this CLI, not given: {instead}"
+    refused = _refused_key(message)
+    if refused:
+        return refused
     missing = re.search(r'Parser key "([\w.]+)": File does not exist: \'?([^\'\n]+)', message)
     if missing:
         return f"--{missing.group(1)} {missing.group(2)}: file not found"
     if "unrecognized arguments" not in message and "NestedArg" not in message:
         lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
         return re.sub(r'^Parser key "([\w.]+)":?\s*', r"--\1: ", " ".join(lines[:4]))
+    unrecognized = _unknown_flag(message, parser)
+    if unrecognized:
+        return unrecognized
+    lines = [ln for ln in message.splitlines() if ln.strip()]
+    return "\n".join(lines[:6])
+
+
+def _refused_key(message: str) -> str | None:
+    """A key this CLI sets itself, if the message names one: what to use instead."""
+    for key, instead in {**{f"trainer.{k}": v for k, v in SET_BY_CLI.items()}, **HIDDEN}.items():
+        if f"--{key}" in message or f'"{key}"' in message or f"'{key}'" in message:
+            return f"--{key} is set by this CLI, not given: {instead}"
+    return None
+
+
+def _unknown_flag(message: str, parser: WellMixedParser) -> str | None:
+    """The first flag of the command line the parser does not know, with up to three close known ones."""
     words = [w for w in parser._argv if w.startswith("--")]
     known = parser.known_keys()
     unknown = [w.split("=")[0] for w in words if w.split("=")[0] not in known and w.split("=")[0] != "--help"]
-    if unknown:
-        flag = unknown[0]
-        close = [k for k in known if k.startswith(flag) and k != flag][:3] or \
-            difflib.get_close_matches(flag, known, n=3, cutoff=0.75)
-        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-        first = message.splitlines()[0] if message else ""
-        said = first if first.startswith("unrecognized arguments:") else f"unrecognized option {flag}"
-        return f"{said}{hint}"
-    lines = [ln for ln in message.splitlines() if ln.strip()]
-    return "\n".join(lines[:6])
+    if not unknown:
+        return None
+    flag = unknown[0]
+    close = [k for k in known if k.startswith(flag) and k != flag][:3] or \
+        difflib.get_close_matches(flag, known, n=3, cutoff=0.75)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    first = message.splitlines()[0] if message else ""
+    said = first if first.startswith("unrecognized arguments:") else f"unrecognized option {flag}"
+    return f"{said}{hint}"
 
 
 class ConfigCLI(LightningCLI):

@@ -342,62 +342,84 @@ def build_demo_corpus(out_dir: str | Path, force: bool = False) -> dict:
     manifest_path = out_dir / MANIFEST
     # The stdlib differs between Python versions, so the corpus does too.
     identity = {"corpus_version": CORPUS_VERSION, "python": platform.python_version()}
-    if manifest_path.is_file() and not force:
-        manifest = json.loads(manifest_path.read_text())
-        if all(manifest.get(k) == v for k, v in identity.items()) and _is_complete(out_dir, manifest):
-            return {**manifest, "reused": True}
+    existing = None if force else _existing_manifest(out_dir, identity)
+    if existing is not None:
+        return {**existing, "reused": True}
     out_dir.mkdir(parents=True, exist_ok=True)
     # No manifest while shards are being replaced: an interrupted build must not look complete.
     manifest_path.unlink(missing_ok=True)
 
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    modules = _read_modules(stdlib)
-    prose = _counted(_capped(_web_and_curated_docs(modules) + _books_docs(stdlib)))
-    code = _counted(_capped(_code_docs(modules, sum(d.tokens for d in prose), random.Random(SEED))))
-
     sources = {c: {"rows": 0, "tokens": 0, "shards": []} for c in SOURCES}
     digest = hashlib.sha256()
-    for stem, rows in _shards(prose + code):
-        category = rows[0].category
-        table = pa.table(
-            {
-                "source": [d.sub_source for d in rows],
-                "date": [_date(d.key) for d in rows],
-                "text": [d.text for d in rows],
-                "token_count": [d.tokens for d in rows],
-                "category": [d.category for d in rows],
-            },
-            schema=SCHEMA,
-        )
-        row_group_size = math.ceil(len(rows) / ROW_GROUPS_PER_SHARD)
-        path = out_dir / category / f"{stem}.parquet"
-        path.parent.mkdir(exist_ok=True)
-        with atomic_path(path) as tmp:
-            pq.write_table(table, tmp, row_group_size=row_group_size)
-
-        shard = {
-            "name": stem,
-            "source": rows[0].sub_source,
-            "rows": len(rows),
-            "row_groups": math.ceil(len(rows) / row_group_size),
-            "tokens": sum(d.tokens for d in rows),
-        }
-        sources[category]["shards"].append(shard)
-        sources[category]["rows"] += shard["rows"]
-        sources[category]["tokens"] += shard["tokens"]
+    for stem, rows in _shards(_documents()):
+        shard = _write_shard(out_dir, stem, rows)
+        summary = sources[rows[0].category]
+        summary["shards"].append(shard)
+        summary["rows"] += shard["rows"]
+        summary["tokens"] += shard["tokens"]
         digest.update(stem.encode() + b"\0" + "\0".join(d.text for d in rows).encode() + b"\0")
-
-    # Shards left over from an older build would otherwise be picked up by anything globbing the dir.
-    keep = {f"{s['name']}.parquet" for summary in sources.values() for s in summary["shards"]}
-    for category in SOURCES:
-        for stale in sorted((out_dir / category).glob("*.parquet")):
-            if stale.name not in keep:
-                stale.unlink()
+    _remove_stale_shards(out_dir, sources)
 
     manifest = {**identity, "content_hash": digest.hexdigest(), "sources": sources}
     with atomic_path(manifest_path) as tmp:
         Path(tmp).write_text(json.dumps(manifest, indent=1) + "\n")
     return {**manifest, "reused": False}
+
+
+def _existing_manifest(out_dir: Path, identity: dict) -> dict | None:
+    """The manifest under `out_dir` if it is of this identity and all its shards are there."""
+    manifest_path = out_dir / MANIFEST
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    if all(manifest.get(k) == v for k, v in identity.items()) and _is_complete(out_dir, manifest):
+        return manifest
+    return None
+
+
+def _documents() -> list[Doc]:
+    """Every document of the corpus, prose first, cut to size and with token counts."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    modules = _read_modules(stdlib)
+    prose = _counted(_capped(_web_and_curated_docs(modules) + _books_docs(stdlib)))
+    code = _counted(_capped(_code_docs(modules, sum(d.tokens for d in prose), random.Random(SEED))))
+    return prose + code
+
+
+def _write_shard(out_dir: Path, stem: str, rows: list[Doc]) -> dict:
+    """Write one shard's parquet file (atomically) and return its manifest entry."""
+    category = rows[0].category
+    table = pa.table(
+        {
+            "source": [d.sub_source for d in rows],
+            "date": [_date(d.key) for d in rows],
+            "text": [d.text for d in rows],
+            "token_count": [d.tokens for d in rows],
+            "category": [d.category for d in rows],
+        },
+        schema=SCHEMA,
+    )
+    row_group_size = math.ceil(len(rows) / ROW_GROUPS_PER_SHARD)
+    path = out_dir / category / f"{stem}.parquet"
+    path.parent.mkdir(exist_ok=True)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, row_group_size=row_group_size)
+    return {
+        "name": stem,
+        "source": rows[0].sub_source,
+        "rows": len(rows),
+        "row_groups": math.ceil(len(rows) / row_group_size),
+        "tokens": sum(d.tokens for d in rows),
+    }
+
+
+def _remove_stale_shards(out_dir: Path, sources: dict) -> None:
+    """Delete shards of an older build, which anything globbing the directory would pick up."""
+    keep = {f"{s['name']}.parquet" for summary in sources.values() for s in summary["shards"]}
+    for category in SOURCES:
+        for stale in sorted((out_dir / category).glob("*.parquet")):
+            if stale.name not in keep:
+                stale.unlink()
 
 
 def format_summary(manifest: dict) -> str:

@@ -99,47 +99,82 @@ def filters_of(config_sources: dict) -> dict[str, dict | None]:
 
 
 def format_report(summary: CorpusSummary, filters: dict[str, dict | None] | None = None) -> str:
+    """The corpus totals and a table of values per column; with `filters`, also the mixture source(s)
+    each value goes to, the tokens per mixture source, and the values no filter or several take."""
     lines = [f"{summary.files} files, {summary.rows:,} rows, {summary.tokens:,} tokens (token_count)"]
-    filtered_columns = {f["column"] for f in (filters or {}).values() if f}
+    mapped = _mapped_columns(filters)
+    for column in COLUMNS:
+        lines += _value_table(summary, column, filters if column in mapped else None)
+    if filters is not None:
+        lines += _mixture_totals(summary, filters)
+        lines += _mapping_problems(summary, filters)
+    return "\n".join(lines)
+
+
+def _mapped_columns(filters: dict[str, dict | None] | None) -> set[str]:
+    """The columns some filter reads (none without `filters`)."""
+    return {f["column"] for f in (filters or {}).values() if f}
+
+
+def _by_tokens(counts: dict[str | None, ValueCount]) -> list[tuple[str | None, ValueCount]]:
+    return sorted(counts.items(), key=lambda kv: -kv[1].tokens)
+
+
+def _filtered_sources(filters: dict[str, dict | None], column: str, value: str | None) -> list[str]:
+    """The mixture sources whose filter takes `value` (sources without a filter left out)."""
+    return [s for s in mixture_sources(filters, column, value) if "(all rows)" not in s]
+
+
+def _value_table(summary: CorpusSummary, column: str, filters: dict[str, dict | None] | None) -> list[str]:
+    """Rows, tokens and share per value of `column`, with the mixture sources taking it when `filters`."""
+    counts = summary.values[column]
+    if not counts:
+        return [f"\n{column}: (column absent)"]
+    head = f"  {'value':<40} {'rows':>12} {'tokens':>16} {'share':>7}"
+    lines = [f"\n{column}: {len(counts)} distinct values", head + ("  mixture source" if filters is not None else "")]
+    for value, c in _by_tokens(counts):
+        share = c.tokens / summary.tokens if summary.tokens else 0.0
+        row = f"  {str(value):<40} {c.rows:>12,} {c.tokens:>16,} {share:>7.2%}"
+        if filters is not None:
+            row += "  " + (", ".join(_filtered_sources(filters, column, value)) or "-")
+        lines.append(row)
+    return lines
+
+
+def _mixture_totals(summary: CorpusSummary, filters: dict[str, dict | None]) -> list[str]:
+    """Tokens each mixture source's filter takes; a filter taking nothing is flagged."""
+    per_source: dict[str, int] = defaultdict(int)
+    for name, flt in filters.items():
+        if flt is None:
+            continue
+        for value, c in summary.values[flt["column"]].items():
+            if name in mixture_sources({name: flt}, flt["column"], value):
+                per_source[name] += c.tokens
+    lines = ["\ntokens per mixture source (from the filters):"]
+    for name, flt in filters.items():
+        got = "all rows of its files" if flt is None else f"{per_source[name]:,}"
+        lines.append(f"  {name:<12} {got}" + ("   <- MATCHES NOTHING" if flt and not per_source[name] else ""))
+    return lines
+
+
+def _mapping_problems(summary: CorpusSummary, filters: dict[str, dict | None]) -> list[str]:
+    """The values of filtered columns that no filter takes, and those several filters take."""
     unmapped: list[str] = []
     doubled: list[str] = []
-    for column in COLUMNS:
-        counts = summary.values[column]
-        if not counts:
-            lines.append(f"\n{column}: (column absent)")
-            continue
-        show_map = filters is not None and column in filtered_columns
-        lines.append(f"\n{column}: {len(counts)} distinct values")
-        head = f"  {'value':<40} {'rows':>12} {'tokens':>16} {'share':>7}"
-        lines.append(head + ("  mixture source" if show_map else ""))
-        for value, c in sorted(counts.items(), key=lambda kv: -kv[1].tokens):
-            share = c.tokens / summary.tokens if summary.tokens else 0.0
-            row = f"  {str(value):<40} {c.rows:>12,} {c.tokens:>16,} {share:>7.2%}"
-            if show_map:
-                to = [s for s in mixture_sources(filters, column, value) if "(all rows)" not in s]
-                row += "  " + (", ".join(to) if to else "-")
-                if not to:
-                    unmapped.append(f"{column}={value}")
-                elif len(to) > 1:
-                    doubled.append(f"{column}={value} -> {', '.join(to)}")
-            lines.append(row)
-    if filters is not None:
-        per_source: dict[str, int] = defaultdict(int)
-        for name, flt in filters.items():
-            if flt is None:
-                continue
-            for value, c in summary.values[flt["column"]].items():
-                if name in mixture_sources({name: flt}, flt["column"], value):
-                    per_source[name] += c.tokens
-        lines.append("\ntokens per mixture source (from the filters):")
-        for name, flt in filters.items():
-            got = "all rows of its files" if flt is None else f"{per_source[name]:,}"
-            lines.append(f"  {name:<12} {got}" + ("   <- MATCHES NOTHING" if flt and not per_source[name] else ""))
-        if unmapped:
-            lines.append(f"\nnot taken by any filter (never trained on): {', '.join(unmapped)}")
-        if doubled:
-            lines.append("taken by several filters (trained twice): " + "; ".join(doubled))
-    return "\n".join(lines)
+    mapped = _mapped_columns(filters)
+    for column in (c for c in COLUMNS if c in mapped):
+        for value, _ in _by_tokens(summary.values[column]):
+            to = _filtered_sources(filters, column, value)
+            if not to:
+                unmapped.append(f"{column}={value}")
+            elif len(to) > 1:
+                doubled.append(f"{column}={value} -> {', '.join(to)}")
+    lines = []
+    if unmapped:
+        lines.append(f"\nnot taken by any filter (never trained on): {', '.join(unmapped)}")
+    if doubled:
+        lines.append("taken by several filters (trained twice): " + "; ".join(doubled))
+    return lines
 
 
 SLOTS = {  # mixture source -> Dolma 3 sub-source families (compared with '-' read as '_')

@@ -498,40 +498,16 @@ def verify(spec: ShuffleSpec) -> dict:
     stats_in = input_stats(spec)
     if stats_in is None:
         raise ConfigError(f"verify: no scatter markers in {spec.tmp_dir} and no {REPORT} of this run in {spec.out}")
-    problems = []
     absent = [b for b in range(spec.buckets) if not bucket_done(spec, b)]
     if absent:
         raise ConfigError(f"verify: {len(absent)} output bucket(s) missing, e.g. {spec.output(absent[0])}")
-    extra = sorted(p.name for p in Path(spec.out).glob("bucket-*.parquet")
-                   if not p.stem[len("bucket-"):].isdigit() or int(p.stem[len("bucket-"):]) >= spec.buckets)
-    if extra:
-        problems.append(f"{len(extra)} bucket file(s) beyond --buckets {spec.buckets} (from another run?): {extra[:5]}")
-
-    per_bucket: list[RowStats] = []
-    for b in range(spec.buckets):
-        path = spec.output(b)
-        stats = RowStats.from_dict(read_footer(path)["stats"])
-        if pq.read_metadata(path).num_rows != stats.rows:
-            problems.append(f"{path}: {pq.read_metadata(path).num_rows} rows, its footer says {stats.rows}")
-        per_bucket.append(stats)
+    problems = _extra_bucket_problems(spec)
+    per_bucket = _bucket_stats(spec, problems)
     stats_out = RowStats()
     for s in per_bucket:
         stats_out.merge(s)
-
-    if stats_out.rows != stats_in.rows:
-        problems.append(f"rows: {stats_in.rows} in, {stats_out.rows} out")
-    if stats_out.checksum != stats_in.checksum:
-        problems.append("text checksum differs: rows were lost, duplicated or altered")
-    src_rows_in = {k: v[0] for k, v in stats_in.sources.items()}
-    src_rows_out = {k: v[0] for k, v in stats_out.sources.items()}
-    if src_rows_in != src_rows_out:
-        problems.append("rows per source differ between input and output")
     shares = source_share_check(stats_in, per_bucket)
-    if shares.get("untested"):
-        problems.append(shares["untested"])
-    elif not shares["within_sampling_error"]:
-        w = shares["worst"]
-        problems.append(f"bucket {w['bucket']} source {w['source']}: {w['z']:+.1f} sigma from a uniform assignment")
+    problems += _stats_problems(stats_in, stats_out, shares)
 
     sizes = [spec.output(b).stat().st_size for b in range(spec.buckets)]
     return {
@@ -553,6 +529,47 @@ def verify(spec: ShuffleSpec) -> dict:
         "bucket_bytes": {spec.output(b).name: size for b, size in enumerate(sizes)},  # readers check it
         "input": stats_in.to_dict(),
     }
+
+
+def _extra_bucket_problems(spec: ShuffleSpec) -> list[str]:
+    """Bucket files in the output folder beyond this run's ``--buckets`` (or not numbered)."""
+    extra = sorted(p.name for p in Path(spec.out).glob("bucket-*.parquet")
+                   if not p.stem[len("bucket-"):].isdigit() or int(p.stem[len("bucket-"):]) >= spec.buckets)
+    if not extra:
+        return []
+    return [f"{len(extra)} bucket file(s) beyond --buckets {spec.buckets} (from another run?): {extra[:5]}"]
+
+
+def _bucket_stats(spec: ShuffleSpec, problems: list[str]) -> list[RowStats]:
+    """Each output bucket's footer statistics; a bucket whose row count differs from its footer's
+    adds a line to `problems`."""
+    per_bucket: list[RowStats] = []
+    for b in range(spec.buckets):
+        path = spec.output(b)
+        stats = RowStats.from_dict(read_footer(path)["stats"])
+        if pq.read_metadata(path).num_rows != stats.rows:
+            problems.append(f"{path}: {pq.read_metadata(path).num_rows} rows, its footer says {stats.rows}")
+        per_bucket.append(stats)
+    return per_bucket
+
+
+def _stats_problems(stats_in: RowStats, stats_out: RowStats, shares: dict) -> list[str]:
+    """Input against output: rows, text checksum, rows per source, and the per-bucket source shares."""
+    problems = []
+    if stats_out.rows != stats_in.rows:
+        problems.append(f"rows: {stats_in.rows} in, {stats_out.rows} out")
+    if stats_out.checksum != stats_in.checksum:
+        problems.append("text checksum differs: rows were lost, duplicated or altered")
+    src_rows_in = {k: v[0] for k, v in stats_in.sources.items()}
+    src_rows_out = {k: v[0] for k, v in stats_out.sources.items()}
+    if src_rows_in != src_rows_out:
+        problems.append("rows per source differ between input and output")
+    if shares.get("untested"):
+        problems.append(shares["untested"])
+    elif not shares["within_sampling_error"]:
+        w = shares["worst"]
+        problems.append(f"bucket {w['bucket']} source {w['source']}: {w['z']:+.1f} sigma from a uniform assignment")
+    return problems
 
 
 def source_share_check(stats_in: RowStats, per_bucket: list[RowStats], min_expected: float = 5.0) -> dict:
