@@ -35,6 +35,7 @@ from, documents and tokens per source. Each diagnostic gets a verdict:
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -449,7 +450,6 @@ def check_epochs(sources: list[str], tokens: np.ndarray, weights: np.ndarray, co
 # -- the run -------------------------------------------------------------------------------------------
 def corpus_of(config: dict, corpus_dir: Path | None = None, roots: tuple[Path, ...] = ()) -> Corpus | None:
     """The manifest of the run's corpus (its config's source globs, or ``corpus_dir``); None if not found."""
-    import os
 
     from data.config import corpus_sources, parse_data_config
     from data.errors import ConfigError

@@ -36,11 +36,14 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
     pass
 
 import argparse
+import cProfile
 import dataclasses
 import gc
+import io
 import json
 import os
 import platform
+import pstats
 import resource
 import statistics
 import subprocess
@@ -253,9 +256,6 @@ def time_cursor(consumer, calls: int = 20) -> float:
 
 def profile_path(corpus: Path, threads: int, buffer_size: int, batches: int, top: int = 15) -> list[str]:
     """cProfile of the data path's steady state, functions by own time."""
-    import cProfile
-    import io
-    import pstats
 
     runner = PathRunner(corpus, threads, buffer_size)
     prof = cProfile.Profile()

@@ -29,6 +29,9 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
     pass
 
 import argparse
+import dataclasses
+import gc
+import logging
 import statistics
 import sys
 import tempfile
@@ -140,7 +143,6 @@ def bench_cpu(args) -> None:
     cfg = load_model_config(ROOT / "configs/model/tiny.yaml")
     batches = demo_batches(args.steps, 8, 128, args.corpus)
     schedule = lr_schedule(args.steps)
-    import logging
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -190,8 +192,6 @@ def real_micro_batch() -> int:
 
 def cuda_variant(cfg, batch: dict, compile: bool, loss: str, warmup: int, steps: int, doc_mask: bool) -> dict:
     """One contender: fresh model and fused AdamW, the module's own forward call, bf16 autocast."""
-    import dataclasses
-    import gc
 
     from train.memory import estimate_peak_memory
 

@@ -34,12 +34,14 @@ inductor, and gloo for FSDP: every step but the CUDA kernels, in well under a mi
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -621,7 +623,6 @@ def contender_figures(ctx: dict, save, deadline: float) -> dict:
 def _run_contender(row: dict, cfg, peak: float | None, dry: bool) -> dict:
     """One contender's first step and mean step time, tokens/s, MFU and peak memory into ``row`` (or
     ``oom``); the model, optimizer and compiled graphs are released after it."""
-    import gc
 
     import torch
 
@@ -772,7 +773,6 @@ def check_gpu_command_lines(ctx: dict) -> dict:
 
 def gpu_memory_gib() -> float | None:
     """The GPU's memory from nvidia-smi (this process must not initialise CUDA: it forks the runs)."""
-    import subprocess
 
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,name", "--format=csv,noheader,nounits"],

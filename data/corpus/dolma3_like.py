@@ -13,6 +13,7 @@ FineMath documents appear twice each, as the mix's upsampling leaves duplicates 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -78,8 +79,6 @@ def write_dolma3_like(out: str | Path, total_tokens: int = 60_000, files: int = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--extra", action="append", default=[], help="VALUE=SHARE: an added sub-source")

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import hashlib
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -214,11 +216,6 @@ def propose_sources(summary: CorpusSummary, paths: str = "$DOLMA3_DIR/**/*.parqu
 def duplicate_counts(paths: list[str], sample_rows: int = 20_000, seed: int = 0) -> dict[str | None, list[int]]:
     """``source`` value -> [sampled rows, rows whose text already occurred in the sample] over up to
     ``sample_rows`` rows of row groups drawn at random (the mix upsamples documents up to 7x)."""
-    import hashlib
-
-    import numpy as np
-    import pyarrow as pa
-
     groups = [(p, g) for p in paths for g in range(pq.ParquetFile(p).num_row_groups)]
     seen: set[bytes] = set()
     out: dict[str | None, list[int]] = {}
