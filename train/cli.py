@@ -40,14 +40,14 @@ from data.errors import ConfigError, WellMixedError, error_lines
 from train import faults
 from train import lightning_internals as internals
 from train import loggers as run_loggers
-from train.callbacks import (
+from train.callbacks import DataStateCallback, ProgressLog, ThroughputCallback
+from train.checkpoint import (
     AtomicCheckpointIO,
-    DataStateCallback,
     FinalCheckpoint,
-    ProgressLog,
-    ThroughputCallback,
+    remove_stale_temp_files,
+    requested_hparams,
+    resolve_checkpoint,
 )
-from train.checkpoint import remove_stale_temp_files, requested_hparams, resolve_checkpoint
 from train.config import ConfigCLI, RunConfig, check_resume
 from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
@@ -88,14 +88,15 @@ def check_tokenizer() -> None:
         raise ConfigError(str(e)) from None
 
 
-class WellMixedCLI(ConfigCLI):
-    """The parser of train/config.py, plus what a run does before and around ``trainer.fit``."""
+class WellMixedCLI(internals.CLIHooks, ConfigCLI):
+    """The parser of train/config.py, plus what a run does before and around ``trainer.fit`` (through
+    train/lightning_internals.py's hooks: the ``--ckpt_path`` check, the Trainer's arguments)."""
 
     def __init__(self, args=None, run: bool = True, **kwargs):
         # the module class is looked up here at each start (fault-injection tests swap train.cli.PretrainModule)
         super().__init__(args=args, run=run, model_class=PretrainModule, **kwargs)
 
-    def _parse_ckpt_path(self) -> None:
+    def check_ckpt_path(self) -> None:
         """``--ckpt_path`` checked when the command line is parsed, before anything is built or written
         (train/checkpoint.py: a name this CLI writes no checkpoint for, ``last`` in a run without any, a
         file that is no checkpoint). LightningCLI would also replace every ``model:`` setting by the
@@ -126,7 +127,9 @@ class WellMixedCLI(ConfigCLI):
         run.wandb = "wandb" in run.loggers
         check_tokenizer()
 
-    def _instantiate_trainer(self, config, callbacks):
+    def trainer_arguments(self, config: dict, callbacks: list) -> tuple[dict, list]:
+        """The Trainer's run directory, first logger, plugins (atomic checkpoint writes), strategy and the
+        run's callbacks."""
         run: RunConfig = self._section().run
         run_dir = RunDir(run.dir)
         config["default_root_dir"] = str(run_dir.root)
@@ -149,7 +152,7 @@ class WellMixedCLI(ConfigCLI):
                             auto_insert_metric_name=False, every_n_train_steps=run.ckpt_every_n_steps,
                             save_top_k=run.keep_last_k, monitor="step", mode="max", save_last=True),
         ]
-        return super()._instantiate_trainer(config, callbacks)
+        return config, callbacks
 
     def _loggers(self, names: list[str]) -> list:
         run: RunConfig = self._section().run

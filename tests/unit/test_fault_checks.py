@@ -16,8 +16,7 @@ import yaml
 from scripts_in_process import load_script
 
 from data.errors import ConfigError
-from train.callbacks import AtomicCheckpointIO
-from train.checkpoint import resolve_checkpoint
+from train.checkpoint import AtomicCheckpointIO, resolve_checkpoint
 from train.rundir_lock import LOCK_NAME, acquire_run_dir, release_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,7 +201,7 @@ def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
     of last.ckpt) passed the pre-check and loaded silently (or failed inside Lightning's load)."""
     import hashlib
 
-    from train.callbacks import checksum_path, link_checkpoint
+    from train.checkpoint import checksum_path, link_checkpoint
 
     ckpts = tmp_path / "checkpoints"
     io = AtomicCheckpointIO()
@@ -241,8 +240,7 @@ def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
 def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
     """keep_last_k's removal takes the sidecar along; a kill's leftovers (sidecar temporaries, sidecars of
     removed files) go at the next start; a rewrite never leaves the old checksum beside the new file."""
-    from train.callbacks import checksum_path, file_sha256, read_checksum
-    from train.checkpoint import remove_stale_temp_files
+    from train.checkpoint import checksum_path, file_sha256, read_checksum, remove_stale_temp_files
 
     io = AtomicCheckpointIO()
     a, b = tmp_path / "step0000003.ckpt", tmp_path / "step0000006.ckpt"
@@ -567,8 +565,7 @@ def test_ckpt_path_last_without_a_checkpoint_is_refused_and_last_or_new_starts_f
 
 def test_a_malformed_sidecar_is_an_error_and_a_file_changed_after_its_check_is_checked_again(tmp_path, caplog):
     """Before: a malformed sidecar counted as none (the file was only opened) and a missing one said nothing."""
-    from train.callbacks import checksum_path
-    from train.checkpoint import checkpoint_problem
+    from train.checkpoint import checkpoint_problem, checksum_path
 
     path = tmp_path / "last.ckpt"
     marker = bytes(range(7, 247))
