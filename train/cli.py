@@ -17,7 +17,7 @@ tool. What this file adds to it, and why:
   (train/checkpoint.py), its ``model:`` settings compared with the run's (train/config.py's resume rule:
   a must-match difference refused by name, the rest applied and logged), and SIGTERM/SIGUSR1
   checkpoint and stop cleanly at the next step
-  (train/faults.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
+  (train/signals.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
   requeues after that checkpoint);
 - start-up checks before any compute, and before anything is written into ``run.dir`` (its lock, the
   mapping report, the loggers' files): the checkpoint, the manifest (bad files), the plan table and
@@ -37,9 +37,9 @@ import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from data.errors import ConfigError, WellMixedError, error_lines
-from train import faults
 from train import lightning_internals as internals
 from train import loggers as run_loggers
+from train import signals
 from train.callbacks import DataStateCallback, ProgressLog, ThroughputCallback
 from train.checkpoint import (
     AtomicCheckpointIO,
@@ -51,16 +51,16 @@ from train.checkpoint import (
 from train.config import ConfigCLI, RunConfig, check_resume
 from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
-from train.faults import (
-    StopOnSignal,
-    end_worker_processes,
-    install_early_handlers,
-)
 from train.model import ModelConfigError
 from train.module import PretrainModule
 from train.parallel import check_checkpoint_layout, resolve_strategy
 from train.rundir import RunDir
 from train.rundir_lock import acquire_run_dir
+from train.signals import (
+    StopOnSignal,
+    end_worker_processes,
+    install_early_handlers,
+)
 
 log = logging.getLogger("wellmixed")
 
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("WANDB_SILENT", "true")
     install_early_handlers()
-    faults.FATAL_EXIT_AFTER_S = 60.0  # a fatal error ends this process within a minute (train/faults.py)
+    signals.FATAL_EXIT_AFTER_S = 60.0  # a fatal error ends this process within a minute (train/signals.py)
     try:
         WellMixedCLI(args=argv)
     except (WellMixedError, ModelConfigError) as e:

@@ -159,7 +159,7 @@ def test_train_fit_config_errors_are_named_lines_not_a_traceback(args, want, tmp
 
 def test_schedule_changes_name_every_changed_key_and_the_override_lets_them_pass(caplog):
     from data.schedules import ScheduleConfig
-    from train.faults import check_schedule_unchanged, schedule_changes, schedule_fingerprint
+    from train.config import check_schedule_unchanged, schedule_changes, schedule_fingerprint
 
     d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["data"]["schedule"]
     old = schedule_fingerprint(ScheduleConfig.from_dict(d), None)
@@ -408,7 +408,7 @@ def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(
     it prints the error and every thread's stack, and exits 1. Unarmed in library use."""
     import threading
 
-    from train import faults
+    from train import signals
 
     exits = []
     fired = threading.Event()
@@ -417,20 +417,20 @@ def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(
         exits.append(code)
         fired.set()
 
-    monkeypatch.setattr(faults.os, "_exit", fake_exit)
-    faults.disarm_fatal_exit()
-    faults.arm_fatal_exit(FileNotFoundError("metrics.csv"))  # library use: nothing armed
-    assert not faults._ARMED.is_set()
-    monkeypatch.setattr(faults, "FATAL_EXIT_AFTER_S", 0.2)
-    faults.arm_fatal_exit(FileNotFoundError("metrics.csv"))
+    monkeypatch.setattr(signals.os, "_exit", fake_exit)
+    signals.disarm_fatal_exit()
+    signals.arm_fatal_exit(FileNotFoundError("metrics.csv"))  # library use: nothing armed
+    assert not signals._ARMED.is_set()
+    monkeypatch.setattr(signals, "FATAL_EXIT_AFTER_S", 0.2)
+    signals.arm_fatal_exit(FileNotFoundError("metrics.csv"))
     assert fired.wait(10) and exits == [1]
     err = capsys.readouterr().err
     assert "fatal FileNotFoundError: metrics.csv" in err and "did not end within 0 s" in err
     assert "Thread MainThread:" in err  # where every thread waited
-    faults.FATAL_EXIT_AFTER_S = 60.0
-    faults.arm_fatal_exit(RuntimeError("again"))
-    faults.disarm_fatal_exit()  # what the test suite does after each test: nothing fires later
-    assert faults.FATAL_EXIT_AFTER_S is None and not faults._ARMED.is_set() and not faults._TIMER
+    signals.FATAL_EXIT_AFTER_S = 60.0
+    signals.arm_fatal_exit(RuntimeError("again"))
+    signals.disarm_fatal_exit()  # what the test suite does after each test: nothing fires later
+    assert signals.FATAL_EXIT_AFTER_S is None and not signals._ARMED.is_set() and not signals._TIMER
 
 
 # -- --ckpt_path: what it names, found by the step inside, refused in one line ------------------------------
