@@ -152,7 +152,7 @@ def _restore_environ():
     saved = dict(os.environ)
     rank = _rank_zero_only_rank()
     yield
-    from train.faults import disarm_fatal_exit
+    from train.signals import disarm_fatal_exit
 
     disarm_fatal_exit()  # a test that ran the CLI's main() in-process must not leave its fatal-exit watchdog
     os.environ.clear()

@@ -1,12 +1,10 @@
-"""Callbacks: the data cursor and order log, throughput/MFU, atomic checkpoint files."""
+"""Callbacks: the data cursor and order log, throughput/MFU, progress lines (the checkpoint callback,
+FinalCheckpoint, is train/checkpoint.py's)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -14,8 +12,6 @@ from typing import Any, Callable
 import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import Throughput
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from data import files
 from data.formatting import duration
@@ -216,166 +212,3 @@ class ProgressLog(L.Callback):
             per_step = (time.perf_counter() - self._t0) / (step - self._step0)
             parts.append(f"ETA {duration(per_step * max(0, total - step))}")
         log.info(" | ".join(parts))
-
-
-
-
-class FinalCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that writes each checkpoint once, and ``last.ckpt`` at the final step too.
-
-    Lightning writes ``last.ckpt`` at the end of training only when it wrote no checkpoint during the
-    run: a 308-step run with checkpoints every 50 steps ended with ``last.ckpt`` at step 300, so the
-    exported (or evaluated, or ablation-compared) model missed the end of the anneal and the LR
-    decay. A run stopped early by a signal is left to StopOnSignal, which wrote its own checkpoint.
-
-    With ``save_last=True`` Lightning serializes the step file and then ``last.ckpt`` again, the same
-    state twice (for the 350M run ~4.3 GB of weights and AdamW moments, on the training's critical
-    path). Here ``last.ckpt`` at the step of a step file is a hard link to it, put in place with a
-    rename (atomic, as every checkpoint write); the step file is written with the callback state
-    that ``last.ckpt`` holds, so the two names are interchangeable for a resume.
-
-    After each save, removal (``keep_last_k``) or link, global rank 0 deletes the data cursor folders
-    (train/cursor_files.py) that no checkpoint in ``dirpath`` references any more.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._cursor_refs: dict = {}  # checkpoint name and stat -> the cursor folder it references
-
-    def _save_topk_checkpoint(self, trainer, monitor_candidates) -> None:
-        if self.save_last is True:  # the state the step file saves is then the one last.ckpt holds
-            self.last_model_path = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-        super()._save_topk_checkpoint(trainer, monitor_candidates)
-        self._remove_unreferenced_cursors(trainer)
-
-    def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
-        self._save_or_link_last(trainer, monitor_candidates)
-        self._remove_unreferenced_cursors(trainer)
-
-    def _save_or_link_last(self, trainer, monitor_candidates) -> None:
-        src = self._last_checkpoint_saved
-        last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-        if not (self.save_last is True and src and self._last_global_step_saved == trainer.global_step
-                and os.path.basename(src) != os.path.basename(last) and "://" not in src):
-            return super()._save_last_checkpoint(trainer, monitor_candidates)
-        # rank 0 decides for all ranks: a sharded checkpoint is a folder, and other nodes may not see it
-        if not trainer.strategy.broadcast(os.path.isfile(src) if trainer.is_global_zero else None, src=0):
-            return super()._save_last_checkpoint(trainer, monitor_candidates)
-        self.last_model_path = last
-        if trainer.is_global_zero:
-            link_checkpoint(Path(src), Path(last))
-        trainer.strategy.barrier()
-
-    def _remove_unreferenced_cursors(self, trainer) -> None:
-        """Here rather than in AtomicCheckpointIO: sharded FSDP checkpoints do not go through it."""
-        if trainer.is_global_zero and self.dirpath and "://" not in str(self.dirpath):
-            from train.cursor_files import remove_unreferenced
-
-            remove_unreferenced(self.dirpath, self._cursor_refs)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        super().on_train_end(trainer, pl_module)  # last.ckpt when nothing was saved during the run
-        finished = trainer.max_steps is not None and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
-        if self.save_last and finished and self._last_global_step_saved != trainer.global_step:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-
-    @property
-    def state_key(self) -> str:
-        # ModelCheckpoint's key: checkpoints stay interchangeable with it (keep_last_k and last.ckpt's
-        # path are restored on resume, so last.ckpt is overwritten instead of a new last-v1.ckpt)
-        return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
-
-
-def _temporary(path: Path) -> Path:
-    """Where a checkpoint is written before its rename: ``.NAME.tmpPID`` beside it (what
-    train/checkpoint.py's remove_stale_temp_files clears after a kill)."""
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
-
-
-CHECKSUM_SUFFIX = ".sha256"
-_HASH_BLOCK = 16 << 20  # 16 MB reads when verifying
-
-
-def checksum_path(path: Path) -> Path:
-    """The sidecar ``NAME.sha256`` beside checkpoint ``NAME`` (``sha256sum -c`` reads it)."""
-    path = Path(path)
-    return path.with_name(path.name + CHECKSUM_SUFFIX)
-
-
-def file_sha256(path: Path, block: int = _HASH_BLOCK) -> str:
-    """sha256 of a file, streamed in 16 MB blocks (memory stays flat for a multi-GB checkpoint)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def read_checksum(path: Path) -> str | None:
-    """The digest the sidecar of checkpoint ``path`` records; None without a (well-formed) sidecar."""
-    try:
-        words = checksum_path(path).read_text().split()
-    except OSError:
-        return None
-    return words[0].lower() if words and len(words[0]) == 64 else None
-
-
-def _write_checksum(path: Path, digest: str) -> None:
-    """Atomically, after ``path`` is in place. A failure leaves the checkpoint unverified, not lost."""
-    try:
-        files.write_text(checksum_path(path), f"{digest}  {path.name}\n")
-    except OSError as e:
-        log.warning("could not write %s (%s); %s is intact but its checksum cannot be verified on resume",
-                    checksum_path(path), e, path)
-
-
-def link_checkpoint(src: Path, dst: Path) -> None:
-    """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
-    atomically through a temporary like AtomicCheckpointIO's writes; ``src``'s checksum goes with it."""
-    try:
-        with files.atomic_path(dst, fsync=False, tmp=_temporary(dst)) as tmp:
-            try:
-                os.link(src, tmp)
-            except OSError:
-                shutil.copyfile(src, tmp)
-                with open(tmp, "rb+") as f:
-                    os.fsync(f.fileno())
-            checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
-    except OSError as e:  # out of space or inodes: the copy (a link needs an inode too) failed
-        raise files.write_error(dst, e, f"resume with --ckpt_path {src}",
-                                f"{src} holds the same state and is intact") from e
-    digest = read_checksum(src)
-    if digest is not None:
-        _write_checksum(dst, digest)
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """torch.save to a temporary file in the same folder, fsync, then rename over the target.
-
-    A kill (or a full disk) during the write leaves the previous checkpoint intact, never a
-    truncated ``last.ckpt``. Each file gets a sidecar ``NAME.sha256``: hashed from the page cache after
-    the fsync (about 0.7 s/GB on this CPU, ~3 s for the 350M run's 4.3 GB), written atomically after the
-    rename; the old sidecar is removed before the rename, so a kill in between leaves a checkpoint
-    without a checksum, never a wrong one. Every reader verifies it (train/checkpoint.py). Removing a
-    checkpoint (``keep_last_k``) removes its sidecar.
-    """
-
-    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:  # a stale temporary of this pid, or a link left there, is removed first: never written through
-            with files.atomic_path(path, fsync=False, tmp=_temporary(path)) as tmp:
-                with open(tmp, "xb") as f:
-                    torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
-                    f.flush()
-                    os.fsync(f.fileno())
-                digest = file_sha256(tmp)  # from the page cache, just written
-                checksum_path(path).unlink(missing_ok=True)
-        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
-            raise files.write_error(f"checkpoint {path}", e, "resume with --ckpt_path last", "the previous "
-                                    "checkpoint is intact and the partial file was removed") from e
-        _write_checksum(path, digest)
-
-    def remove_checkpoint(self, path) -> None:
-        super().remove_checkpoint(path)
-        checksum_path(Path(path)).unlink(missing_ok=True)

@@ -1,40 +1,48 @@
-"""Checkpoints on the reading side: verify a file, find ``last``, fall back, refuse in one line.
+"""Checkpoints, in one module: write, verify, find, fall back.
 
-The write side is train/callbacks.py (``AtomicCheckpointIO``: temporary file, fsync, rename, then the
-sidecar ``NAME.sha256``). Every reader of a checkpoint goes through this module, in the same way:
-``train fit``'s resume (:func:`resolve_checkpoint`, and the CLI's read of the checkpoint's hparams),
-``scripts/evaluate.py``, ``scripts/export_hf.py`` and the ablation report (:func:`read_checkpoint`).
+1. **Write** (:class:`AtomicCheckpointIO`, :class:`FinalCheckpoint`, :func:`link_checkpoint`): torch.save to
+   a temporary file, fsync, rename over the target, then the sidecar ``NAME.sha256``; each step's
+   checkpoint is written once, ``last.ckpt`` at a step file is a hard link to it, and a separate file at
+   the final step. :func:`remove_stale_temp_files` clears what a killed write left.
+2. **Verify**, the same way for every reader: ``train fit``'s resume (:func:`resolve_checkpoint`, and the
+   CLI's read of the checkpoint's hparams), ``scripts/evaluate.py``, ``scripts/export_hf.py`` and the
+   ablation report (:func:`read_checkpoint`). In order:
 
-Verification, in order:
+   a. **What the file is**: an empty file, a parquet or text file, a folder that is not a sharded
+      checkpoint, a truncated file, a saved tensor, a pickle that holds objects other than tensors and
+      plain types (never unpickled: ``weights_only=True`` always) are each named as what they are.
+   b. **The sidecar** ``NAME.sha256`` (``sha256sum -c`` format). A wrong digest or a malformed sidecar
+      is an error; a missing one is a warning naming the file (a run from before checksums, or a kill
+      between the rename and the sidecar), and the file is then only opened. Sharded (FSDP) checkpoint
+      folders have no sidecar: their shards are written by every rank through torch.distributed.checkpoint.
+   c. **The structure**: a Lightning checkpoint holds ``state_dict`` and ``global_step``; the data cursor
+      files it names exist and are range-checked (:func:`cursor_problem`).
 
-1. **What the file is**: an empty file, a parquet or text file, a folder that is not a sharded
-   checkpoint, a truncated file, a saved tensor, a pickle that holds objects other than tensors and
-   plain types (never unpickled: ``weights_only=True`` always) are each named as what they are.
-2. **The sidecar** ``NAME.sha256`` (``sha256sum -c`` format). A wrong digest or a malformed sidecar
-   is an error; a missing one is a warning naming the file (a run from before checksums, or a kill
-   between the rename and the sidecar), and the file is then only opened. Sharded (FSDP) checkpoint
-   folders have no sidecar: their shards are written by every rank through torch.distributed.checkpoint.
-3. **The structure**: a Lightning checkpoint holds ``state_dict`` and ``global_step``; the data cursor
-   files it names exist and are range-checked (:func:`cursor_problem`).
-
-``last`` is the checkpoint of the highest step *recorded inside* the ``last*.ckpt`` files (file times
-say nothing after a copy or a restore); without any ``last*.ckpt``, the step files. ``last`` where the
-run has no checkpoint is refused; ``last_or_new`` starts such a run at step 0 (the SLURM requeue's
-choice: its first launch has nothing to resume).
+3. **Find**: ``last`` is the checkpoint of the highest step *recorded inside* the ``last*.ckpt`` files
+   (file times say nothing after a copy or a restore); without any ``last*.ckpt``, the step files.
+4. **Fall back** (:func:`resolve_checkpoint`, what ``--ckpt_path`` means): ``last`` where the run has no
+   checkpoint is refused; ``last_or_new`` starts such a run at step 0 (the SLURM requeue's choice: its
+   first launch has nothing to resume); an unusable file is refused in one line, or with
+   ``run.ckpt_fallback`` the newest valid checkpoint beside it is used.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import pickle
 import re
+import shutil
 import time
 from pathlib import Path
 
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from data import files
 from data.errors import ConfigError
-from train.callbacks import CHECKSUM_SUFFIX, checksum_path, file_sha256
+from train import lightning_internals as internals
 
 log = logging.getLogger("wellmixed")
 
@@ -54,7 +62,188 @@ class CheckpointError(ConfigError):
         super().__init__(" ".join(message.split()))
 
 
-# -- 1. the sidecar ------------------------------------------------------------------------------
+# -- 1. write ---------------------------------------------------------------------------------------
+
+
+def _temporary(path: Path) -> Path:
+    """Where a checkpoint is written before its rename: ``.NAME.tmpPID`` beside it (what
+    :func:`remove_stale_temp_files` clears after a kill)."""
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+CHECKSUM_SUFFIX = ".sha256"
+_HASH_BLOCK = 16 << 20  # 16 MB reads when verifying
+
+
+def checksum_path(path: Path) -> Path:
+    """The sidecar ``NAME.sha256`` beside checkpoint ``NAME`` (``sha256sum -c`` reads it)."""
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def file_sha256(path: Path, block: int = _HASH_BLOCK) -> str:
+    """sha256 of a file, streamed in 16 MB blocks (memory stays flat for a multi-GB checkpoint)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_checksum(path: Path) -> str | None:
+    """The digest the sidecar of checkpoint ``path`` records; None without a (well-formed) sidecar."""
+    try:
+        words = checksum_path(path).read_text().split()
+    except OSError:
+        return None
+    return words[0].lower() if words and len(words[0]) == 64 else None
+
+
+def _write_checksum(path: Path, digest: str) -> None:
+    """Atomically, after ``path`` is in place. A failure leaves the checkpoint unverified, not lost."""
+    try:
+        files.write_text(checksum_path(path), f"{digest}  {path.name}\n")
+    except OSError as e:
+        log.warning("could not write %s (%s); %s is intact but its checksum cannot be verified on resume",
+                    checksum_path(path), e, path)
+
+
+def link_checkpoint(src: Path, dst: Path) -> None:
+    """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
+    atomically through a temporary like AtomicCheckpointIO's writes; ``src``'s checksum goes with it."""
+    try:
+        with files.atomic_path(dst, fsync=False, tmp=_temporary(dst)) as tmp:
+            try:
+                os.link(src, tmp)
+            except OSError:
+                shutil.copyfile(src, tmp)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+            checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
+    except OSError as e:  # out of space or inodes: the copy (a link needs an inode too) failed
+        raise files.write_error(dst, e, f"resume with --ckpt_path {src}",
+                                f"{src} holds the same state and is intact") from e
+    digest = read_checksum(src)
+    if digest is not None:
+        _write_checksum(dst, digest)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """torch.save to a temporary file in the same folder, fsync, then rename over the target.
+
+    A kill (or a full disk) during the write leaves the previous checkpoint intact, never a
+    truncated ``last.ckpt``. Each file gets a sidecar ``NAME.sha256``: hashed from the page cache after
+    the fsync (about 0.7 s/GB on this CPU, ~3 s for the 350M run's 4.3 GB), written atomically after the
+    rename; the old sidecar is removed before the rename, so a kill in between leaves a checkpoint
+    without a checksum, never a wrong one. Every reader verifies it (section 2). Removing a
+    checkpoint (``keep_last_k``) removes its sidecar.
+    """
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # a stale temporary of this pid, or a link left there, is removed first: never written through
+            with files.atomic_path(path, fsync=False, tmp=_temporary(path)) as tmp:
+                with open(tmp, "xb") as f:
+                    torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
+                    f.flush()
+                    os.fsync(f.fileno())
+                digest = file_sha256(tmp)  # from the page cache, just written
+                checksum_path(path).unlink(missing_ok=True)
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
+            raise files.write_error(f"checkpoint {path}", e, "resume with --ckpt_path last", "the previous "
+                                    "checkpoint is intact and the partial file was removed") from e
+        _write_checksum(path, digest)
+
+    def remove_checkpoint(self, path) -> None:
+        super().remove_checkpoint(path)
+        checksum_path(Path(path)).unlink(missing_ok=True)
+
+
+class FinalCheckpoint(internals.CheckpointHooks):
+    """ModelCheckpoint that writes each checkpoint once, and ``last.ckpt`` at the final step too.
+
+    Lightning writes ``last.ckpt`` at the end of training only when it wrote no checkpoint during the
+    run: a 308-step run with checkpoints every 50 steps ended with ``last.ckpt`` at step 300, so the
+    exported (or evaluated, or ablation-compared) model missed the end of the anneal and the LR
+    decay. A run stopped early by a signal is left to StopOnSignal, which wrote its own checkpoint.
+
+    With ``save_last=True`` Lightning serializes the step file and then ``last.ckpt`` again, the same
+    state twice (for the 350M run ~4.3 GB of weights and AdamW moments, on the training's critical
+    path). Here ``last.ckpt`` at the step of a step file is a hard link to it, put in place with a
+    rename (atomic, as every checkpoint write); the step file is written with the callback state
+    that ``last.ckpt`` holds, so the two names are interchangeable for a resume.
+
+    After each save, removal (``keep_last_k``) or link, global rank 0 deletes the data cursor folders
+    (train/cursor_files.py) that no checkpoint in ``dirpath`` references any more.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cursor_refs: dict = {}  # checkpoint name and stat -> the cursor folder it references
+
+    def save_step_file(self, trainer, monitor_candidates) -> None:
+        if self.save_last is True:  # the state the step file saves is then the one last.ckpt holds
+            self.last_model_path = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        super().save_step_file(trainer, monitor_candidates)
+        self._remove_unreferenced_cursors(trainer)
+
+    def save_last_file(self, trainer, monitor_candidates) -> None:
+        self._save_or_link_last(trainer, monitor_candidates)
+        self._remove_unreferenced_cursors(trainer)
+
+    def _save_or_link_last(self, trainer, monitor_candidates) -> None:
+        src = self.last_saved_path
+        last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        if not (self.save_last is True and src and self.last_saved_step == trainer.global_step
+                and os.path.basename(src) != os.path.basename(last) and "://" not in src):
+            return super().save_last_file(trainer, monitor_candidates)
+        # rank 0 decides for all ranks: a sharded checkpoint is a folder, and other nodes may not see it
+        if not trainer.strategy.broadcast(os.path.isfile(src) if trainer.is_global_zero else None, src=0):
+            return super().save_last_file(trainer, monitor_candidates)
+        self.last_model_path = last
+        if trainer.is_global_zero:
+            link_checkpoint(Path(src), Path(last))
+        trainer.strategy.barrier()
+
+    def _remove_unreferenced_cursors(self, trainer) -> None:
+        """Here rather than in AtomicCheckpointIO: sharded FSDP checkpoints do not go through it."""
+        if trainer.is_global_zero and self.dirpath and "://" not in str(self.dirpath):
+            from train.cursor_files import remove_unreferenced
+
+            remove_unreferenced(self.dirpath, self._cursor_refs)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        super().on_train_end(trainer, pl_module)  # last.ckpt when nothing was saved during the run
+        finished = trainer.max_steps is not None and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
+        if self.save_last and finished and self.last_saved_step != trainer.global_step:
+            self.save_last_file(trainer, self.monitor_candidates(trainer))
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key: checkpoints stay interchangeable with it (keep_last_k and last.ckpt's
+        # path are restored on resume, so last.ckpt is overwritten instead of a new last-v1.ckpt)
+        return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
+
+
+def remove_stale_temp_files(ckpt_dir: Path) -> list[Path]:
+    """Half-written ``.NAME.tmpPID`` files of a save that was killed (AtomicCheckpointIO); they can be
+    as large as a checkpoint. Called before training starts, when no save can be in progress.
+
+    Also the temporaries of checksum sidecars, and sidecars whose checkpoint is gone (a kill between
+    keep_last_k's removal of a file and of its sidecar)."""
+    stale = []
+    if ckpt_dir.is_dir():
+        stale = sorted(ckpt_dir.glob(".*.ckpt.tmp*")) + sorted(ckpt_dir.glob(f".*.ckpt{CHECKSUM_SUFFIX}.*.tmp"))
+        stale += [p for p in sorted(ckpt_dir.glob(f"*.ckpt{CHECKSUM_SUFFIX}"))
+                  if not p.with_name(p.name[: -len(CHECKSUM_SUFFIX)]).exists()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+        log.warning("removed %s, left by a checkpoint write that did not finish", p)
+    return stale
+
+
+# -- 2. verify: the sidecar -------------------------------------------------------------------------
 
 
 def sidecar_digest(path: Path) -> str | None:
@@ -121,7 +310,7 @@ def warn_unverified(path: Path) -> None:
                     checksum_path(path).name)
 
 
-# -- 2. what a file is ------------------------------------------------------------------------------
+# -- 2. verify: what a file is ----------------------------------------------------------------------
 
 
 def file_problem(path: Path, pickle_ok: bool = False) -> str | None:
@@ -204,7 +393,7 @@ def load_file(path: Path, lightning: bool = True) -> tuple[dict | None, str | No
     return obj, None
 
 
-# -- 3. the structure, the cursors ---------------------------------------------------------------
+# -- 2. verify: the structure, the cursors ----------------------------------------------------------
 
 
 def checkpoint_problem(path: Path, cursor_ranks: list[int] | None = None, cursors: bool = True) -> str | None:
@@ -267,7 +456,7 @@ def cursor_problem(ckpt: dict, path: Path, ranks: list[int] | None) -> str | Non
     return None
 
 
-# -- the readers' entry point ----------------------------------------------------------------------
+# -- 2. verify: the readers' entry point -------------------------------------------------------------
 
 
 def read_checkpoint(path: str | Path, what: str, way_out: str, lightning: bool = True) -> dict:
@@ -289,6 +478,9 @@ def read_checkpoint(path: str | Path, what: str, way_out: str, lightning: bool =
     return ckpt
 
 
+# -- 3. find the checkpoint to resume from -------------------------------------------------------------
+
+
 def recorded_step(path: Path) -> int | None:
     """The ``global_step`` a checkpoint (file or sharded folder) records; None when it does not open."""
     try:
@@ -300,9 +492,6 @@ def recorded_step(path: Path) -> int | None:
     except Exception:  # noqa: BLE001 -- unreadable: the caller names it
         return None
     return int(step) if isinstance(step, int) else None
-
-
-# -- finding the checkpoint to resume from -------------------------------------------------------------
 
 
 def _name_step(path: Path) -> int:
@@ -333,6 +522,32 @@ def find_last(ckpt_dir: Path, label: str = "--ckpt_path last") -> Path | None:
         log.warning("%s: %s records the highest step of %s (%d); using it", label, best.name,
                     ", ".join(p.name for p in lasts), steps[best])
     return best
+
+
+
+def _newest_step_file(ckpt_dir: Path, mode: str, cursor_ranks: list[int] | None, cursors: bool) -> str:
+    """``--ckpt_path last`` without a ``last*.ckpt``: the step file of the highest recorded step that loads.
+
+    A kill between a step file's rename and its ``last.ckpt`` link (or a deleted ``last.ckpt``) leaves
+    step files only; starting from step 0 would retrain the run and rewrite its order log. A run dir
+    whose files all fail to load is an error.
+    """
+    skipped = []
+    for path in _by_step(list(ckpt_dir.glob("*.ckpt"))):
+        problem = checkpoint_problem(path, cursor_ranks, cursors)
+        if problem is None:
+            log.warning("--ckpt_path %s: no last.ckpt in %s; resuming from the newest loadable step file %s%s",
+                        mode, ckpt_dir, path, f" (unusable, skipped: {', '.join(skipped)})" if skipped else "")
+            warn_unverified(path)
+            return str(path)
+        skipped.append(f"{path.name}: {problem}")
+    raise CheckpointError(
+        f"--ckpt_path {mode}: {ckpt_dir} holds checkpoint files but none loads ({'; '.join(skipped)}); "
+        "restore a checkpoint, or move them away to start from step 0 deliberately"
+    )
+
+
+# -- 4. fall back: what --ckpt_path means ---------------------------------------------------------------
 
 
 def _no_checkpoint(ckpt_dir: Path, mode: str) -> None:
@@ -421,42 +636,3 @@ def requested_hparams(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) -> 
             return {}
         raise
     return hparams if isinstance(hparams, dict) else {}
-
-
-def _newest_step_file(ckpt_dir: Path, mode: str, cursor_ranks: list[int] | None, cursors: bool) -> str:
-    """``--ckpt_path last`` without a ``last*.ckpt``: the step file of the highest recorded step that loads.
-
-    A kill between a step file's rename and its ``last.ckpt`` link (or a deleted ``last.ckpt``) leaves
-    step files only; starting from step 0 would retrain the run and rewrite its order log. A run dir
-    whose files all fail to load is an error.
-    """
-    skipped = []
-    for path in _by_step(list(ckpt_dir.glob("*.ckpt"))):
-        problem = checkpoint_problem(path, cursor_ranks, cursors)
-        if problem is None:
-            log.warning("--ckpt_path %s: no last.ckpt in %s; resuming from the newest loadable step file %s%s",
-                        mode, ckpt_dir, path, f" (unusable, skipped: {', '.join(skipped)})" if skipped else "")
-            warn_unverified(path)
-            return str(path)
-        skipped.append(f"{path.name}: {problem}")
-    raise CheckpointError(
-        f"--ckpt_path {mode}: {ckpt_dir} holds checkpoint files but none loads ({'; '.join(skipped)}); "
-        "restore a checkpoint, or move them away to start from step 0 deliberately"
-    )
-
-
-def remove_stale_temp_files(ckpt_dir: Path) -> list[Path]:
-    """Half-written ``.NAME.tmpPID`` files of a save that was killed (AtomicCheckpointIO); they can be
-    as large as a checkpoint. Called before training starts, when no save can be in progress.
-
-    Also the temporaries of checksum sidecars, and sidecars whose checkpoint is gone (a kill between
-    keep_last_k's removal of a file and of its sidecar)."""
-    stale = []
-    if ckpt_dir.is_dir():
-        stale = sorted(ckpt_dir.glob(".*.ckpt.tmp*")) + sorted(ckpt_dir.glob(f".*.ckpt{CHECKSUM_SUFFIX}.*.tmp"))
-        stale += [p for p in sorted(ckpt_dir.glob(f"*.ckpt{CHECKSUM_SUFFIX}"))
-                  if not p.with_name(p.name[: -len(CHECKSUM_SUFFIX)]).exists()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-        log.warning("removed %s, left by a checkpoint write that did not finish", p)
-    return stale

@@ -17,7 +17,7 @@ tool. What this file adds to it, and why:
   (train/checkpoint.py), its ``model:`` settings compared with the run's (train/config.py's resume rule:
   a must-match difference refused by name, the rest applied and logged), and SIGTERM/SIGUSR1
   checkpoint and stop cleanly at the next step
-  (train/faults.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
+  (train/signals.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
   requeues after that checkpoint);
 - start-up checks before any compute, and before anything is written into ``run.dir`` (its lock, the
   mapping report, the loggers' files): the checkpoint, the manifest (bad files), the plan table and
@@ -37,30 +37,30 @@ import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from data.errors import ConfigError, WellMixedError, error_lines
-from train import faults
 from train import lightning_internals as internals
 from train import loggers as run_loggers
-from train.callbacks import (
+from train import signals
+from train.callbacks import DataStateCallback, ProgressLog, ThroughputCallback
+from train.checkpoint import (
     AtomicCheckpointIO,
-    DataStateCallback,
     FinalCheckpoint,
-    ProgressLog,
-    ThroughputCallback,
+    remove_stale_temp_files,
+    requested_hparams,
+    resolve_checkpoint,
 )
-from train.checkpoint import remove_stale_temp_files, requested_hparams, resolve_checkpoint
 from train.config import ConfigCLI, RunConfig, check_resume
 from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
-from train.faults import (
-    StopOnSignal,
-    end_worker_processes,
-    install_early_handlers,
-)
 from train.model import ModelConfigError
 from train.module import PretrainModule
 from train.parallel import check_checkpoint_layout, resolve_strategy
 from train.rundir import RunDir
 from train.rundir_lock import acquire_run_dir
+from train.signals import (
+    StopOnSignal,
+    end_worker_processes,
+    install_early_handlers,
+)
 
 log = logging.getLogger("wellmixed")
 
@@ -88,14 +88,15 @@ def check_tokenizer() -> None:
         raise ConfigError(str(e)) from None
 
 
-class WellMixedCLI(ConfigCLI):
-    """The parser of train/config.py, plus what a run does before and around ``trainer.fit``."""
+class WellMixedCLI(internals.CLIHooks, ConfigCLI):
+    """The parser of train/config.py, plus what a run does before and around ``trainer.fit`` (through
+    train/lightning_internals.py's hooks: the ``--ckpt_path`` check, the Trainer's arguments)."""
 
     def __init__(self, args=None, run: bool = True, **kwargs):
         # the module class is looked up here at each start (fault-injection tests swap train.cli.PretrainModule)
         super().__init__(args=args, run=run, model_class=PretrainModule, **kwargs)
 
-    def _parse_ckpt_path(self) -> None:
+    def check_ckpt_path(self) -> None:
         """``--ckpt_path`` checked when the command line is parsed, before anything is built or written
         (train/checkpoint.py: a name this CLI writes no checkpoint for, ``last`` in a run without any, a
         file that is no checkpoint). LightningCLI would also replace every ``model:`` setting by the
@@ -126,7 +127,9 @@ class WellMixedCLI(ConfigCLI):
         run.wandb = "wandb" in run.loggers
         check_tokenizer()
 
-    def _instantiate_trainer(self, config, callbacks):
+    def trainer_arguments(self, config: dict, callbacks: list) -> tuple[dict, list]:
+        """The Trainer's run directory, first logger, plugins (atomic checkpoint writes), strategy and the
+        run's callbacks."""
         run: RunConfig = self._section().run
         run_dir = RunDir(run.dir)
         config["default_root_dir"] = str(run_dir.root)
@@ -149,7 +152,7 @@ class WellMixedCLI(ConfigCLI):
                             auto_insert_metric_name=False, every_n_train_steps=run.ckpt_every_n_steps,
                             save_top_k=run.keep_last_k, monitor="step", mode="max", save_last=True),
         ]
-        return super()._instantiate_trainer(config, callbacks)
+        return config, callbacks
 
     def _loggers(self, names: list[str]) -> list:
         run: RunConfig = self._section().run
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("WANDB_SILENT", "true")
     install_early_handlers()
-    faults.FATAL_EXIT_AFTER_S = 60.0  # a fatal error ends this process within a minute (train/faults.py)
+    signals.FATAL_EXIT_AFTER_S = 60.0  # a fatal error ends this process within a minute (train/signals.py)
     try:
         WellMixedCLI(args=argv)
     except (WellMixedError, ModelConfigError) as e:

@@ -16,7 +16,9 @@ What this module owns:
 - the parser itself (:class:`WellMixedParser`): no abbreviated flags, a typo answered with one line and
   a "did you mean", and a ``--help`` that shows the options users set (data, schedule, model, run) and
   the Trainer options this CLI does not set itself;
-- the resume rule (:func:`resume_differences`): what must match a checkpoint, what may change.
+- the resume rule: what must match a checkpoint, what may change -- the ``model:`` settings
+  (:func:`resume_differences`) and the schedule the run trains with (:func:`check_schedule_unchanged`,
+  which the DataModule calls when it loads a checkpoint's data state).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
+import logging
 import os
 import re
 import sys
@@ -40,6 +44,8 @@ from data.schedules import ScheduleConfig
 from train.datamodule import WellMixedData
 from train.model import ModelConfig
 from train.module import OptimConfig, PretrainModule
+
+log = logging.getLogger("wellmixed")
 
 ROOT = Path(__file__).resolve().parents[1]
 # `fit --help` describes every option from its attribute docstring (the ones written under each field)
@@ -90,7 +96,7 @@ class RunConfig:
     """On a GPU, refuse a micro-batch whose estimated peak memory (train/memory.py) exceeds the device."""
     allow_changed_schedule: bool = False
     """Resume although data.schedule (budget, LR, sequence lengths, mixture) or data.weights changed: the
-    new schedule applies from the resumed step (train/faults.py). Refused by default."""
+    new schedule applies from the resumed step (:func:`check_schedule_unchanged`). Refused by default."""
 
 
 RESUME_POLICY = ("elastic", "allow_changed_data", "allow_changed_schedule")
@@ -388,8 +394,6 @@ def resolve_config(argv: list[str]) -> Namespace:
     """The configuration ``python -m train fit ARGV`` would run with, as ``--print_config`` shows it:
     stacked ``--config`` files and ``--data.*``/``--model.*``/``--run.*``/``--trainer.*`` overrides,
     parsed by the same parser (a bad key or value is one ``error:`` line, exit 2). Nothing is built."""
-    import logging
-
     argv = [a for a in argv if a != "fit"]
     saved, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when sys.argv holds arguments besides args
     quiet = logging.getLogger("lightning.fabric.utilities.seed")
@@ -503,10 +507,56 @@ def check_resume(path: str, saved: dict | None, requested: dict) -> list[str]:
 
 
 def _flag_value(value: Any) -> str:
-    import json
-
     return json.dumps(value) if isinstance(value, (list, dict)) or value is None else str(value).lower() \
         if isinstance(value, bool) else str(value)
+
+
+def schedule_fingerprint(schedule: Any, weights: dict[str, float] | None) -> str:
+    """The schedule (or fixed mixture) a run trains with, as canonical JSON for its checkpoints.
+
+    A string, so ``torch.load(weights_only=True)`` reads it; compared by :func:`schedule_changes`.
+    """
+    value = dataclasses.asdict(schedule) if schedule is not None else {"weights": weights}
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def schedule_changes(old: str | None, new: str) -> list[str]:
+    """``data.schedule.<key>: OLD -> NEW`` for every value that differs (empty: same, or an old checkpoint
+    that did not store it)."""
+    if old is None or old == new:
+        return []
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{key}.{k}")
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{key}[{i}]")
+        elif a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+
+    a, b = json.loads(old), json.loads(new)
+    walk(a, b, "data" if "weights" in a and len(a) == 1 else "data.schedule")
+    return out
+
+
+def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int) -> None:
+    """A resume under another schedule silently moves the anneal and the LR decay (a larger
+    ``train_tokens`` puts a run that was annealing back into the stable phase): refused like a changed
+    seed, unless ``run.allow_changed_schedule``."""
+    changes = schedule_changes(old, new)
+    if not changes:
+        return
+    if not allow:
+        raise ConfigError(
+            f"--ckpt_path: the checkpoint (step {step}) was trained with another schedule: {'; '.join(changes)}; "
+            "restore those values, or pass --run.allow_changed_schedule true to continue under the new schedule "
+            "from this step (its LR and mixture at this step may jump)"
+        )
+    log.warning("resuming at step %d under a changed schedule (run.allow_changed_schedule): %s", step,
+                "; ".join(changes))
 
 
 def split_tool_args(own: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:

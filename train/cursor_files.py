@@ -57,7 +57,7 @@ _STEP_DIR = re.compile(r"^step(\d+)(?:-v(\d+))?$")
 _EARLIER = "resume from an earlier checkpoint with --ckpt_path FILE (or --run.ckpt_fallback true)"
 EARLIER_SEVERAL_RANKS = ("resume from an earlier checkpoint with --ckpt_path FILE (on several ranks "
                          "--run.ckpt_fallback checks only that the cursor files exist)")
-"""The way out where each rank reads its own file: the fallback's check did not read it (train/faults.py)."""
+"""The way out where each rank reads its own file: the fallback's check did not read it (train/checkpoint.py)."""
 _NO_CHECKPOINT = "no checkpoint was written for this step, the previous ones are intact"
 
 

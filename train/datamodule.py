@@ -59,7 +59,6 @@ from train.cursor_files import (
     save_rank_cursors,
     way_out_on_several_ranks,
 )
-from train.faults import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +104,7 @@ class ConsumerDataset(IterableDataset):
 
 def ignore_stop_signals(worker_id: int) -> None:
     """DataLoader workers ignore SIGTERM/SIGUSR1: SLURM signals every process of the job step, and a
-    worker killed by it would crash the main process before it can checkpoint (train/faults.py)."""
+    worker killed by it would crash the main process before it can checkpoint (train/signals.py)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
@@ -264,6 +263,8 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The data state of a checkpoint, on every rank: this rank's cursors go to its own file (see
         train/cursor_files.py), the returned state (rank 0's is the one saved) names their folder."""
+        from train.config import schedule_fingerprint  # the resume rule's (train/config.py imports this module)
+
         workers = max(1, self.num_workers)
         mine = [self._trained.get(w) for w in range(workers)]
         resumed = self._resumed_cursors()
@@ -357,6 +358,8 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             raise ConfigError(f"checkpoint {ckpt_path}: {e}") from None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from train.config import check_schedule_unchanged, schedule_fingerprint  # the resume rule's
+
         self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
         workers = max(1, self.num_workers)
         # Units: next_step counts micro-batches; the optimizer step is what the schedules follow.

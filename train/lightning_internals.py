@@ -12,9 +12,13 @@ installed, because each item below reads or overrides something Lightning does n
   (``_check_log_dir_exists``);
 - :class:`FSDP2Strategy` -- ModelParallelStrategy's mesh sizes (``_data_parallel_size``,
   ``_tensor_parallel_size``) set to pure data parallelism over every rank (train/parallel.py FSDP2);
-- ``train/callbacks.py`` ``FinalCheckpoint`` overrides ModelCheckpoint's ``_save_topk_checkpoint`` /
-  ``_save_last_checkpoint`` and reads ``_last_global_step_saved``: the hooks where ``last.ckpt`` is
-  written (it stays there, with the checkpoint writing it belongs to).
+- :class:`CheckpointHooks` -- ModelCheckpoint's private saves of a step file and of ``last.ckpt``
+  (``_save_topk_checkpoint``, ``_save_last_checkpoint``) and what it last saved
+  (``_last_checkpoint_saved``, ``_last_global_step_saved``) under public names, for train/checkpoint.py's
+  ``FinalCheckpoint``;
+- :class:`CLIHooks` -- LightningCLI's ``_parse_ckpt_path`` (where it would replace the ``model:`` settings
+  by the checkpoint's; train/cli.py checks ``--ckpt_path`` there instead) and ``_instantiate_trainer``
+  (where train/cli.py adds the run's plugins, strategy, loggers and callbacks to the Trainer's arguments).
 
 Each has a test that fails when Lightning changes what it relies on (tests/integration: resume with
 another accumulation, the dead-worker checkpoint, a resumed metrics.csv, last.ckpt at the final step).
@@ -29,6 +33,8 @@ import os
 
 import lightning
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -76,6 +82,61 @@ def align_accumulation_phase(trainer) -> None:
         tracker.started += shift
         tracker.processed += shift
         tracker.completed += shift
+
+
+class CheckpointHooks(ModelCheckpoint):
+    """ModelCheckpoint whose saves are public methods a subclass overrides and calls back:
+    :meth:`save_step_file` where Lightning saves a step file (top-k by ``monitor``), :meth:`save_last_file`
+    where it saves ``last.ckpt``; and what it saved last, :attr:`last_saved_path` and :attr:`last_saved_step`."""
+
+    def _save_topk_checkpoint(self, trainer, monitor_candidates) -> None:
+        self.save_step_file(trainer, monitor_candidates)
+
+    def _save_last_checkpoint(self, trainer, monitor_candidates) -> None:
+        self.save_last_file(trainer, monitor_candidates)
+
+    def save_step_file(self, trainer, monitor_candidates) -> None:
+        """Lightning's save of a step file."""
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+
+    def save_last_file(self, trainer, monitor_candidates) -> None:
+        """Lightning's save of ``last.ckpt``."""
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+
+    @property
+    def last_saved_path(self) -> str:
+        """The file of the last save ("" before any)."""
+        return self._last_checkpoint_saved
+
+    @property
+    def last_saved_step(self) -> int:
+        """The global step of the last save (0 before any)."""
+        return self._last_global_step_saved
+
+    def monitor_candidates(self, trainer) -> dict:
+        """The metrics a save's file name and top-k choice read (``step`` among them)."""
+        return self._monitor_candidates(trainer)
+
+
+class CLIHooks(LightningCLI):
+    """LightningCLI with public hooks: :meth:`check_ckpt_path` right after the command line is parsed,
+    :meth:`trainer_arguments` on the Trainer's keyword arguments and the callbacks the parser made, just
+    before the Trainer is built."""
+
+    def _parse_ckpt_path(self) -> None:
+        self.check_ckpt_path()
+
+    def check_ckpt_path(self) -> None:
+        """Lightning's: the ``model:`` settings replaced by those of the ``--ckpt_path`` file."""
+        super()._parse_ckpt_path()
+
+    def trainer_arguments(self, config: dict, callbacks: list) -> tuple[dict, list]:
+        """The Trainer's keyword arguments and extra callbacks to build it with (here: unchanged)."""
+        return config, callbacks
+
+    def _instantiate_trainer(self, config, callbacks):
+        config, callbacks = self.trainer_arguments(config, callbacks)
+        return super()._instantiate_trainer(config, callbacks)
 
 
 class FSDP2Strategy(ModelParallelStrategy):

@@ -18,8 +18,7 @@ import pytest
 from scripts_in_process import load_script
 from training_runs import TINY, copy_checkpoint
 
-from train.callbacks import checksum_path
-from train.checkpoint import CheckpointError
+from train.checkpoint import CheckpointError, checksum_path
 
 pytestmark = pytest.mark.slow  # the shared reference run (tests/conftest.py ref_single) trains once per session
 

@@ -18,7 +18,7 @@ import torch
 from data.cursor import ConsumerCursor
 from data.errors import ConfigError
 from data.simulate import OrderSimulator
-from train.callbacks import AtomicCheckpointIO
+from train.checkpoint import AtomicCheckpointIO
 from train.cursor_files import (
     claim_step_dir,
     load_checkpoint_cursors,

@@ -16,8 +16,7 @@ import yaml
 from scripts_in_process import load_script
 
 from data.errors import ConfigError
-from train.callbacks import AtomicCheckpointIO
-from train.checkpoint import resolve_checkpoint
+from train.checkpoint import AtomicCheckpointIO, resolve_checkpoint
 from train.rundir_lock import LOCK_NAME, acquire_run_dir, release_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,7 +159,7 @@ def test_train_fit_config_errors_are_named_lines_not_a_traceback(args, want, tmp
 
 def test_schedule_changes_name_every_changed_key_and_the_override_lets_them_pass(caplog):
     from data.schedules import ScheduleConfig
-    from train.faults import check_schedule_unchanged, schedule_changes, schedule_fingerprint
+    from train.config import check_schedule_unchanged, schedule_changes, schedule_fingerprint
 
     d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["data"]["schedule"]
     old = schedule_fingerprint(ScheduleConfig.from_dict(d), None)
@@ -202,7 +201,7 @@ def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
     of last.ckpt) passed the pre-check and loaded silently (or failed inside Lightning's load)."""
     import hashlib
 
-    from train.callbacks import checksum_path, link_checkpoint
+    from train.checkpoint import checksum_path, link_checkpoint
 
     ckpts = tmp_path / "checkpoints"
     io = AtomicCheckpointIO()
@@ -241,8 +240,7 @@ def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
 def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
     """keep_last_k's removal takes the sidecar along; a kill's leftovers (sidecar temporaries, sidecars of
     removed files) go at the next start; a rewrite never leaves the old checksum beside the new file."""
-    from train.callbacks import checksum_path, file_sha256, read_checksum
-    from train.checkpoint import remove_stale_temp_files
+    from train.checkpoint import checksum_path, file_sha256, read_checksum, remove_stale_temp_files
 
     io = AtomicCheckpointIO()
     a, b = tmp_path / "step0000003.ckpt", tmp_path / "step0000006.ckpt"
@@ -410,7 +408,7 @@ def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(
     it prints the error and every thread's stack, and exits 1. Unarmed in library use."""
     import threading
 
-    from train import faults
+    from train import signals
 
     exits = []
     fired = threading.Event()
@@ -419,20 +417,20 @@ def test_a_fatal_error_in_a_cli_process_is_followed_by_an_exit_within_the_limit(
         exits.append(code)
         fired.set()
 
-    monkeypatch.setattr(faults.os, "_exit", fake_exit)
-    faults.disarm_fatal_exit()
-    faults.arm_fatal_exit(FileNotFoundError("metrics.csv"))  # library use: nothing armed
-    assert not faults._ARMED.is_set()
-    monkeypatch.setattr(faults, "FATAL_EXIT_AFTER_S", 0.2)
-    faults.arm_fatal_exit(FileNotFoundError("metrics.csv"))
+    monkeypatch.setattr(signals.os, "_exit", fake_exit)
+    signals.disarm_fatal_exit()
+    signals.arm_fatal_exit(FileNotFoundError("metrics.csv"))  # library use: nothing armed
+    assert not signals._ARMED.is_set()
+    monkeypatch.setattr(signals, "FATAL_EXIT_AFTER_S", 0.2)
+    signals.arm_fatal_exit(FileNotFoundError("metrics.csv"))
     assert fired.wait(10) and exits == [1]
     err = capsys.readouterr().err
     assert "fatal FileNotFoundError: metrics.csv" in err and "did not end within 0 s" in err
     assert "Thread MainThread:" in err  # where every thread waited
-    faults.FATAL_EXIT_AFTER_S = 60.0
-    faults.arm_fatal_exit(RuntimeError("again"))
-    faults.disarm_fatal_exit()  # what the test suite does after each test: nothing fires later
-    assert faults.FATAL_EXIT_AFTER_S is None and not faults._ARMED.is_set() and not faults._TIMER
+    signals.FATAL_EXIT_AFTER_S = 60.0
+    signals.arm_fatal_exit(RuntimeError("again"))
+    signals.disarm_fatal_exit()  # what the test suite does after each test: nothing fires later
+    assert signals.FATAL_EXIT_AFTER_S is None and not signals._ARMED.is_set() and not signals._TIMER
 
 
 # -- --ckpt_path: what it names, found by the step inside, refused in one line ------------------------------
@@ -567,8 +565,7 @@ def test_ckpt_path_last_without_a_checkpoint_is_refused_and_last_or_new_starts_f
 
 def test_a_malformed_sidecar_is_an_error_and_a_file_changed_after_its_check_is_checked_again(tmp_path, caplog):
     """Before: a malformed sidecar counted as none (the file was only opened) and a missing one said nothing."""
-    from train.callbacks import checksum_path
-    from train.checkpoint import checkpoint_problem
+    from train.checkpoint import checkpoint_problem, checksum_path
 
     path = tmp_path / "last.ckpt"
     marker = bytes(range(7, 247))

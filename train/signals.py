@@ -1,4 +1,4 @@
-"""The faults a cluster produces, and what a run does about them.
+"""Signals and fatal errors: the faults a cluster produces, and what a run does about them.
 
 - **Preemption** (SIGTERM, or SLURM's ``--signal=USR1@90``): :class:`StopOnSignal` -- the handler
   only sets a flag; at the next optimizer-step boundary every rank agrees on it, ``last.ckpt`` is
@@ -8,7 +8,7 @@
   kills the other ranks' processes (a collective save then cannot happen) and its SLURM requeue on
   SIGUSR1 checkpoints in the middle of a step, where the in-flight batch is lost on resume.
 - **A SIGKILL during a checkpoint write**: the write goes to a temporary file that is renamed into
-  place (train/callbacks.py, ``AtomicCheckpointIO``), so the previous checkpoint stays loadable; the
+  place (train/checkpoint.py, ``AtomicCheckpointIO``), so the previous checkpoint stays loadable; the
   half-written temporary is cleared at the next start (train/checkpoint.py ``remove_stale_temp_files``).
 - **A truncated, corrupt or wrong checkpoint**: every reader verifies it the same way before loading
   it (train/checkpoint.py: sidecar checksum, format, structure, data cursor files) -- one line naming
@@ -19,14 +19,13 @@
   ``StopOnSignal.on_exception``, before Lightning's teardown): the DataLoader workers are ended at
   once, and if the process is still alive ``FATAL_EXIT_AFTER_S`` later, every thread's stack is
   printed (where it waits) and it exits 1 -- a crash never holds a SLURM allocation to its time limit.
+- **A changed schedule on resume** is refused where the resume rule lives (train/config.py).
 - **A non-finite loss** and **a full disk** are handled where they happen (train/module.py:
-  ``on_nonfinite``; train/callbacks.py: ``AtomicCheckpointIO``).
+  ``on_nonfinite``; train/checkpoint.py: ``AtomicCheckpointIO``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 import re
@@ -35,18 +34,15 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import torch
 
-from data.errors import ConfigError
 from train import lightning_internals as internals
 from train.early_signals import EARLY as _EARLY
 from train.early_signals import STOP_SIGNALS, install_early_handlers  # noqa: F401 (re-exported for the CLI)
 
 log = logging.getLogger("wellmixed")
-
 
 
 FATAL_EXIT_AFTER_S: float | None = None
@@ -219,9 +215,6 @@ class StopOnSignal(L.Callback):
         self._previous = {}
 
 
-
-
-
 def worker_death_message(dead: list, step: int, saved: Path | None, rank: int = 0, reason: str = "",
                          torch_said: str = "") -> str:
     """One line: which worker died and how, what was saved, what to do."""
@@ -243,53 +236,6 @@ def worker_death_message(dead: list, step: int, saved: Path | None, rank: int = 
     return f"{what}{hint}; no checkpoint written{f' ({reason})' if reason else ''}: resume from the last one " \
            "with --ckpt_path last"
 
-
-def schedule_fingerprint(schedule: Any, weights: dict[str, float] | None) -> str:
-    """The schedule (or fixed mixture) a run trains with, as canonical JSON for its checkpoints.
-
-    A string, so ``torch.load(weights_only=True)`` reads it; compared by :func:`schedule_changes`.
-    """
-    value = dataclasses.asdict(schedule) if schedule is not None else {"weights": weights}
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def schedule_changes(old: str | None, new: str) -> list[str]:
-    """``data.schedule.<key>: OLD -> NEW`` for every value that differs (empty: same, or an old checkpoint
-    that did not store it)."""
-    if old is None or old == new:
-        return []
-    out: list[str] = []
-
-    def walk(a: Any, b: Any, key: str) -> None:
-        if isinstance(a, dict) and isinstance(b, dict):
-            for k in sorted(set(a) | set(b)):
-                walk(a.get(k), b.get(k), f"{key}.{k}")
-        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-            for i, (x, y) in enumerate(zip(a, b)):
-                walk(x, y, f"{key}[{i}]")
-        elif a != b:
-            out.append(f"{key}: {a!r} -> {b!r}")
-
-    a, b = json.loads(old), json.loads(new)
-    walk(a, b, "data" if "weights" in a and len(a) == 1 else "data.schedule")
-    return out
-
-
-def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int) -> None:
-    """A resume under another schedule silently moves the anneal and the LR decay (a larger
-    ``train_tokens`` puts a run that was annealing back into the stable phase): refused like a changed
-    seed, unless ``run.allow_changed_schedule``."""
-    changes = schedule_changes(old, new)
-    if not changes:
-        return
-    if not allow:
-        raise ConfigError(
-            f"--ckpt_path: the checkpoint (step {step}) was trained with another schedule: {'; '.join(changes)}; "
-            "restore those values, or pass --run.allow_changed_schedule true to continue under the new schedule "
-            "from this step (its LR and mixture at this step may jump)"
-        )
-    log.warning("resuming at step %d under a changed schedule (run.allow_changed_schedule): %s", step,
-                "; ".join(changes))
 
 
 def end_worker_processes() -> list[int]:
