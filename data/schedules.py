@@ -373,6 +373,20 @@ class Schedule:
         return out
 
 
+def fixed_schedule(weights: Mapping[str, float], seq_len: int, global_batch_size: int = 1,
+                   steps: int = 1_000_000) -> ScheduleConfig:
+    """A fixed mixture at one sequence length for ``steps`` steps, the LR at ``lr.peak`` throughout
+    (no warmup, no decay): the schedule of benchmarks and tests that need no schedule shape."""
+    return ScheduleConfig(
+        mixture=MixtureConfig(weights=dict(weights)),
+        train_tokens=steps * global_batch_size * seq_len,
+        global_batch_size=global_batch_size,
+        seq_len=SeqLenConfig(start=seq_len, end=seq_len, warmup_steps=0, multiple=1),
+        lr=LRConfig(warmup_steps=0),
+        anneal_start=1.0,
+    )
+
+
 def build_schedule(d: ScheduleConfig | Mapping[str, Any], sources: list[str] | None = None) -> Schedule:
     """Parses the ``schedule:`` dict, builds the Schedule and, given the corpus ``sources``, checks them.
 

@@ -34,7 +34,7 @@ from typing import Any, Optional
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from data.config import DataConfig, parse_data_config
+from data.config import REMOVED_KEYS, DataConfig, parse_data_config, removed_key_error
 from data.errors import ConfigError
 from data.schedules import ScheduleConfig
 from train.datamodule import WellMixedData
@@ -89,7 +89,7 @@ class RunConfig:
     memory_check: bool = True
     """On a GPU, refuse a micro-batch whose estimated peak memory (train/memory.py) exceeds the device."""
     allow_changed_schedule: bool = False
-    """Resume although data.schedule (budget, LR, sequence lengths, mixture) or data.weights changed: the
+    """Resume although data.schedule (budget, LR, sequence lengths, mixture) changed: the
     new schedule applies from the resumed step (train/faults.py). Refused by default."""
 
 
@@ -160,7 +160,7 @@ class WellMixedParser(LightningArgumentParser):
         if not self.exit_on_error:
             return super().error(message, ex)
         self._logger.error(message)
-        text = short_error(message, self)
+        text = removed_key_hint(message, self._argv) or short_error(message, self)
         if "unrecognized" in text:
             text += f"; all options: {self.prog.replace(' [options]', '')} --help"
         print(f"error: {text}", file=sys.stderr)
@@ -209,6 +209,15 @@ class WellMixedParser(LightningArgumentParser):
                     if isinstance(sub, WellMixedParser):
                         keys += sub.known_keys()
         return sorted(set(keys + [f"--{k}" for k in schedule_keys()]))
+
+
+def removed_key_hint(message: str, argv: list[str]) -> str | None:
+    """The replacement of a removed ``data:`` key (data/config.py) that a config file or flag still sets."""
+    for key in REMOVED_KEYS:
+        in_file = re.search(rf"(Group 'data' does not accept option '|accept option 'data\.){key}[.']", message)
+        if in_file or any(re.match(rf"--data\.{key}([.=]|$)", word) for word in argv):
+            return removed_key_error(key)
+    return None
 
 
 def short_error(message: str, parser: WellMixedParser) -> str:

@@ -244,13 +244,12 @@ def worker_death_message(dead: list, step: int, saved: Path | None, rank: int = 
            "with --ckpt_path last"
 
 
-def schedule_fingerprint(schedule: Any, weights: dict[str, float] | None) -> str:
-    """The schedule (or fixed mixture) a run trains with, as canonical JSON for its checkpoints.
+def schedule_fingerprint(schedule: Any) -> str:
+    """The schedule a run trains with, as canonical JSON for its checkpoints.
 
     A string, so ``torch.load(weights_only=True)`` reads it; compared by :func:`schedule_changes`.
     """
-    value = dataclasses.asdict(schedule) if schedule is not None else {"weights": weights}
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return json.dumps(dataclasses.asdict(schedule), sort_keys=True, separators=(",", ":"))
 
 
 def schedule_changes(old: str | None, new: str) -> list[str]:
@@ -271,7 +270,7 @@ def schedule_changes(old: str | None, new: str) -> list[str]:
             out.append(f"{key}: {a!r} -> {b!r}")
 
     a, b = json.loads(old), json.loads(new)
-    walk(a, b, "data" if "weights" in a and len(a) == 1 else "data.schedule")
+    walk(a, b, "data.schedule")
     return out
 
 
