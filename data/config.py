@@ -106,8 +106,7 @@ class DataConfig:
     sources: dict[str, SourceConfig]
     """Mixture sources, in the order they are reported and indexed (source id = position)."""
     schedule: ScheduleConfig
-    """Step-pure schedules (mixture, sequence-length warmup, LR, token budget); see data/schedules.py.
-    A fixed mixture is ``schedule.mixture.weights``."""
+    """Token budget, sequence lengths, LR and mixture (fixed: mixture.weights) as step-pure schedules."""
     seed: int = 1234
     """Global seed: shard permutations per (seed, source, epoch); local RNGs per (seed, consumer)."""
     batch_size: int = 8

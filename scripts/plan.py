@@ -31,9 +31,8 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
 import argparse
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from data.config import corpus_sources
 from data.errors import ConfigError, error_lines, one_line_errors
@@ -66,8 +65,7 @@ def config_ranks(trainer) -> int:
     return devices * nodes if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) else 1
 
 
-@dataclass
-class Plan:
+class Plan(NamedTuple):
     """What the plan prints and draws, resolved from the config before anything is printed."""
 
     name: str

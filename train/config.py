@@ -183,9 +183,6 @@ class WellMixedParser(LightningArgumentParser):
                 action.help = argparse.SUPPRESS
             elif dest.startswith("trainer.") and action.help and action.help != argparse.SUPPRESS:
                 action.help = re.split(r"(?<=\.)\s", action.help.strip(), maxsplit=1)[0]
-            elif dest == "data.schedule" and "data.schedule.lr" not in str(action.help):
-                action.help = (f"{action.help or ''} Its keys, each settable: "
-                               + ", ".join(f"--{k}" for k in schedule_keys()) + " (data/schedules.py).")
         text = self.format_usage() + super().format_help().split("\n\n", 1)[1]
         text = re.sub(r",\s+known\s+subclasses:[^)]*\)", ")", text)  # Lightning's class lists
         text = re.sub(r"\n\s*ENV:\s+\S+", "", text)

@@ -301,7 +301,7 @@ BAD = {
     "cursor garbage": (["--resume-from", "{work}/garbage.json"], ["--resume-from", "garbage.json"]),
     "cursor not a cursor": (["--resume-from", "{work}/empty.json"], ["--resume-from", "empty.json"]),
     "cursor mangled": (["--resume-from", "{mangled}"], ["--resume-from", "mangled.cursor.json"]),
-    "weights JSON": (["--weights", '{"web": "a lot"}'], ["--weights", "number"]),
+    "weights JSON": (["--weights", '{{"web": "a lot"}}'], ["--weights", "number"]),  # {{: str.format below
     "removed data key": (["--data.seq_len", "64"], ["data.seq_len", "data.schedule.seq_len.start"]),
 }
 
