@@ -181,9 +181,8 @@ class ScheduleConfig:
     anneal_start: float = 0.9
     """Fraction of total steps where both the LR decay and the anneal phase start; 1 = no decay."""
 
-    # No validation in __post_init__: jsonargparse instantiates this dataclass while it type-checks
-    # ``data.schedule`` (an Optional), and an exception there came out of ``train fit`` as an 80-line
-    # "Does not validate against any of the Union subtypes" traceback. DataConfig.validate (the one
+    # No validation in __post_init__: jsonargparse instantiates this dataclass while it parses
+    # ``data.schedule``, where an exception is not one line naming the key. DataConfig.validate (the one
     # place a run's config is checked, all problems at once) and ``build`` call ``problems``.
 
     @classmethod
