@@ -14,9 +14,9 @@ The configuration is resolved as ``python -m train fit`` resolves it (train/conf
 config's globs. The older spellings map onto those keys: ``--seed`` (data.seed), ``--batch-size``
 (data.batch_size), ``--buffer-size`` (data.buffer_size), ``--open-shards`` (data.open_shards),
 ``--selector`` (data.selector), ``--weights web=0.6,...`` or ``--weights '{"web": 0.6, ...}'`` (a fixed
-mixture: data.schedule.mixture.weights, replacing the configured mixture) and ``--seq-len L`` (one length
-throughout: data.schedule.seq_len.start = end = L, warmup_steps 0, multiple 1). The schedule's token budget, and so the
-default ``--steps``, follows from the result.
+mixture: data.schedule.mixture.weights, replacing the configured mixture) and ``--seq-len L`` (one
+length throughout: data.schedule.seq_len.start = end = L, warmup_steps 0, multiple 1). The default
+``--steps`` is the total of the schedule that results.
 """
 
 from __future__ import annotations
