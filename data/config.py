@@ -7,10 +7,11 @@ A run's YAML has a ``data:`` section with these keys (``configs/demo.yaml`` is t
         web:     {paths: ["demo_corpus/web/*.parquet"]}
         curated: {paths: ["dolma3/*.parquet"], filter: {column: source, values: ["finemath*", "rpj*arxiv*"],
                                                           optional: ["dolma1_7*wiki*"]}}
-      weights: {web: 0.62, code: 0.18, books: 0.12, curated: 0.08}   # fixed mixture (or `schedule:`)
+      schedule:                      # token budget, sequence lengths, LR and mixture (data/schedules.py)
+        mixture: {weights: {web: 0.62, code: 0.18, books: 0.12, curated: 0.08}}   # fixed (or `phases:`)
+        seq_len: {start: 512, end: 2048, warmup_steps: 2000}
       seed: 1234
       batch_size: 8                  # sequences per rank per step (micro-batch)
-      seq_len: 2048
 
 A filter's ``values`` must each match some value in the source's files; ``optional`` patterns may match
 nothing (alternative spellings of one sub-source). Values no source claims are refused above
@@ -104,16 +105,12 @@ class DataConfig:
 
     sources: dict[str, SourceConfig]
     """Mixture sources, in the order they are reported and indexed (source id = position)."""
-    weights: Optional[dict[str, float]] = None
-    """Fixed mixture: share of *tokens* per source. Exactly one of ``weights`` / ``schedule``."""
-    schedule: Optional[ScheduleConfig] = None
-    """Step-pure schedules (mixture phases, sequence-length warmup, LR); see data/schedules.py."""
+    schedule: ScheduleConfig
+    """Token budget, sequence lengths, LR and mixture (fixed: mixture.weights) as step-pure schedules."""
     seed: int = 1234
     """Global seed: shard permutations per (seed, source, epoch); local RNGs per (seed, consumer)."""
     batch_size: int = 8
     """Sequences per rank per optimizer step (the micro-batch)."""
-    seq_len: int = 2048
-    """Tokens per sequence when no schedule is given (the schedule's ``seq_len.end`` otherwise)."""
     open_shards: int = 8
     """k: chunks each consumer reads at once, interleaved at random (level 2 of the shuffle)."""
     buffer_size: int = 10_000
@@ -173,24 +170,19 @@ class DataConfig:
         out: list[str] = []
         if not self.sources:
             out.append("data.sources: no sources configured; name at least one mixture source")
-        for key in ("batch_size", "seq_len", "open_shards", "buffer_size", "min_chunks_per_source"):
+        for key in ("batch_size", "open_shards", "buffer_size", "min_chunks_per_source"):
             if getattr(self, key) < 1:
                 out.append(f"data.{key}: {getattr(self, key)} must be >= 1")
         if not 0.0 <= self.unclaimed <= 1.0:
             out.append(f"data.unclaimed: {self.unclaimed} must be a share of tokens in [0, 1]")
         if self.num_workers < 0:
             out.append(f"data.num_workers: {self.num_workers} must be >= 0 (0 reads in the main process)")
-        if (self.weights is None) == (self.schedule is None):
-            out.append("data: give exactly one of `weights` (a fixed mixture) or `schedule`")
-        if self.weights is not None:
-            out += weight_problems(self.weights, self.source_names, "data.weights")
         for name, src in self.sources.items():
             if not src.paths:
                 out.append(f"data.sources.{name}.paths is empty: give at least one parquet glob")
             if src.filter is not None and not src.filter.patterns:
                 out.append(f"data.sources.{name}.filter.values is empty: give patterns to keep")
-        if self.schedule is not None:
-            out += _schedule_problems(self.schedule, self.source_names)
+        out += _schedule_problems(self.schedule, self.source_names)
         if out:
             raise ConfigError("\n".join(out))
 
@@ -235,10 +227,26 @@ def weight_problems(weights: dict[str, float], sources: list[str], key: str) -> 
     return out
 
 
+REMOVED_KEYS = {
+    "weights": "give the fixed mixture as data.schedule.mixture.weights",
+    "seq_len": "give data.schedule.seq_len.start and data.schedule.seq_len.end (the same length in both, "
+               "with warmup_steps 0, for one fixed length)",
+}
+"""``data:`` keys that no longer exist, and what replaces each."""
+
+
+def removed_key_error(key: str) -> str:
+    """The one line for a config that still sets a key of :data:`REMOVED_KEYS`."""
+    return f"data.{key}: no longer a key; {REMOVED_KEYS[key]}"
+
+
 def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataConfig:
     """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types."""
     from jsonargparse import ArgumentParser
 
+    removed = [key for key in REMOVED_KEYS if key in section]
+    if removed:
+        raise ConfigError(f"{origin}: {removed_key_error(removed[0])}")
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--data", type=DataConfig)
     try:

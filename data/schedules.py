@@ -181,9 +181,8 @@ class ScheduleConfig:
     anneal_start: float = 0.9
     """Fraction of total steps where both the LR decay and the anneal phase start; 1 = no decay."""
 
-    # No validation in __post_init__: jsonargparse instantiates this dataclass while it type-checks
-    # ``data.schedule`` (an Optional), and an exception there came out of ``train fit`` as an 80-line
-    # "Does not validate against any of the Union subtypes" traceback. DataConfig.validate (the one
+    # No validation in __post_init__: jsonargparse instantiates this dataclass while it parses
+    # ``data.schedule``, where an exception is not one line naming the key. DataConfig.validate (the one
     # place a run's config is checked, all problems at once) and ``build`` call ``problems``.
 
     @classmethod
@@ -371,6 +370,20 @@ class Schedule:
                 weight_sums = (n - t_sum) * self.phase_weights[i - 1] + t_sum * self.phase_weights[i]
             out[i] += self.tokens_at(a) * weight_sums
         return out
+
+
+def fixed_schedule(weights: Mapping[str, float], seq_len: int, global_batch_size: int = 1,
+                   steps: int = 1_000_000) -> ScheduleConfig:
+    """A fixed mixture at one sequence length for ``steps`` steps, the LR at ``lr.peak`` throughout
+    (no warmup, no decay): the schedule of benchmarks and tests that need no schedule shape."""
+    return ScheduleConfig(
+        mixture=MixtureConfig(weights=dict(weights)),
+        train_tokens=steps * global_batch_size * seq_len,
+        global_batch_size=global_batch_size,
+        seq_len=SeqLenConfig(start=seq_len, end=seq_len, warmup_steps=0, multiple=1),
+        lr=LRConfig(warmup_steps=0),
+        anneal_start=1.0,
+    )
 
 
 def build_schedule(d: ScheduleConfig | Mapping[str, Any], sources: list[str] | None = None) -> Schedule:

@@ -89,19 +89,17 @@ class OrderSimulator:
         self.step = state["step"]
 
 
-def order_line(batch: dict, source_names: list[str], lr_at: Callable[[int], float] | None = None) -> dict:
+def order_line(batch: dict, source_names: list[str], lr_at: Callable[[int], float]) -> dict:
     step = batch["step"]
-    line = {
+    return {
         "step": step,
         "rank": batch["rank"],
         "seq_len": int(batch["input_ids"].shape[1]),
         "pieces": batch["pieces"],
         "source_tokens": {n: int(t) for n, t in zip(source_names, batch["source_tokens"])},
         "weights": {n: round(float(w), 6) for n, w in zip(source_names, batch["weights"])},
+        "lr": float(lr_at(step)),
     }
-    if lr_at is not None:
-        line["lr"] = float(lr_at(step))
-    return line
 
 
 def dumps(line: dict) -> str:

@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from data.config import DataConfig
-from data.schedules import build_schedule
+from data.schedules import Schedule, build_schedule
 
 
 class StepSchedule:
@@ -18,38 +18,28 @@ class StepSchedule:
     DataLoader workers get a copy.
     """
 
-    def __init__(self, names: list[str], schedule=None, weights: dict[str, float] | None = None,
-                 seq_len: int = 2048, accumulate: int = 1):
+    def __init__(self, names: list[str], schedule: Schedule, accumulate: int = 1):
         self.names, self.schedule, self.accumulate = names, schedule, max(1, accumulate)
-        self.fixed_weights = None if weights is None else np.array([weights[n] for n in names], dtype=np.float64)
-        self.fixed_seq_len = seq_len
 
     @classmethod
-    def from_config(cls, cfg: DataConfig, accumulate: int = 1, schedule=None) -> "StepSchedule":
+    def from_config(cls, cfg: DataConfig, accumulate: int = 1, schedule: Schedule | None = None) -> "StepSchedule":
+        """``schedule``: an already built ``cfg.schedule`` (built here when not given)."""
         names = list(cfg.sources)
-        if schedule is None and cfg.schedule is not None:
+        if schedule is None:
             schedule = build_schedule(cfg.schedule, sources=names)
-        if schedule is not None:
-            return cls(names, schedule=schedule, accumulate=accumulate)
-        return cls(names, weights=cfg.weights, seq_len=cfg.seq_len, accumulate=accumulate)
+        return cls(names, schedule=schedule, accumulate=accumulate)
 
     def weights(self, step: int) -> np.ndarray:
-        if self.schedule is None:
-            return self.fixed_weights
         ws = self.schedule.mixture_weights(step // self.accumulate)
         return np.array([ws[n] for n in self.names], dtype=np.float64)
 
     def seq_len(self, step: int) -> int:
-        if self.schedule is None:
-            return self.fixed_seq_len
         return self.schedule.max_seq_len(step // self.accumulate)
 
     @property
-    def lr(self) -> Callable[[int], float] | None:
-        if self.schedule is None:
-            return None
+    def lr(self) -> Callable[[int], float]:
         return lambda step: self.schedule.lr(step // self.accumulate)
 
     @property
-    def total_steps(self) -> int | None:
-        return None if self.schedule is None else self.schedule.total_steps * self.accumulate
+    def total_steps(self) -> int:
+        return self.schedule.total_steps * self.accumulate

@@ -81,9 +81,9 @@ class TrainingContext:
 
     source_names: tuple[str, ...]
     """The mixture's sources, in manifest order: the index ``target_source`` holds."""
-    schedule: Schedule | None
+    schedule: Schedule
     """The pure schedules of the global (optimizer) step: ``lr(step)``, ``tokens_at(step)``,
-    ``total_steps``, ... None without ``data.schedule``."""
+    ``total_steps``, ..."""
     held_out: Callable[[], Iterable[EvalBatch]] | None
     """A fresh iterable of this rank's held-out batches (tensors); None when the run holds none out."""
     num_workers: int

@@ -60,7 +60,7 @@ from data.config import DataConfig, corpus_sources, load_data_config
 from data.formatting import human
 from data.manifest import build_manifest
 from data.packer import ConsumerStream
-from data.schedules import build_schedule
+from data.schedules import build_schedule, fixed_schedule
 from data.simulate import OrderSimulator
 from data.tokenizer import get_encoding
 
@@ -115,8 +115,11 @@ def read_corpus(corpus: Path) -> tuple[list[str], dict[str, np.ndarray]]:
     return texts, lengths
 
 
-def stream_config(corpus: Path, **overrides) -> DataConfig:
-    kw = dict(sources=corpus_sources(corpus, SOURCES), weights=big_weights(), val_tokens_per_source=0)
+def stream_config(corpus: Path, weights: dict[str, float] | None = None, seq_len: int = 2048,
+                  **overrides) -> DataConfig:
+    """The bench corpus at a fixed mixture (default: the 350M config's stable phase) and one sequence length."""
+    kw = dict(sources=corpus_sources(corpus, SOURCES), schedule=fixed_schedule(weights or big_weights(), seq_len),
+              val_tokens_per_source=0)
     kw.update(overrides)
     return DataConfig(**kw)
 
@@ -606,7 +609,7 @@ def bench_long_docs(demo: Path, tmp: Path, steps: int, seeds: list[int], phases:
 # (f) a Dolma3-shaped corpus: start-up, throughput, memory, cursor, restore (this tree vs --before)
 
 SCALE_PROBE = r"""
-import json, os, resource, shutil, sys, time
+import dataclasses, json, os, resource, shutil, sys, time
 import numpy as np
 from data.config import DataConfig, FilterConfig, SourceConfig
 from data.manifest import build_manifest
@@ -614,9 +617,15 @@ from data.packer import ConsumerStream
 a = json.loads(sys.argv[1])
 srcs = {n: SourceConfig(paths=[a["pattern"]], filter=FilterConfig(column="source", values=v))
         for n, v in a["mixture"].items()}
+L = a["seq_len"]
+if "weights" in {f.name for f in dataclasses.fields(DataConfig)}:  # a --before tree with data.weights
+    mixture = dict(weights=a["weights"], seq_len=L)
+else:
+    mixture = dict(schedule={"mixture": {"weights": a["weights"]}, "lr": {"warmup_steps": 0}, "anneal_start": 1.0,
+                             "seq_len": {"start": L, "end": L, "warmup_steps": 0, "multiple": 1}})
 def cfg_with(cache):
-    return DataConfig(sources=srcs, weights=a["weights"], buffer_size=a["buffer"], open_shards=a["open"],
-                      batch_size=a["rows"], seq_len=a["seq_len"], min_chunks_per_source=1, num_workers=1,
+    return DataConfig(sources=srcs, **mixture, buffer_size=a["buffer"], open_shards=a["open"],
+                      batch_size=a["rows"], min_chunks_per_source=1, num_workers=1,
                       val_tokens_per_source=0, manifest_cache=cache)
 shutil.rmtree(a["cache"], ignore_errors=True)
 t = time.perf_counter(); m = build_manifest(cfg_with(a["cache"])); cold = time.perf_counter() - t

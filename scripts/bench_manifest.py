@@ -28,12 +28,13 @@ import data.manifest as manifest_mod
 from data.config import DataConfig
 from data.corpus.scale import scale_sources
 from data.manifest import build_manifest
+from data.schedules import fixed_schedule
 
 
 def config(corpus: str, cache: str) -> DataConfig:
     sources = scale_sources(corpus)
-    return DataConfig(sources=sources, weights={n: 1 / len(sources) for n in sources}, manifest_cache=cache,
-                      val_tokens_per_source=0)
+    return DataConfig(sources=sources, schedule=fixed_schedule({n: 1 / len(sources) for n in sources}, 2048),
+                      manifest_cache=cache, val_tokens_per_source=0)
 
 
 def timed_build(corpus: str, cache: str, threads: int) -> float:

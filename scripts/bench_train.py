@@ -58,6 +58,7 @@ def demo_batches(n: int, batch: int, seq: int, corpus: Path | None) -> list[dict
     from data.config import DataConfig, corpus_sources
     from data.corpus.demo import build_demo_corpus
     from data.manifest import build_manifest
+    from data.schedules import fixed_schedule
     from data.simulate import OrderSimulator
     from train.datamodule import to_torch
 
@@ -66,9 +67,8 @@ def demo_batches(n: int, batch: int, seq: int, corpus: Path | None) -> list[dict
         build_demo_corpus(corpus)
     cfg = DataConfig(
         sources=corpus_sources(corpus, SOURCES),
-        weights={"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08},
+        schedule=fixed_schedule({"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}, seq),
         batch_size=batch,
-        seq_len=seq,
         buffer_size=256,
         manifest_cache=str(corpus.parent / ".cache"),
     )

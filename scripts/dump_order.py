@@ -12,9 +12,11 @@ The configuration is resolved as ``python -m train fit`` resolves it (train/conf
 ``--config`` files and ``--data.<key>`` overrides (``--data.seed 7``, ``--data.batch_size 2``,
 ``--data.schedule.seq_len.end 512``). ``--corpus DIR`` reads DIR/<source>/*.parquet instead of the
 config's globs. The older spellings map onto those keys: ``--seed`` (data.seed), ``--batch-size``
-(data.batch_size), ``--seq-len`` (data.seq_len), ``--buffer-size`` (data.buffer_size), ``--open-shards``
-(data.open_shards), ``--selector`` (data.selector), and ``--weights web=0.6,...`` (a fixed mixture:
-data.weights, replacing data.schedule).
+(data.batch_size), ``--buffer-size`` (data.buffer_size), ``--open-shards`` (data.open_shards),
+``--selector`` (data.selector), ``--weights web=0.6,...`` or ``--weights '{"web": 0.6, ...}'`` (a fixed
+mixture: data.schedule.mixture.weights, replacing the configured mixture) and ``--seq-len L`` (one
+length throughout: data.schedule.seq_len.start = end = L, warmup_steps 0, multiple 1). The default
+``--steps`` is the total of the schedule that results.
 """
 
 from __future__ import annotations
@@ -38,12 +40,21 @@ from data.manifest import build_manifest
 from data.plan import stream_table
 from data.simulate import OrderSimulator, dumps
 
-OLD_FLAGS = {"seed": "data.seed", "batch_size": "data.batch_size", "seq_len": "data.seq_len",
-             "buffer_size": "data.buffer_size", "open_shards": "data.open_shards", "selector": "data.selector"}
+OLD_FLAGS = {"seed": "data.seed", "batch_size": "data.batch_size", "buffer_size": "data.buffer_size",
+             "open_shards": "data.open_shards", "selector": "data.selector"}
 """This script's older flags (``--batch-size``) and the configuration key each sets."""
 
 
 def parse_weights(text: str) -> dict[str, float]:
+    """``web=0.62,code=0.38`` or the JSON object ``{"web": 0.62, "code": 0.38}``."""
+    if text.lstrip().startswith("{"):
+        try:
+            weights = json.loads(text)
+        except ValueError as e:
+            raise ConfigError(f"--weights: not a JSON object of source weights: {e}") from None
+        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights.values()):
+            raise ConfigError(f"--weights: {text} must map each source to a number")
+        return {str(name): float(w) for name, w in weights.items()}
     out = {}
     for item in text.split(","):
         name, _, value = item.partition("=")
@@ -67,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-from", default=None, metavar="CURSOR_FILE", help="continue from a saved cursor")
     p.add_argument("--corpus", default=None, help="use DIR/<source>/*.parquet instead of the config's globs")
     p.add_argument("--weights", default=None, help="fixed mixture, e.g. web=0.62,code=0.18,books=0.12,curated=0.08 "
-                   "(sets data.weights and drops data.schedule)")
+                   "or JSON (sets data.schedule.mixture.weights, replacing the configured mixture)")
+    p.add_argument("--seq-len", type=int, default=None, metavar="L",
+                   help="one sequence length throughout (sets data.schedule.seq_len.start and .end to L, "
+                        "warmup_steps 0, multiple 1)")
     for flag, key in OLD_FLAGS.items():
         p.add_argument("--" + flag.replace("_", "-"), default=None, metavar=key.split(".")[1].upper(),
                        help=f"= --{key}")
@@ -83,16 +97,15 @@ def resolve(args: argparse.Namespace, rest: list[str], resolved):
     mapped = [a for flag, key in OLD_FLAGS.items() if getattr(args, flag) is not None
               for a in (f"--{key}", str(getattr(args, flag)))]
     written = data_config(resolved)
-    if args.weights is None and args.seq_len is None:
-        return data_config(resolve_config(rest + mapped)) if mapped else written
     if args.weights is not None:
         weights = parse_weights(args.weights)
         check_weights(weights, list(written.sources), "--weights")
-        mapped += ["--data.schedule", "null", "--data.weights", json.dumps(weights)]
-    elif written.schedule is not None:
-        raise ConfigError("--seq-len replaces the schedule's sequence-length warmup: also give --weights "
-                          f"for a fixed mixture of {list(written.sources)}")
-    return data_config(resolve_config(rest + mapped))
+        fixed = {"weights": weights, "phases": [], "ramp_steps": 0, "fixed_equivalent_of": None}
+        mapped += ["--data.schedule.mixture", json.dumps(fixed)]  # every key: the configured ones are replaced
+    if args.seq_len is not None:
+        one_length = {"start": args.seq_len, "end": args.seq_len, "warmup_steps": 0, "multiple": 1}
+        mapped += ["--data.schedule.seq_len", json.dumps(one_length)]
+    return data_config(resolve_config(rest + mapped)) if mapped else written
 
 
 @one_line_errors
@@ -112,11 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = build_manifest(cfg)
         workers = cfg.num_workers if args.num_workers is None else args.num_workers
         sim = OrderSimulator(manifest, cfg, args.world_size, workers)
-        steps = args.steps
-        if steps is None:
-            steps = sim.steps.total_steps
-            if steps is None:
-                raise ConfigError("--steps is required with a fixed mixture (no schedule gives the total)")
+        steps = sim.steps.total_steps if args.steps is None else args.steps
         if args.resume_from:
             try:
                 state = json.loads(Path(args.resume_from).read_text())

@@ -32,6 +32,7 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from data.config import corpus_sources
 from data.errors import ConfigError, error_lines, one_line_errors
@@ -64,72 +65,126 @@ def config_ranks(trainer) -> int:
     return devices * nodes if isinstance(devices, int) and devices > 0 and isinstance(nodes, int) else 1
 
 
+class Plan(NamedTuple):
+    """What the plan prints and draws, resolved from the config before anything is printed."""
+
+    name: str
+    """The config files, for the header line."""
+    cfg: Any
+    """The run's DataConfig (``--corpus`` applied)."""
+    model: Any
+    """The run's ModelConfig, for the memory plan."""
+    schedule: Any
+    """The built Schedule of ``data.schedule``."""
+    tokens: dict[str, float]
+    """Available tokens per source."""
+    origin: str
+    """Where ``tokens`` came from (the manifest, data.expected_tokens, --tokens)."""
+    table: str
+    """The plan table: tokens drawn, epochs and phase shares per source."""
+    max_epochs: float
+    """The epoch limit the warnings were checked against."""
+    caught: list
+    """Implied-epoch warnings."""
+    out: Path
+    """The PNG to write."""
+
+
+def make_plan(args: argparse.Namespace, resolved) -> Plan:
+    """The schedule, available tokens, plan table and epoch warnings of a resolved config; ConfigError
+    for an invalid config, corpus or ``--out``."""
+    from data.plan import available_tokens, parse_tokens, plan_table
+    from data.schedules import build_schedule
+    from train.config import config_sources, data_config, model_config
+
+    cfg, model = data_config(resolved), model_config(resolved)
+    if args.corpus:
+        cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
+    schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
+    tokens, origin = available_tokens(cfg, None if args.tokens is None else parse_tokens(args.tokens))
+    table = plan_table(schedule, tokens)
+    max_epochs = cfg.max_epochs if args.max_epochs is None else args.max_epochs
+    caught = epoch_warnings(schedule, tokens, max_epochs, strict=args.strict or cfg.max_epochs_error)
+    return Plan(name=config_sources(resolved), cfg=cfg, model=model, schedule=schedule, tokens=tokens, origin=origin,
+                table=table, max_epochs=max_epochs, caught=caught, out=out_path(args, resolved))
+
+
+def epoch_warnings(schedule, tokens: dict[str, float], max_epochs: float, strict: bool) -> list:
+    """The implied-epoch warnings (data/plan.py check_epochs), caught to print after the table; with
+    ``strict`` an epoch count above the limit raises ConfigError instead."""
+    from data.plan import check_epochs
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_epochs(schedule, tokens, max_epochs=max_epochs, error=strict)
+    return caught
+
+
+def out_path(args: argparse.Namespace, resolved) -> Path:
+    """``--out``, or runs/plan/<config names>.png (its folder made); a missing ``--out`` folder is refused."""
+    stems = "+".join(Path(str(getattr(c, "relative", c))).stem for c in resolved.get("config") or []) or "plan"
+    out = Path(args.out) if args.out else Path("runs/plan") / f"{stems}.png"
+    if args.out is None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
+    return out
+
+
+def print_plan(plan: Plan, args: argparse.Namespace, resolved) -> None:
+    """The header, the plan table, the epoch verdict, the streams per consumer and the memory plan."""
+    from train.config import model_source
+    from train.memory import memory_plan
+
+    print(f"plan for {plan.name}; available tokens: {plan.origin}\n")
+    print(plan.table)
+    if plan.caught:
+        for w in plan.caught:
+            print(f"warning: {w.message}")
+    else:
+        limit = "data.max_epochs" if args.max_epochs is None else "--max-epochs"
+        print(f"implied epochs: every source at most {plan.max_epochs:g} ({limit}; no warning)")
+    cfg = plan.cfg
+    if args.tokens is None and all(cfg.sources[n].files() for n in cfg.sources):
+        world_size = config_ranks(resolved.trainer) if args.world_size is None else args.world_size
+        print_streams(cfg, world_size * max(1, cfg.num_workers))
+    seq = plan.schedule.config.seq_len.end
+    print("\n" + memory_plan(plan.model, model_source(resolved), cfg.batch_size, seq, args.gpu_memory_gib))
+
+
+def print_streams(cfg, consumers: int) -> None:
+    """The corpus mapping (filtered sources) and the effective streams per consumer, from the manifest."""
+    from data.manifest import build_manifest
+    from data.plan import stream_table
+
+    manifest = build_manifest(cfg)
+    if manifest.mapping is not None:
+        print("\n" + manifest.mapping.text())
+    print("\neffective streams per consumer (the epoch barrier caps what a small source can hold):")
+    print(stream_table(manifest, cfg, consumers))
+
+
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    from train.config import split_tool_args
+    from data.plan import plot_schedule
+    from train.config import resolve_config, split_tool_args
+    from train.model import ModelConfigError
 
     parser = build_parser()
     own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
     if "-h" in own or "--help" in own:
         parser.parse_args(own)  # prints the help and exits
-    from data.plan import available_tokens, check_epochs, parse_tokens, plan_table, plot_schedule
-    from data.schedules import build_schedule
-    from train.config import config_sources, data_config, model_config, model_source, resolve_config
-    from train.memory import memory_plan
-    from train.model import ModelConfigError
-
     try:
         resolved = resolve_config(rest)
         args = parser.parse_args(own)
-        name = config_sources(resolved)
-        cfg, model = data_config(resolved), model_config(resolved)
-        if args.corpus:
-            cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
-        if cfg.schedule is None:
-            raise ConfigError(f"{name}: data.schedule is missing; a plan needs the token budget and "
-                              "phases of a schedule (a fixed `weights:` mixture has no steps to plan)")
-        schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
-        tokens, origin = available_tokens(cfg, None if args.tokens is None else parse_tokens(args.tokens))
-        table = plan_table(schedule, tokens)
-        max_epochs = cfg.max_epochs if args.max_epochs is None else args.max_epochs
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            check_epochs(schedule, tokens, max_epochs=max_epochs, error=args.strict or cfg.max_epochs_error)
-        stems = "+".join(Path(str(getattr(c, "relative", c))).stem for c in resolved.get("config") or []) or "plan"
-        out = Path(args.out) if args.out else Path("runs/plan") / f"{stems}.png"
-        if args.out is None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        if not out.parent.is_dir():
-            raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
+        plan = make_plan(args, resolved)
     except (ConfigError, ModelConfigError) as e:
         print(error_lines(e), file=sys.stderr)
         return 2
-
-    world_size = config_ranks(resolved.trainer) if args.world_size is None else args.world_size
-    print(f"plan for {name}; available tokens: {origin}\n")
-    print(table)
-    if caught:
-        for w in caught:
-            print(f"warning: {w.message}")
-    else:
-        limit = "data.max_epochs" if args.max_epochs is None else "--max-epochs"
-        print(f"implied epochs: every source at most {max_epochs:g} ({limit}; no warning)")
-    if args.tokens is None and all(cfg.sources[n].files() for n in cfg.sources):
-        from data.manifest import build_manifest
-        from data.plan import stream_table
-
-        consumers = world_size * max(1, cfg.num_workers)
-        manifest = build_manifest(cfg)
-        if manifest.mapping is not None:
-            print("\n" + manifest.mapping.text())
-        print("\neffective streams per consumer (the epoch barrier caps what a small source can hold):")
-        print(stream_table(manifest, cfg, consumers))
-    seq = schedule.config.seq_len.end
-    print("\n" + memory_plan(model, model_source(resolved), cfg.batch_size, seq, args.gpu_memory_gib))
-    plot_schedule(schedule, out)
-    print(f"wrote {out}")
+    print_plan(plan, args, resolved)
+    plot_schedule(plan.schedule, plan.out)
+    print(f"wrote {plan.out}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

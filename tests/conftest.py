@@ -19,6 +19,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from data.config import DataConfig, SourceConfig  # noqa: E402 (after the environment above)
+from data.schedules import fixed_schedule  # noqa: E402
 
 SOURCES = ["web", "code", "books", "curated"]
 
@@ -51,15 +52,15 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def make_cfg(demo_corpus, cache_dir):
-    """DataConfig on the demo corpus with small, fast defaults; keyword overrides."""
+    """DataConfig on the demo corpus with small, fast defaults: a fixed mixture of ``weights`` at
+    ``seq_len`` tokens per sequence (data/schedules.py fixed_schedule), or ``schedule=``; keyword overrides."""
 
-    def make(**overrides) -> DataConfig:
+    def make(weights: dict[str, float] = WEIGHTS, seq_len: int = 128, **overrides) -> DataConfig:
         kw = dict(
             sources={s: SourceConfig(paths=[str(demo_corpus / s / "*.parquet")]) for s in SOURCES},
-            weights=dict(WEIGHTS),
+            schedule=fixed_schedule(weights, seq_len),
             seed=1234,
             batch_size=4,
-            seq_len=128,
             buffer_size=64,
             open_shards=4,
             num_workers=2,

@@ -218,22 +218,18 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
             from data.manifest import null_text_problems
 
             raise ConfigError("\n".join(null_text_problems(dm.manifest.null_texts, dm)))
-        model_ctx = self.model.model_config.max_seq_len
-        if dm.steps.schedule is not None:
-            from data.plan import check_epochs, plan_table
-            from data.schedules import validate_model_context
+        from data.plan import check_epochs, plan_table
+        from data.schedules import validate_model_context
 
-            validate_model_context(dm.steps.schedule, model_ctx)
-            if self.trainer.max_steps in (None, -1):  # the run length follows from the token budget
-                internals.set_max_steps(self.trainer, dm.steps.schedule.total_steps)
-            available = {n: s.stream_tokens for n, s in dm.manifest.sources.items()}
-            if self.trainer.is_global_zero:
-                print(dm.manifest.summary())
-                print(plan_table(dm.steps.schedule, available))
-                print(self.model.model_config_summary())
-            check_epochs(dm.steps.schedule, available, max_epochs=dm.max_epochs, error=dm.max_epochs_error)
-        elif dm.seq_len > model_ctx:
-            raise ConfigError(f"data.seq_len ({dm.seq_len}) exceeds model max_seq_len ({model_ctx})")
+        validate_model_context(dm.steps.schedule, self.model.model_config.max_seq_len)
+        if self.trainer.max_steps in (None, -1):  # the run length follows from the token budget
+            internals.set_max_steps(self.trainer, dm.steps.schedule.total_steps)
+        available = {n: s.stream_tokens for n, s in dm.manifest.sources.items()}
+        if self.trainer.is_global_zero:
+            print(dm.manifest.summary())
+            print(plan_table(dm.steps.schedule, available))
+            print(self.model.model_config_summary())
+        check_epochs(dm.steps.schedule, available, max_epochs=dm.max_epochs, error=dm.max_epochs_error)
 
     def _check_memory(self, dm: WellMixedData, run: RunConfig) -> None:
         """On a GPU, the estimated peak of one step at the longest sequence (train/memory.py) against the
@@ -247,7 +243,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
             return
         from train.memory import check_fits, memory_table
 
-        seq = dm.steps.schedule.config.seq_len.end if dm.steps.schedule is not None else dm.seq_len
+        seq = dm.steps.schedule.config.seq_len.end
         total = torch.cuda.get_device_properties(root).total_memory
         try:
             parts = check_fits(self.model.model_config, dm.batch_size, seq, total)

@@ -38,7 +38,7 @@ from typing import Any, Optional
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from data.config import DataConfig, parse_data_config
+from data.config import REMOVED_KEYS, DataConfig, parse_data_config, removed_key_error
 from data.errors import ConfigError
 from data.schedules import ScheduleConfig
 from train.datamodule import WellMixedData
@@ -95,8 +95,8 @@ class RunConfig:
     memory_check: bool = True
     """On a GPU, refuse a micro-batch whose estimated peak memory (train/memory.py) exceeds the device."""
     allow_changed_schedule: bool = False
-    """Resume although data.schedule (budget, LR, sequence lengths, mixture) or data.weights changed: the
-    new schedule applies from the resumed step (:func:`check_schedule_unchanged`). Refused by default."""
+    """Resume although data.schedule (budget, LR, sequence lengths, mixture) changed: the new schedule
+    applies from the resumed step (:func:`check_schedule_unchanged`). Refused by default."""
 
 
 RESUME_POLICY = ("elastic", "allow_changed_data", "allow_changed_schedule")
@@ -166,7 +166,7 @@ class WellMixedParser(LightningArgumentParser):
         if not self.exit_on_error:
             return super().error(message, ex)
         self._logger.error(message)
-        text = short_error(message, self)
+        text = removed_key_hint(message, self._argv) or short_error(message, self)
         if "unrecognized" in text:
             text += f"; all options: {self.prog.replace(' [options]', '')} --help"
         print(f"error: {text}", file=sys.stderr)
@@ -189,9 +189,6 @@ class WellMixedParser(LightningArgumentParser):
                 action.help = argparse.SUPPRESS
             elif dest.startswith("trainer.") and action.help and action.help != argparse.SUPPRESS:
                 action.help = re.split(r"(?<=\.)\s", action.help.strip(), maxsplit=1)[0]
-            elif dest == "data.schedule" and "data.schedule.lr" not in str(action.help):
-                action.help = (f"{action.help or ''} Its keys, each settable: "
-                               + ", ".join(f"--{k}" for k in schedule_keys()) + " (data/schedules.py).")
         text = self.format_usage() + super().format_help().split("\n\n", 1)[1]
         text = re.sub(r",\s+known\s+subclasses:[^)]*\)", ")", text)  # Lightning's class lists
         text = re.sub(r"\n\s*ENV:\s+\S+", "", text)
@@ -215,6 +212,15 @@ class WellMixedParser(LightningArgumentParser):
                     if isinstance(sub, WellMixedParser):
                         keys += sub.known_keys()
         return sorted(set(keys + [f"--{k}" for k in schedule_keys()]))
+
+
+def removed_key_hint(message: str, argv: list[str]) -> str | None:
+    """The replacement of a removed ``data:`` key (data/config.py) that a config file or flag still sets."""
+    for key in REMOVED_KEYS:
+        in_file = re.search(rf"(Group 'data' does not accept option '|accept option 'data\.){key}[.']", message)
+        if in_file or any(re.match(rf"--data\.{key}([.=]|$)", word) for word in argv):
+            return removed_key_error(key)
+    return None
 
 
 def short_error(message: str, parser: WellMixedParser) -> str:
@@ -511,13 +517,12 @@ def _flag_value(value: Any) -> str:
         if isinstance(value, bool) else str(value)
 
 
-def schedule_fingerprint(schedule: Any, weights: dict[str, float] | None) -> str:
-    """The schedule (or fixed mixture) a run trains with, as canonical JSON for its checkpoints.
+def schedule_fingerprint(schedule: Any) -> str:
+    """The schedule a run trains with, as canonical JSON for its checkpoints.
 
     A string, so ``torch.load(weights_only=True)`` reads it; compared by :func:`schedule_changes`.
     """
-    value = dataclasses.asdict(schedule) if schedule is not None else {"weights": weights}
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return json.dumps(dataclasses.asdict(schedule), sort_keys=True, separators=(",", ":"))
 
 
 def schedule_changes(old: str | None, new: str) -> list[str]:
@@ -538,7 +543,7 @@ def schedule_changes(old: str | None, new: str) -> list[str]:
             out.append(f"{key}: {a!r} -> {b!r}")
 
     a, b = json.loads(old), json.loads(new)
-    walk(a, b, "data" if "weights" in a and len(a) == 1 else "data.schedule")
+    walk(a, b, "data.schedule")
     return out
 
 

@@ -198,7 +198,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
-        if self.steps.schedule is not None and self.trainer is not None:
+        if self.trainer is not None:
             from train.parallel import check_global_batch
 
             check_global_batch(self.steps.schedule.config.global_batch_size, self.batch_size,
@@ -281,7 +281,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             "seed": self.seed,
             "fingerprint": self.manifest.fingerprint() if self.manifest else None,
             "corpus_files": self.manifest.file_digests() if self.manifest else None,
-            "schedule": schedule_fingerprint(self.schedule, self.weights),
+            "schedule": schedule_fingerprint(self.schedule),
         }
         ckpt_dir = self._checkpoint_dir()
         if ckpt_dir is None:
@@ -365,7 +365,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         # Units: next_step counts micro-batches; the optimizer step is what the schedules follow.
         step = state["next_step"] // state.get("accumulate", 1)
         next_step = step * self.accumulate
-        check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.schedule, self.weights),
+        check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.schedule),
                                  self.allow_changed_schedule, step)
         changed = []
         if state["fingerprint"] != self.manifest.fingerprint():

@@ -355,16 +355,14 @@ def _job_summary(job: _Job, hosts: list[str], dm, trainer, run, workers: int) ->
         f"  data        {workers} DataLoader worker(s) per rank -> {world * workers} consumers; "
         f"rank r runs consumers r*{workers} .. r*{workers}+{workers - 1}",
     ]
-    ok = True
-    if dm.steps.schedule is not None:
-        want = dm.steps.schedule.config.global_batch_size
-        got = dm.batch_size * world * accumulate
-        ok = got == want
-        lines.append(
-            f"  batch       data.batch_size {dm.batch_size} x {world} ranks x {accumulate} accumulation = {got} "
-            f"(data.schedule.global_batch_size {want}: {'ok' if ok else 'MISMATCH: training would refuse to start'})"
-        )
-        lines.append(f"  steps       {dm.steps.schedule.total_steps} optimizer steps")
+    want = dm.steps.schedule.config.global_batch_size
+    got = dm.batch_size * world * accumulate
+    ok = got == want
+    lines.append(
+        f"  batch       data.batch_size {dm.batch_size} x {world} ranks x {accumulate} accumulation = {got} "
+        f"(data.schedule.global_batch_size {want}: {'ok' if ok else 'MISMATCH: training would refuse to start'})"
+    )
+    lines.append(f"  steps       {dm.steps.schedule.total_steps} optimizer steps")
     for source, info in dm.manifest.sources.items():
         n = len(info.chunks)
         if n < world * workers:

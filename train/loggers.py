@@ -203,16 +203,15 @@ def git_state(root: Path = ROOT) -> dict[str, Any]:
 def derived_values(context, module, trainer) -> dict[str, Any]:
     """What follows from the config and is worth filtering runs by: run length, anneal step, planned
     tokens per source, model size, the code version."""
+    from data.schedules import tokens_per_source
+
     out: dict[str, Any] = {}
     schedule = context.schedule  # data/types.py TrainingContext
-    if schedule is not None:
-        from data.schedules import tokens_per_source
-
-        out["total_steps"] = schedule.total_steps
-        out["total_tokens"] = schedule.total_tokens
-        out["anneal_step"] = schedule.decay_start
-        out["phase_start_steps"] = {name: step for name, step in schedule.phase_boundaries}
-        out["planned_tokens_per_source"] = {k: int(v) for k, v in tokens_per_source(schedule).items()}
+    out["total_steps"] = schedule.total_steps
+    out["total_tokens"] = schedule.total_tokens
+    out["anneal_step"] = schedule.decay_start
+    out["phase_start_steps"] = {name: step for name, step in schedule.phase_boundaries}
+    out["planned_tokens_per_source"] = {k: int(v) for k, v in tokens_per_source(schedule).items()}
     out["max_steps"] = trainer.max_steps
     out["world_size"] = trainer.world_size
     out["accumulate_grad_batches"] = trainer.accumulate_grad_batches

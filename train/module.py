@@ -100,9 +100,7 @@ class PretrainModule(L.LightningModule):
         self.ctx: TrainingContext = self.trainer.datamodule.context()
         self.source_names = list(self.ctx.source_names)
         # keyed on the optimizer step (the schedule's own unit, whatever the accumulation)
-        self.lr_at = self.ctx.schedule.lr if self.ctx.schedule is not None else None
-        if self.lr_at is None:
-            raise ValueError("training needs data.schedule (its lr block gives the learning rate)")
+        self.lr_at = self.ctx.schedule.lr
 
     def configure_model(self) -> None:
         if self.device_mesh is not None:  # ModelParallelStrategy (train/parallel.py: fsdp2)

@@ -33,6 +33,10 @@ SCRIPT = ROOT / "scripts" / "dump_order.py"
 SOURCES = ["web", "code", "books", "curated"]
 WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}
 STEPS, R, W, BATCH, SEQ = 6, 2, 2, 4, 128
+FIXED = {"mixture": {"weights": WEIGHTS}, "seq_len": {"start": SEQ, "end": SEQ, "warmup_steps": 0},
+         "lr": {"warmup_steps": 0}, "anneal_start": 1.0}
+"""A fixed mixture at one sequence length as a config spells it: the LR at its peak throughout, as in
+data/schedules.py fixed_schedule."""
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def work(tmp_path_factory, demo_corpus) -> Path:
     d = tmp_path_factory.mktemp("dump_order")
     data = {
         "sources": {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in SOURCES},
-        "weights": WEIGHTS, "seed": 1234, "batch_size": BATCH, "seq_len": SEQ,
+        "schedule": FIXED, "seed": 1234, "batch_size": BATCH,
         "buffer_size": 16, "open_shards": 4, "num_workers": 3, "manifest_cache": str(d / "cache"),
     }
     (d / "config.yaml").write_text(yaml.safe_dump({"data": data}, sort_keys=False))
@@ -116,14 +120,15 @@ def shard_info(demo_corpus) -> dict[str, tuple[str, list[int]]]:
 def test_one_line_per_step_and_rank_in_the_documented_format(baseline, shard_info):
     """Guards: a dump a user cannot read or diff (missing keys, ranks out of order, pieces that do
     not add up). Each line: step, rank, seq_len, pieces [doc_id, first_token_offset, n_tokens],
-    source_tokens (and the weights in force); doc_id is <shard stem>:<row>; the pieces cover the
+    source_tokens (and the weights and LR in force); doc_id is <shard stem>:<row>; the pieces cover the
     rank's micro-batch exactly: sum(n_tokens) == batch_size * seq_len == sum(source_tokens)."""
     lines = [json.loads(x) for x in baseline]
     assert [(x["step"], x["rank"]) for x in lines] == [(s, r) for s in range(STEPS) for r in range(R)]
     for x in lines:
-        assert set(x) == {"step", "rank", "seq_len", "pieces", "source_tokens", "weights"}  # no lr: no schedule
+        assert set(x) == {"step", "rank", "seq_len", "pieces", "source_tokens", "weights", "lr"}
         assert x["seq_len"] == SEQ
         assert x["weights"] == WEIGHTS
+        assert x["lr"] == 3.0e-3  # schedule.lr.peak: no warmup, no decay
         assert list(x["source_tokens"]) == SOURCES
         per_source = dict.fromkeys(SOURCES, 0)
         for doc_id, offset, n in x["pieces"]:
@@ -218,7 +223,7 @@ def test_flags_override_the_config(work, demo_corpus, make_cfg):
     cfg_path = work / "elsewhere.yaml"
     cfg_path.write_text(yaml.safe_dump({"data": {
         "sources": {s: {"paths": [str(work / "nowhere" / s / "*.parquet")]} for s in SOURCES},
-        "weights": WEIGHTS, "seed": 1234, "batch_size": 4, "seq_len": 128, "buffer_size": 64,
+        "schedule": FIXED, "seed": 1234, "batch_size": 4, "buffer_size": 64,
         "open_shards": 4, "num_workers": 2, "selector": "deficit", "manifest_cache": str(work / "cache"),
     }}, sort_keys=False))
     weights = {"web": 0.4, "code": 0.3, "books": 0.2, "curated": 0.1}
@@ -262,6 +267,20 @@ def test_schedule_drives_seq_len_weights_and_lr(work, demo_corpus):
     assert lines[0]["lr"] < lines[30]["lr"] and lines[-1]["lr"] == pytest.approx(0.0)
 
 
+def test_weights_and_seq_len_replace_the_mixture_and_the_warmup(work, demo_corpus):
+    """Guards: --weights / --seq-len merged into configs/demo.yaml's schedule instead of replacing its
+    parts (two phases and a fixed mixture at once, or the 128..256 warmup still running). Every line has
+    the given weights (JSON here) and length, and with no --steps the dump runs the budget at that length."""
+    weights = {"web": 0.5, "code": 0.2, "books": 0.2, "curated": 0.1}
+    out = work / "fixed.jsonl"
+    dump_order(work, "--config", ROOT / "configs" / "demo.yaml", "--corpus", demo_corpus, "--world-size", 1,
+               "--num-workers", 1, "--batch-size", 1, "--buffer-size", 16, "--out", out,
+               "--weights", json.dumps(weights), "--seq-len", 96)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == -(-300_000 // (4 * 96))  # schedule.train_tokens / (global_batch_size x 96), rounded up
+    assert all(x["seq_len"] == 96 and x["weights"] == weights for x in lines)
+
+
 # -- bad input: exit 2, one line naming the flag or file, no traceback -------------------------
 
 
@@ -282,8 +301,8 @@ BAD = {
     "cursor garbage": (["--resume-from", "{work}/garbage.json"], ["--resume-from", "garbage.json"]),
     "cursor not a cursor": (["--resume-from", "{work}/empty.json"], ["--resume-from", "empty.json"]),
     "cursor mangled": (["--resume-from", "{mangled}"], ["--resume-from", "mangled.cursor.json"]),
-    "seq-len replaces schedule": (["--config", str(ROOT / "configs" / "demo.yaml"), "--seq-len", 64],
-                                  ["--seq-len", "--weights"]),
+    "weights JSON": (["--weights", '{{"web": "a lot"}}'], ["--weights", "number"]),  # {{: str.format below
+    "removed data key": (["--data.seq_len", "64"], ["data.seq_len", "data.schedule.seq_len.start"]),
 }
 
 

@@ -43,6 +43,7 @@ from data.errors import ConfigError
 from data.manifest import build_manifest
 from data.order import chunk_permutation
 from data.reader import ShardReader
+from data.schedules import fixed_schedule
 from data.simulate import OrderSimulator
 from data.stream import SourceStream
 from train.cursor_files import load_checkpoint_cursors
@@ -172,8 +173,7 @@ def test_sigkill_across_a_source_epoch_boundary(workdir, env, demo_corpus, cache
 
     # the expected curated order, from the manifest and the global shard permutation alone
     cfg = WellMixedData(sources={k: SourceConfig(paths=v["paths"]) for k, v in sources.items()},
-                        weights={"web": 0.25, "code": 0.25, "books": 0.25, "curated": 0.25},
-                        manifest_cache=str(cache_dir))
+                        schedule=fixed_schedule(dict.fromkeys(sources, 0.25), 128), manifest_cache=str(cache_dir))
     m = build_manifest(cfg)
     chunks = m.sources["curated"].chunks
     n_docs = sum(c.stop - c.start for c in chunks)
@@ -236,9 +236,10 @@ def test_elastic_resume_two_ranks_to_one(workdir, env, ref_ddp, demo_corpus, cac
     import torch
 
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["WellMixedData"]
+    names = ("web", "code", "books", "curated")
     m = build_manifest(WellMixedData(sources={s: SourceConfig(paths=[str(demo_corpus / s / "*.parquet")])
-                                              for s in ("web", "code", "books", "curated")},
-                                     weights={"web": 0.25, "code": 0.25, "books": 0.25, "curated": 0.25},
+                                              for s in names},
+                                     schedule=fixed_schedule(dict.fromkeys(names, 0.25), 128),
                                      manifest_cache=str(cache_dir)))
     # documents in flight: in the rows (commit: document) or handed back between steps (commit: sequence)
     leftovers = [(m.doc_id(shard, row), off) for rank in load_checkpoint_cursors(ckpt, state) for cur in rank
@@ -301,7 +302,7 @@ def test_elastic_layout_change_keeps_exactly_once(make_cfg, old, new):
     # web and curated only: 4 consumers x (16 buffered + 2 open chunks) stay inside their first epoch, so a
     # repeated piece is a bug (books, 20 documents, would wrap inside the buffers by design)
     sources = {k: v for k, v in make_cfg().sources.items() if k in ("web", "curated")}
-    common = dict(sources=sources, buffer_size=16, open_shards=2, weights=None, schedule=SCHEDULE)
+    common = dict(sources=sources, buffer_size=16, open_shards=2, schedule=SCHEDULE)
     cfg = make_cfg(batch_size=B, num_workers=W, **common)
     cfg2 = make_cfg(batch_size=B2, num_workers=W2, **common)
     m = build_manifest(cfg)

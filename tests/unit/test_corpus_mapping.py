@@ -23,6 +23,7 @@ from data.corpus.dolma3_like import SUBSOURCES, write_dolma3_like
 from data.errors import ConfigError
 from data.manifest import build_manifest
 from data.mapping import REPORT_FILE, write_mapping_report
+from data.schedules import fixed_schedule
 from data.tokenizer import count_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,7 +166,7 @@ def shards(tmp_path, demo_corpus) -> list[Path]:
 
 def one_source(shards: list[Path], tmp_path: Path, **kw) -> DataConfig:
     return DataConfig(sources={"web": SourceConfig(paths=[str(shards[0].parent / "*.parquet")])},
-                      weights={"web": 1.0}, manifest_cache=str(tmp_path / "cache"), **kw)
+                      schedule=fixed_schedule({"web": 1.0}, 2048), manifest_cache=str(tmp_path / "cache"), **kw)
 
 
 def _set_column(path: Path, name: str, values: list) -> None:

@@ -38,6 +38,7 @@ from data.config import DataConfig, SourceConfig
 from data.manifest import Manifest, build_manifest
 from data.order import ChunkOrder
 from data.reader import ShardReader
+from data.schedules import fixed_schedule
 from data.simulate import OrderSimulator
 from data.tokenizer import count_tokens
 
@@ -76,7 +77,7 @@ def make_cfg(root: Path, n_tiny: int, **kw) -> DataConfig:
     sources = {"big": SourceConfig([str(root / "big" / "*.parquet")]),
                "tiny": SourceConfig([str(root / f"tiny{n_tiny}" / "*.parquet")])}
     kw.setdefault("manifest_cache", str(root / "cache"))
-    return DataConfig(sources=sources, weights={"big": 0.6, "tiny": 0.4}, seq_len=32, **kw)
+    return DataConfig(sources=sources, schedule=fixed_schedule({"big": 0.6, "tiny": 0.4}, 32), **kw)
 
 
 _LENGTHS: dict[str, dict[str, int]] = {}

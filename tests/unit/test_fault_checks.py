@@ -158,18 +158,19 @@ def test_train_fit_config_errors_are_named_lines_not_a_traceback(args, want, tmp
 
 
 def test_schedule_changes_name_every_changed_key_and_the_override_lets_them_pass(caplog):
-    from data.schedules import ScheduleConfig
+    from data.schedules import ScheduleConfig, fixed_schedule
     from train.config import check_schedule_unchanged, schedule_changes, schedule_fingerprint
 
     d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["data"]["schedule"]
-    old = schedule_fingerprint(ScheduleConfig.from_dict(d), None)
+    old = schedule_fingerprint(ScheduleConfig.from_dict(d))
     d["train_tokens"], d["mixture"]["phases"][1]["weights"]["web"] = 600_000, 0.3
-    new = schedule_fingerprint(ScheduleConfig.from_dict(d), None)
+    new = schedule_fingerprint(ScheduleConfig.from_dict(d))
     want = ["data.schedule.mixture.phases[1].weights.web: 0.35 -> 0.3", "data.schedule.train_tokens: 300000 -> 600000"]
     assert schedule_changes(old, new) == want
     assert schedule_changes(None, new) == [] and schedule_changes(new, new) == []  # an older checkpoint: no check
-    assert schedule_changes(schedule_fingerprint(None, {"web": 1.0}), schedule_fingerprint(None, {"web": 0.5})) == [
-        "data.weights.web: 1.0 -> 0.5"]
+    fixed = [schedule_fingerprint(fixed_schedule(w, 128)) for w in ({"web": 1.0}, {"web": 0.5, "code": 0.5})]
+    assert schedule_changes(*fixed) == ["data.schedule.mixture.weights.code: None -> 0.5",
+                                        "data.schedule.mixture.weights.web: 1.0 -> 0.5"]
     with pytest.raises(ConfigError, match=r"^--ckpt_path: the checkpoint \(step 7\) was trained with another "
                                           r"schedule: data.schedule.mixture.*--run.allow_changed_schedule true"):
         check_schedule_unchanged(old, new, allow=False, step=7)
@@ -267,12 +268,13 @@ def order_state(demo_corpus, tmp_path):
 
     from data.config import DataConfig, SourceConfig
     from data.manifest import build_manifest
+    from data.schedules import fixed_schedule
     from data.simulate import OrderSimulator
 
     names = ("web", "code", "books", "curated")
     cfg = DataConfig(sources={n: SourceConfig(paths=[str(demo_corpus / n / "*.parquet")]) for n in names},
-                     weights={n: 0.25 for n in names}, manifest_cache=str(tmp_path / "cache"), batch_size=2,
-                     seq_len=64, buffer_size=16, open_shards=2)
+                     schedule=fixed_schedule({n: 0.25 for n in names}, 64), manifest_cache=str(tmp_path / "cache"),
+                     batch_size=2, buffer_size=16, open_shards=2)
     m = build_manifest(cfg)
     sim = OrderSimulator(m, cfg, 2, 2)
     list(sim.order_lines(7))

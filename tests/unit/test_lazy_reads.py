@@ -15,6 +15,7 @@ from data.errors import ConfigError
 from data.manifest import build_manifest
 from data.packer import ConsumerStream
 from data.reader import SLICE_ROWS, ShardReader
+from data.schedules import fixed_schedule
 
 
 def write(path: Path, texts: list, row_group: int) -> None:
@@ -29,8 +30,8 @@ def write(path: Path, texts: list, row_group: int) -> None:
 def cfg_for(tmp_path: Path, **kw) -> DataConfig:
     kw.setdefault("min_chunks_per_source", 1)
     kw.setdefault("buffer_size", 8)
-    return DataConfig(sources={"web": SourceConfig([str(tmp_path / "web" / "*.parquet")])}, weights={"web": 1.0},
-                      batch_size=2, seq_len=64, open_shards=1, num_workers=1,
+    return DataConfig(sources={"web": SourceConfig([str(tmp_path / "web" / "*.parquet")])},
+                      schedule=fixed_schedule({"web": 1.0}, 64), batch_size=2, open_shards=1, num_workers=1,
                       manifest_cache=str(tmp_path / "cache"), **kw)
 
 

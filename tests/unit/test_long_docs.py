@@ -19,6 +19,7 @@ import pytest
 
 from data.config import DataConfig, SourceConfig
 from data.manifest import build_manifest
+from data.schedules import fixed_schedule
 from data.simulate import OrderSimulator
 from data.tokenizer import count_tokens
 
@@ -50,9 +51,9 @@ def long_corpus(tmp_path_factory) -> Path:
 
 
 def cfg_for(root: Path, commit: str, seed: int, **kw) -> DataConfig:
-    kw.setdefault("weights", WEIGHTS)
+    kw.setdefault("schedule", fixed_schedule(WEIGHTS, 512))
     return DataConfig(sources={s: SourceConfig([str(root / s / "*.parquet")]) for s in WEIGHTS}, seed=seed,
-                      batch_size=4, seq_len=512, buffer_size=64, open_shards=4, num_workers=1, commit=commit,
+                      batch_size=4, buffer_size=64, open_shards=4, num_workers=1, commit=commit,
                       manifest_cache=str(root / "cache"), **kw)
 
 
@@ -96,7 +97,7 @@ def test_per_phase_shares_with_books(long_corpus):
         "mixture": {"phases": [{"name": "stable", "weights": WEIGHTS},
                                {"name": "anneal", "start": "anneal", "weights": ANNEAL}]},
     }
-    cfg = cfg_for(long_corpus, "sequence", 1, weights=None, schedule=schedule)
+    cfg = cfg_for(long_corpus, "sequence", 1, schedule=schedule)
     sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
     per_step = [(step, b["source_tokens"].copy()) for step, _, b in sim.batches(sim.steps.total_steps)]
     boundary = sim.steps.schedule.decay_start

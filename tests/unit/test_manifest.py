@@ -23,6 +23,7 @@ from data.config import DataConfig, FilterConfig, SourceConfig
 from data.errors import ConfigError
 from data.manifest import build_manifest
 from data.reader import ShardReader
+from data.schedules import fixed_schedule
 from data.simulate import OrderSimulator
 from data.tokenizer import count_tokens, get_encoding
 
@@ -53,10 +54,11 @@ def texts(prefix: str, n: int) -> list[tuple[str, str]]:
     return [(prefix, f"{prefix} document {i}: " + "lorem ipsum dolor " * (1 + i % 5)) for i in range(n)]
 
 
-def one_source_cfg(tmp_path: Path, *patterns: str, **kw) -> DataConfig:
-    """A single-source config over the given globs, with its own manifest cache."""
+def one_source_cfg(tmp_path: Path, *patterns: str, seq_len: int = 2048, **kw) -> DataConfig:
+    """A single-source config over the given globs (a fixed mixture at ``seq_len``), with its own manifest cache."""
     kw.setdefault("manifest_cache", str(tmp_path / "cache"))
-    return DataConfig(sources={"web": SourceConfig(paths=list(patterns))}, weights={"web": 1.0}, **kw)
+    return DataConfig(sources={"web": SourceConfig(paths=list(patterns))},
+                      schedule=fixed_schedule({"web": 1.0}, seq_len), **kw)
 
 
 @pytest.fixture
@@ -97,7 +99,7 @@ def test_glob_matching_nothing_names_every_source_key(tmp_path, good_dir):
             "code": SourceConfig(paths=[str(tmp_path / "nope" / "*.parquet")]),
             "books": SourceConfig(paths=[str(tmp_path / "typo*.parquet")]),
         },
-        weights={"web": 0.5, "code": 0.25, "books": 0.25},
+        schedule=fixed_schedule({"web": 0.5, "code": 0.25, "books": 0.25}, 2048),
         manifest_cache=str(tmp_path / "cache"),
     )
     with pytest.raises(ConfigError) as err:
@@ -144,7 +146,7 @@ def test_an_unset_variable_in_a_path_is_named_as_such(tmp_path, good_dir, monkey
     cfg = DataConfig(
         sources={"web": SourceConfig(paths=[str(good_dir / "*.parquet")]),
                  "code": SourceConfig(paths=["$WELLMIXED_TEST_UNSET_DIR/**/*.parquet"])},
-        weights={"web": 0.5, "code": 0.5}, manifest_cache=str(tmp_path / "cache"),
+        schedule=fixed_schedule({"web": 0.5, "code": 0.5}, 2048), manifest_cache=str(tmp_path / "cache"),
     )
     with pytest.raises(ConfigError) as err:
         build_manifest(cfg)
@@ -379,7 +381,8 @@ def _filtered_cfg(tmp_path, paths, filters=FILTERS, **kw) -> DataConfig:
     }
     weights = {name: 1 / len(filters) for name in filters}
     kw.setdefault("unclaimed", 1.0)  # stack_code is left out on purpose
-    return DataConfig(sources=sources, weights=weights, manifest_cache=str(tmp_path / "cache"), **kw)
+    return DataConfig(sources=sources, schedule=fixed_schedule(weights, 2048), manifest_cache=str(tmp_path / "cache"),
+                      **kw)
 
 
 def _hand_count(paths, patterns) -> dict[tuple[str, int], tuple[str, int]]:
@@ -441,7 +444,8 @@ def test_filter_on_category_column(tmp_path, mixed_corpus):
     cfg = DataConfig(
         sources={"cc": SourceConfig(paths=[str(p) for p in mixed_corpus],
                                     filter=FilterConfig(column="category", values=["cc"]))},
-        weights={"cc": 1.0}, manifest_cache=str(tmp_path / "cache"), unclaimed=1.0,  # the rest left out
+        schedule=fixed_schedule({"cc": 1.0}, 2048), manifest_cache=str(tmp_path / "cache"),
+        unclaimed=1.0,  # the rest left out
     )
     assert build_manifest(cfg).sources["cc"].docs == len(_hand_count(mixed_corpus, ["cc_*"]))
 

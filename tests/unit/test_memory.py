@@ -64,13 +64,15 @@ def test_the_start_up_check_on_a_gpu_refuses_what_cannot_fit(monkeypatch):
     from lightning.pytorch.strategies import DDPStrategy
 
     from data.errors import ConfigError
+    from data.schedules import fixed_schedule
     from train.cli import RunConfig, WellMixedCLI
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=H200))
     strategy = DDPStrategy()
     monkeypatch.setattr(DDPStrategy, "root_device", property(lambda self: torch.device("cuda", 0)))
     trainer = SimpleNamespace(strategy=strategy, precision="bf16-mixed", is_global_zero=True)
-    dm = SimpleNamespace(steps=SimpleNamespace(schedule=None), seq_len=2048, batch_size=32)
+    schedule = fixed_schedule({"web": 1.0}, 2048).build()
+    dm = SimpleNamespace(steps=SimpleNamespace(schedule=schedule), batch_size=32)
     cli = SimpleNamespace(trainer=trainer, model=SimpleNamespace(model_config=real()))
     WellMixedCLI._check_memory(cli, dm, RunConfig())  # 86.6 GB: fits
     cli.model.model_config.loss_impl = "plain"

@@ -29,7 +29,7 @@ def schedule_dict(mixture: dict, tokens: int = 600_000) -> dict:
 
 
 def run(make_cfg, mixture: dict):
-    cfg = make_cfg(weights=None, schedule=schedule_dict(mixture), batch_size=8, buffer_size=64)
+    cfg = make_cfg(schedule=schedule_dict(mixture), batch_size=8, buffer_size=64)
     m = build_manifest(cfg)
     sim = OrderSimulator(m, cfg, 1, 1)
     per_step = [(step, b["source_tokens"].copy()) for step, _, b in sim.batches(sim.steps.total_steps)]
@@ -65,7 +65,7 @@ def test_fixed_equivalent_arm_draws_the_same_tokens_per_source(make_cfg):
 
 
 def test_implied_epochs_match_a_hand_count(make_cfg, demo_corpus):
-    cfg = make_cfg(weights=None, schedule=schedule_dict({"phases": PHASES}))
+    cfg = make_cfg(schedule=schedule_dict({"phases": PHASES}))
     m = build_manifest(cfg)
     schedule = build_schedule(cfg.schedule, sources=m.source_names)
     for name in m.source_names:  # by hand: sum of token_count + one EOT per document, from the files

@@ -89,9 +89,36 @@ def test_a_flag_typo_is_one_line_with_did_you_mean(capsys):
     assert rc == 2 and "did you mean --data.batch_size" in err, err
 
 
+def test_a_removed_data_key_is_one_line_naming_its_replacement(capsys, tmp_path):
+    """``data.weights`` and ``data.seq_len`` (a fixed mixture before ``data.schedule`` was the one spelling)
+    got jsonargparse's "Group 'data' does not accept option 'weights.web'": in a file, as a flag, and in a
+    bare data config (scripts/inspect_corpus.py), one line names the key and the one that replaces it."""
+    from data.config import load_data_config
+    from data.errors import ConfigError
+
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump({"data": {"weights": {"web": 1.0}, "seq_len": 128}}))
+    for argv, replacement in (([], "data.schedule.mixture.weights"),
+                              (["--data.seq_len", "64"], "data.schedule.seq_len.start"),
+                              (["--data.weights", '{"web": 1.0}'], "data.schedule.mixture.weights")):
+        config = ["--config", DEMO] + (argv or ["--config", str(old)])
+        rc, _, err = fit(config, capsys)
+        key = "data.seq_len" if "--data.seq_len" in argv else "data.weights"
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"error: {key}: no longer a key") and replacement in err, err
+    try:
+        load_data_config(old)
+    except ConfigError as e:
+        assert str(e) == f"{old}: data.weights: no longer a key; give the fixed mixture as " \
+                         "data.schedule.mixture.weights"
+    else:
+        raise AssertionError("load_data_config accepted data.weights")
+
+
 def test_fit_help_shows_the_schedule_and_not_what_the_cli_sets(capsys):
     """The help omitted ``--data.schedule.lr.peak`` (the README's example), advertised ``--trainer.logger``
-    (refused at run time), had three log_every_n_steps and was 817 lines."""
+    (refused at run time), had three log_every_n_steps and was 817 lines. Every schedule key has its own
+    entry (data.schedule is a required group)."""
     rc, out, _ = fit(["--help"], capsys)
     assert rc == 0
     options = set(re.findall(r"^\s+(?:ARG:\s+)?(--[\w.]+)", out, re.M))
@@ -101,7 +128,7 @@ def test_fit_help_shows_the_schedule_and_not_what_the_cli_sets(capsys):
     for hidden in ("--trainer.logger", "--trainer.log_every_n_steps", "--model.log_every_n_steps",
                    "--trainer.val_check_interval", "--trainer.use_distributed_sampler"):
         assert hidden not in options, hidden
-    assert len(out.splitlines()) < 450
+    assert len(out.splitlines()) < 475
 
 
 def test_a_trainer_option_the_cli_sets_is_refused_naming_the_key_to_use(capsys, tmp_path):
