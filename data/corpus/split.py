@@ -51,6 +51,7 @@ from data.corpus import PAGE_OPTIONS
 from data.corpus.shuffle import cast_to_schema, split_rows_by_label, write_json_atomic
 from data.errors import ConfigError
 from data.manifest import build_manifest, matches
+from data.schedules import fixed_schedule
 
 
 @dataclass
@@ -255,7 +256,7 @@ def read_cost(sources: dict[str, SourceConfig], min_chunks: int, text_column: st
     (``data/reader.py``: the chunk's whole row group, text plus filter column, then the filter);
     no tokenizing. Returns seconds, rows and bytes decoded, and documents kept."""
     with tempfile.TemporaryDirectory() as cache:
-        cfg = DataConfig(sources=sources, weights={n: 1 / len(sources) for n in sources},
+        cfg = DataConfig(sources=sources, schedule=fixed_schedule({n: 1 / len(sources) for n in sources}, 2048),
                          min_chunks_per_source=min_chunks, manifest_cache=cache, text_column=text_column)
         t0 = time.perf_counter()
         manifest = build_manifest(cfg)
