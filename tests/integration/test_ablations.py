@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -25,7 +26,7 @@ from training_runs import SMALL
 
 from ablations import report, run
 from ablations.outcomes import drawn_tokens, is_complete
-from data.schedules import build_schedule, tokens_per_source
+from data.schedules import PhaseConfig, build_schedule, tokens_per_source
 from train.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,18 @@ def resolved(configs: list[str]) -> dict:
     with (mock.patch.object(sys, "argv", ["train"]), contextlib.redirect_stdout(buf),  # argv: pytest's, not ours
           pytest.raises(SystemExit)):
         WellMixedCLI(args=args)
-    return yaml.safe_load(buf.getvalue())
+    return with_phase_defaults(yaml.safe_load(buf.getvalue()))
+
+
+def with_phase_defaults(cfg: dict) -> dict:
+    """Each mixture phase with its dataclass defaults filled in: jsonargparse prints a phase list written
+    inline with only the keys given, and one read from a file (``mixture: schedule_mixture.yaml``) with
+    every key; both build the same PhaseConfig objects."""
+    mixture = cfg["data"]["schedule"]["mixture"]
+    for holder in (mixture, mixture.get("fixed_equivalent_of") or {}):
+        if isinstance(holder, dict) and holder.get("phases"):
+            holder["phases"] = [dataclasses.asdict(PhaseConfig(**ph)) for ph in holder["phases"]]
+    return cfg
 
 
 def flatten(d, prefix="") -> dict:
