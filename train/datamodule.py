@@ -191,10 +191,11 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         """The prepared data (manifest + schedules), built before any compute on the first call (also
         what the CLI's start-up checks, launch's dry run and evaluate call); later calls return it."""
         if self._context is None:
+            manifest = build_manifest(self)
             steps = StepSchedule.from_config(self, accumulate_grad_batches)
             self._context = TrainingContext(
                 config=self,
-                manifest=build_manifest(self),
+                manifest=manifest,
                 schedule=steps.by_optimizer_step,
                 steps=steps,
                 held_out=self.val_dataloader if self.val_tokens_per_source > 0 else None,
