@@ -53,7 +53,7 @@ class ConsumerStream:
         self.packer = RowPacker(cfg.batch_size, len(self.sources), manifest.doc_id)
         self.next_step = worker
 
-    def next_batch(self) -> TrainBatch:
+    def next_batch(self) -> TrainBatch[np.ndarray]:
         """The micro-batch of step ``self.next_step``: B rows of seq_len inputs and targets."""
         step = self.next_step
         weights = np.asarray(self.weights_at(step), dtype=np.float64)

@@ -18,12 +18,15 @@ from __future__ import annotations
 import json
 from typing import Callable, Iterator
 
+import numpy as np
+
 from data.config import DataConfig
 from data.cursor import read_order_state
 from data.errors import ConfigError
 from data.manifest import Manifest
 from data.packer import ConsumerStream
 from data.steps import StepSchedule
+from data.types import TrainBatch
 
 
 class OrderSimulator:
@@ -44,7 +47,7 @@ class OrderSimulator:
         ]
         self.step = 0
 
-    def batches(self, steps: int) -> Iterator[tuple[int, int, dict]]:
+    def batches(self, steps: int) -> Iterator[tuple[int, int, TrainBatch[np.ndarray]]]:
         """(step, rank, batch) for steps [self.step, steps), ranks in order within a step."""
         while self.step < steps:
             for rank in range(self.world_size):
@@ -89,7 +92,7 @@ class OrderSimulator:
         self.step = state["step"]
 
 
-def order_line(batch: dict, source_names: list[str], lr_at: Callable[[int], float]) -> dict:
+def order_line(batch: TrainBatch, source_names: list[str], lr_at: Callable[[int], float]) -> dict:
     step = batch["step"]
     return {
         "step": step,

@@ -14,12 +14,12 @@ class StepSchedule:
     """Mixture weights, sequence length and LR as functions of the data step (the micro-batch index).
 
     With gradient accumulation A, micro-batch m belongs to optimizer step m // A: the schedules are
-    keyed on optimizer steps (units in names: a schedule step is an optimizer step). Picklable, so
-    DataLoader workers get a copy.
+    keyed on optimizer steps (units in names: a schedule step is an optimizer step), and the built
+    schedule is held as :attr:`by_optimizer_step`. Picklable, so DataLoader workers get a copy.
     """
 
     def __init__(self, names: list[str], schedule: Schedule, accumulate: int = 1):
-        self.names, self.schedule, self.accumulate = names, schedule, max(1, accumulate)
+        self.names, self.by_optimizer_step, self.accumulate = names, schedule, max(1, accumulate)
 
     @classmethod
     def from_config(cls, cfg: DataConfig, accumulate: int = 1, schedule: Schedule | None = None) -> "StepSchedule":
@@ -30,16 +30,16 @@ class StepSchedule:
         return cls(names, schedule=schedule, accumulate=accumulate)
 
     def weights(self, step: int) -> np.ndarray:
-        ws = self.schedule.mixture_weights(step // self.accumulate)
+        ws = self.by_optimizer_step.mixture_weights(step // self.accumulate)
         return np.array([ws[n] for n in self.names], dtype=np.float64)
 
     def seq_len(self, step: int) -> int:
-        return self.schedule.max_seq_len(step // self.accumulate)
+        return self.by_optimizer_step.max_seq_len(step // self.accumulate)
 
     @property
     def lr(self) -> Callable[[int], float]:
-        return lambda step: self.schedule.lr(step // self.accumulate)
+        return lambda step: self.by_optimizer_step.lr(step // self.accumulate)
 
     @property
     def total_steps(self) -> int:
-        return self.schedule.total_steps * self.accumulate
+        return self.by_optimizer_step.total_steps * self.accumulate

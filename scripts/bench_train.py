@@ -45,7 +45,7 @@ keep_freed_memory()  # the same allocator setting as python -m train
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
-from data.types import TrainingContext  # noqa: E402
+from data.types import TrainBatch, TrainingContext  # noqa: E402
 from train.callbacks import default_peak_flops  # noqa: E402
 from train.model import GPT, load_model_config  # noqa: E402
 
@@ -53,13 +53,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
 
 
-def demo_batches(n: int, batch: int, seq: int, corpus: Path | None) -> list[dict]:
-    """Real packed batches from the demo corpus (built into a temp dir unless given)."""
+def demo_data(n: int, batch: int, seq: int, corpus: Path | None) -> tuple[list[TrainBatch[torch.Tensor]],
+                                                                          TrainingContext]:
+    """Real packed batches from the demo corpus (built into a temp dir unless given), and the prepared
+    data the module reads, with :func:`lr_schedule`'s LR."""
     from data.config import DataConfig, corpus_sources
     from data.corpus.demo import build_demo_corpus
     from data.manifest import build_manifest
     from data.schedules import fixed_schedule
     from data.simulate import OrderSimulator
+    from data.steps import StepSchedule
     from train.datamodule import to_torch
 
     if corpus is None:
@@ -72,8 +75,12 @@ def demo_batches(n: int, batch: int, seq: int, corpus: Path | None) -> list[dict
         buffer_size=256,
         manifest_cache=str(corpus.parent / ".cache"),
     )
-    sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
-    return [to_torch(b) for _, _, b in sim.batches(n)]
+    manifest = build_manifest(cfg)
+    sim = OrderSimulator(manifest, cfg, 1, 1)
+    schedule = lr_schedule(n)
+    context = TrainingContext(config=cfg, manifest=manifest, schedule=schedule, steps=StepSchedule(SOURCES, schedule),
+                              held_out=None)
+    return [to_torch(b) for _, _, b in sim.batches(n)], context
 
 
 def lr_schedule(total: int):
@@ -87,7 +94,7 @@ def lr_schedule(total: int):
     })
 
 
-def plain_loop(model: GPT, batches: list[dict], schedule) -> float:
+def plain_loop(model: GPT, batches: list[TrainBatch[torch.Tensor]], schedule) -> float:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule.lr(s) / 1e-3)
     t0 = time.perf_counter()
@@ -106,18 +113,18 @@ def plain_loop(model: GPT, batches: list[dict], schedule) -> float:
 class _Batches(L.LightningDataModule):
     """Pre-built batches behind the contract the module reads (data/types.py TrainingContext)."""
 
-    def __init__(self, batches: list[dict], schedule):
+    def __init__(self, batches: list[TrainBatch[torch.Tensor]], context: TrainingContext):
         super().__init__()
-        self.batches, self.schedule = batches, schedule
+        self.batches, self._context = batches, context
 
     def context(self) -> TrainingContext:
-        return TrainingContext(source_names=tuple(SOURCES), schedule=self.schedule, held_out=None, num_workers=0)
+        return self._context
 
     def train_dataloader(self):
         return torch.utils.data.DataLoader(self.batches, batch_size=None)
 
 
-def lightning_loop(model_cfg, batches: list[dict], schedule) -> float:
+def lightning_loop(model_cfg, batches: list[TrainBatch[torch.Tensor]], context: TrainingContext) -> float:
     from train.module import PretrainModule
 
     module = PretrainModule(model=model_cfg)
@@ -134,15 +141,15 @@ def lightning_loop(model_cfg, batches: list[dict], schedule) -> float:
             timer["t1"] = time.perf_counter()
 
     trainer.callbacks.append(Timer())
-    trainer.fit(module, datamodule=_Batches(batches, schedule))
+    trainer.fit(module, datamodule=_Batches(batches, context))
     return timer["t1"] - timer["t0"]
 
 
 def bench_cpu(args) -> None:
     torch.manual_seed(0)
     cfg = load_model_config(ROOT / "configs/model/tiny.yaml")
-    batches = demo_batches(args.steps, 8, 128, args.corpus)
-    schedule = lr_schedule(args.steps)
+    batches, context = demo_data(args.steps, 8, 128, args.corpus)
+    schedule = context.schedule
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -151,7 +158,7 @@ def bench_cpu(args) -> None:
         torch.manual_seed(r)
         p = plain_loop(GPT(cfg), batches, schedule)
         torch.manual_seed(r)
-        q = lightning_loop(cfg, batches, schedule)
+        q = lightning_loop(cfg, batches, context)
         plain_t.append(p)
         light_t.append(q)
         ratios.append(q / p)

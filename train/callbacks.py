@@ -15,6 +15,8 @@ from lightning.fabric.utilities.throughput import Throughput
 
 from data import files
 from data.formatting import duration
+from data.simulate import order_line
+from data.types import TrainBatch, TrainingContext
 from train import lightning_internals as internals
 from train.rundir import RunDir, read_jsonl
 
@@ -73,8 +75,8 @@ class DataStateCallback(L.Callback):
             for logger in trainer.loggers:
                 if isinstance(logger, internals.ResumableCSVLogger):
                     logger.drop_steps_from(trainer.global_step)
-        dm = trainer.datamodule
-        if not dm.order_log:
+        ctx = trainer.datamodule.context()
+        if not ctx.config.order_log:
             return
         path = self._path(trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +84,7 @@ class DataStateCallback(L.Callback):
         # new accumulation: after a 4x1 -> 2x2 resume at step s that kept the old lines s..2s-1)
         next_step = self._resumed_data_step
         if next_step is None:
-            next_step = trainer.global_step * dm.accumulate
+            next_step = trainer.global_step * ctx.accumulate
         _drop_lines_from(path, next_step)
         if trainer.is_global_zero:  # after an elastic resume onto fewer ranks, the others' logs end here too
             for other in path.parent.glob("rank*.jsonl"):
@@ -90,9 +92,8 @@ class DataStateCallback(L.Callback):
                     _drop_lines_from(other, next_step)
         self._file = files.open_append(path)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
-        dm = trainer.datamodule
-        dm.record(batch)
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch: TrainBatch[torch.Tensor], batch_idx: int) -> None:
+        trainer.datamodule.record(batch)
         if self._file is not None:
             if isinstance(outputs, dict) and "raw_loss" in outputs:  # PretrainModule: as computed, NaN included
                 loss = outputs["raw_loss"].item()
@@ -100,7 +101,8 @@ class DataStateCallback(L.Callback):
                 loss = (outputs["loss"].item() if isinstance(outputs, dict) else float(outputs))
                 loss *= trainer.accumulate_grad_batches
             try:
-                self._file.write(json.dumps(dm.order_log_line(batch, loss), separators=(",", ":")) + "\n")
+                line = order_log_line(trainer.datamodule.context(), batch, loss)
+                self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
                 self._file.flush()
             except OSError as e:
                 raise files.write_error(self._path(trainer), e, "resume with --ckpt_path last (a line cut "
@@ -110,6 +112,12 @@ class DataStateCallback(L.Callback):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def order_log_line(ctx: TrainingContext, batch: TrainBatch[torch.Tensor], loss: float) -> dict:
+    """The order-dump line of a trained batch (data/simulate.py ``order_line``) plus its ``loss``."""
+    plain = {**batch, "source_tokens": batch["source_tokens"].tolist(), "weights": batch["weights"].tolist()}
+    return {**order_line(plain, list(ctx.source_names), ctx.steps.lr), "loss": loss}
 
 
 def _drop_lines_from(path: Path, step: int) -> None:
@@ -153,9 +161,9 @@ class ThroughputCallback(L.Callback):
         self._flops = 0.0  # this rank's FLOPs since the last meter update
         self._baseline = False
         schedule = trainer.datamodule.context().schedule  # tokens before a resume, from the pure schedule
-        self.tokens_before = sum(schedule.tokens_at(s) for s in range(trainer.global_step)) if schedule else 0
+        self.tokens_before = sum(schedule.tokens_at(s) for s in range(trainer.global_step))
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch: TrainBatch[torch.Tensor], batch_idx: int) -> None:
         B, L_ = batch["input_ids"].shape
         model = getattr(pl_module.model, "_orig_mod", pl_module.model)
         self._tokens += B * L_
@@ -197,7 +205,7 @@ class ProgressLog(L.Callback):
             log.info("resumed at step %d (data cursors of %d ranks x %d workers)", trainer.global_step,
                      trainer.world_size, max(1, trainer.datamodule.context().num_workers))
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch: TrainBatch[torch.Tensor], batch_idx: int) -> None:
         step = trainer.global_step
         if self.every <= 0 or step % self.every or not trainer.is_global_zero:
             return

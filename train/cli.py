@@ -37,6 +37,7 @@ import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from data.errors import ConfigError, WellMixedError, error_lines
+from data.types import TrainingContext
 from train import lightning_internals as internals
 from train import loggers as run_loggers
 from train import signals
@@ -198,8 +199,9 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         self._check_resume_settings(ckpt_path)
-        self._check_data(dm)
-        self._check_memory(dm, run)
+        data = dm.prepare(self.trainer.accumulate_grad_batches)
+        self._check_data(data)
+        self._check_memory(data, run)
         # validated: now the run dir is taken and written to
         if self.trainer.is_global_zero:  # nothing may touch the run dir another run holds
             acquire_run_dir(run.dir)
@@ -207,31 +209,31 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
             remove_unreferenced(ckpt_dir)  # cursor folders of a save that was killed, or of a replaced last.ckpt
             from data.mapping import write_mapping_report
 
-            write_mapping_report(dm.manifest.mapping, run.dir)  # filter patterns -> values, kept in the run dir
+            write_mapping_report(data.manifest.mapping, run.dir)  # filter patterns -> values, kept in the run dir
         self.trainer.loggers = self._loggers(run.loggers)
 
-    def _check_data(self, dm: WellMixedData) -> None:
+    def _check_data(self, data: TrainingContext) -> None:
         """The manifest (bad files, null texts), the schedule against the model's context, the plan table
         and implied epochs."""
-        dm.prepare(self.trainer.accumulate_grad_batches)
-        if dm.manifest.null_texts and dm.on_bad_shard == "error":  # not hours in, when the reader gets there
+        manifest, schedule, cfg = data.manifest, data.schedule, data.config
+        if manifest.null_texts and cfg.on_bad_shard == "error":  # not hours in, when the reader gets there
             from data.manifest import null_text_problems
 
-            raise ConfigError("\n".join(null_text_problems(dm.manifest.null_texts, dm)))
+            raise ConfigError("\n".join(null_text_problems(manifest.null_texts, cfg)))
         from data.plan import check_epochs, plan_table
         from data.schedules import validate_model_context
 
-        validate_model_context(dm.steps.schedule, self.model.model_config.max_seq_len)
+        validate_model_context(schedule, self.model.model_config.max_seq_len)
         if self.trainer.max_steps in (None, -1):  # the run length follows from the token budget
-            internals.set_max_steps(self.trainer, dm.steps.schedule.total_steps)
-        available = {n: s.stream_tokens for n, s in dm.manifest.sources.items()}
+            internals.set_max_steps(self.trainer, schedule.total_steps)
+        available = {n: s.stream_tokens for n, s in manifest.sources.items()}
         if self.trainer.is_global_zero:
-            print(dm.manifest.summary())
-            print(plan_table(dm.steps.schedule, available))
+            print(manifest.summary())
+            print(plan_table(schedule, available))
             print(self.model.model_config_summary())
-        check_epochs(dm.steps.schedule, available, max_epochs=dm.max_epochs, error=dm.max_epochs_error)
+        check_epochs(schedule, available, max_epochs=cfg.max_epochs, error=cfg.max_epochs_error)
 
-    def _check_memory(self, dm: WellMixedData, run: RunConfig) -> None:
+    def _check_memory(self, data: TrainingContext, run: RunConfig) -> None:
         """On a GPU, the estimated peak of one step at the longest sequence (train/memory.py) against the
         device's memory: a micro-batch that cannot fit is refused before compute, naming the knob to turn."""
         root = self.trainer.strategy.root_device
@@ -243,10 +245,10 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
             return
         from train.memory import check_fits, memory_table
 
-        seq = dm.steps.schedule.config.seq_len.end
+        seq, batch_size = data.schedule.config.seq_len.end, data.config.batch_size
         total = torch.cuda.get_device_properties(root).total_memory
         try:
-            parts = check_fits(self.model.model_config, dm.batch_size, seq, total)
+            parts = check_fits(self.model.model_config, batch_size, seq, total)
         except ValueError as e:
             from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 
@@ -255,7 +257,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
                 return
             raise ConfigError(f"{e}\n(run.memory_check false skips this check)") from None
         if self.trainer.is_global_zero:
-            print(f"memory plan (data.batch_size {dm.batch_size} x {seq} tokens, model.loss_impl "
+            print(f"memory plan (data.batch_size {batch_size} x {seq} tokens, model.loss_impl "
                   f"{self.model.model_config.loss_impl}):\n{memory_table(parts, total)}")
 
 

@@ -48,10 +48,9 @@ from data.errors import ConfigError
 from data.manifest import Manifest, build_manifest
 from data.packer import ConsumerStream
 from data.reader import ShardReader
-from data.simulate import order_line
 from data.steps import StepSchedule
 from data.tokenizer import EOT_ID
-from data.types import TENSOR_KEYS, TrainingContext
+from data.types import TENSOR_KEYS, EvalBatch, TrainBatch, TrainingContext
 from train.cursor_files import (
     claim_step_dir,
     gather_digests,
@@ -67,7 +66,8 @@ class ReportedByRankZero(SystemExit):
     """Ends a rank (exit code 2) whose error global rank 0 reports for every rank, so it is printed once."""
 
 
-def to_torch(batch: dict) -> dict:
+def to_torch(batch: TrainBatch[np.ndarray]) -> TrainBatch[torch.Tensor]:
+    """The packer's batch with tensors for arrays (the token keys as int64), as the DataLoader delivers it."""
     out = dict(batch)
     for key in TENSOR_KEYS:
         out[key] = torch.from_numpy(np.ascontiguousarray(batch[key]).astype(np.int64))
@@ -85,7 +85,7 @@ class ConsumerDataset(IterableDataset):
         self.steps, self.cursors, self.next_step = steps, cursors, next_step
         self.workers = max(1, cfg.num_workers)
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[TrainBatch[torch.Tensor]]:
         info = get_worker_info()
         slot = info.id if info is not None else 0
         consumer = (slot + self.next_step) % self.workers
@@ -114,7 +114,7 @@ class HeldOutDataset(torch.utils.data.Dataset):
 
     def __init__(self, manifest: Manifest, cfg: DataConfig, seq_len: int, rank: int, world_size: int):
         reader = ShardReader(manifest, cfg)
-        self.batches = []
+        self.batches: list[EvalBatch[torch.Tensor]] = []
         for s, info in enumerate(manifest.sources.values()):
             docs = [doc for chunk in info.val_chunks for doc in reader.read_chunk(s, chunk)[1]]
             tokens = np.concatenate(docs).astype(np.int64)[: cfg.val_tokens_per_source + 1]
@@ -132,7 +132,7 @@ class HeldOutDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, i: int) -> dict:
+    def __getitem__(self, i: int) -> EvalBatch[torch.Tensor]:
         return self.batches[i]
 
 
@@ -177,9 +177,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def __post_init__(self) -> None:
         L.LightningDataModule.__init__(self)
         DataConfig.__post_init__(self)
-        self.manifest: Manifest | None = None
-        self.steps: StepSchedule | None = None
-        self.accumulate = 1
+        self._context: TrainingContext | None = None  # the prepared data, once prepare() ran
         self._resume: _Resume | None = None
         self._trained: dict[int, ConsumerCursor] = {}  # worker -> cursor after the last trained batch
         self._order_log = None
@@ -189,20 +187,34 @@ class WellMixedData(DataConfig, L.LightningDataModule):
                                    "_instantiator": "lightning.pytorch.cli.instantiate_module"}, logger=False)
 
     # -- set-up ----------------------------------------------------------------------------------
-    def prepare(self, accumulate_grad_batches: int = 1) -> None:
-        """Manifest + schedules, before any compute (also what the CLI's start-up checks call)."""
-        if self.manifest is None:
-            self.manifest = build_manifest(self)
-            self.accumulate = accumulate_grad_batches
-            self.steps = StepSchedule.from_config(self, accumulate_grad_batches)
+    def prepare(self, accumulate_grad_batches: int = 1) -> TrainingContext:
+        """The prepared data (manifest + schedules), built before any compute on the first call (also
+        what the CLI's start-up checks, launch's dry run and evaluate call); later calls return it."""
+        if self._context is None:
+            manifest = build_manifest(self)
+            steps = StepSchedule.from_config(self, accumulate_grad_batches)
+            self._context = TrainingContext(
+                config=self,
+                manifest=manifest,
+                schedule=steps.by_optimizer_step,
+                steps=steps,
+                held_out=self.val_dataloader if self.val_tokens_per_source > 0 else None,
+            )
+        return self._context
+
+    def context(self) -> TrainingContext:
+        """The prepared data (data/types.py): what the module, the callbacks and the tools read of the data."""
+        if self._context is None:
+            raise RuntimeError("WellMixedData.context() before prepare() or setup()")
+        return self._context
 
     def setup(self, stage: str) -> None:
-        self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
+        ctx = self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
         if self.trainer is not None:
             from train.parallel import check_global_batch
 
-            check_global_batch(self.steps.schedule.config.global_batch_size, self.batch_size,
-                               self.trainer.world_size, self.accumulate)
+            check_global_batch(ctx.schedule.config.global_batch_size, self.batch_size,
+                               self.trainer.world_size, ctx.accumulate)
         if stage == "fit" and self.rank == 0:
             self._report_capped_streams()
 
@@ -213,23 +225,15 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         config says."""
         from data.plan import effective_streams, stream_table
 
+        manifest = self.context().manifest
         consumers = self.world_size * max(1, self.num_workers)
-        eff = effective_streams(self.manifest, self, consumers)
+        eff = effective_streams(manifest, self, consumers)
         capped = [name for name, e in eff.items() if e["open"] < self.open_shards or e["buffer"] < self.buffer_size]
         if capped:
             log.warning("%s: fewer documents or chunks per consumer-epoch than data.open_shards %d / data.buffer_size "
                         "%d ask (%d consumers = ranks x workers); each document is still read once per epoch, "
                         "from fewer chunks at once:\n%s", ", ".join(capped), self.open_shards, self.buffer_size,
-                        consumers, stream_table(self.manifest, self, consumers))
-
-    def context(self) -> TrainingContext:
-        """What the module and the callbacks need of the data (data/types.py); after :meth:`setup`."""
-        return TrainingContext(
-            source_names=tuple(self.manifest.source_names),
-            schedule=self.steps.schedule,
-            held_out=self.val_dataloader if self.val_tokens_per_source > 0 else None,
-            num_workers=self.num_workers,
-        )
+                        consumers, stream_table(manifest, self, consumers))
 
     @property
     def rank(self) -> int:
@@ -243,7 +247,8 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         cursors, next_step = self._agreed_resumed_cursors(), 0
         if self._resume is not None:
             next_step = self._resume.next_step
-        ds = ConsumerDataset(self.manifest, self, self.rank, self.world_size, self.steps, cursors, next_step)
+        ctx = self.context()
+        ds = ConsumerDataset(ctx.manifest, self, self.rank, self.world_size, ctx.steps, cursors, next_step)
         return DataLoader(ds, batch_size=None, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, prefetch_factor=2 if self.num_workers else None,
                           worker_init_fn=ignore_stop_signals if self.num_workers else None)
@@ -251,12 +256,13 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         if self.val_tokens_per_source <= 0:
             return []
-        seq_len = self.steps.seq_len(10**12)  # the final (longest) sequence length
-        ds = HeldOutDataset(self.manifest, self, seq_len, self.rank, self.world_size)
+        ctx = self.context()
+        seq_len = ctx.steps.seq_len(10**12)  # the final (longest) sequence length
+        ds = HeldOutDataset(ctx.manifest, self, seq_len, self.rank, self.world_size)
         return DataLoader(ds, batch_size=None, num_workers=0)
 
     # -- cursor ----------------------------------------------------------------------------------
-    def record(self, batch: dict) -> None:
+    def record(self, batch: TrainBatch[torch.Tensor]) -> None:
         """The batch was trained (optimizer step done): its cursor is now the one to checkpoint."""
         self._trained[int(batch["worker"])] = batch["cursor"]
 
@@ -272,15 +278,16 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             mine = [m if m is not None else o for m, o in zip(mine, resumed)]
         saved = [None if c is None else c.to_dict() for c in mine]  # buffers packed
         step = self.trainer.global_step if self.trainer else 0
+        ctx = self._context
         state = {
-            "next_step": step * self.accumulate,
+            "next_step": step * (ctx.accumulate if ctx else 1),
             "world_size": self.world_size,
             "num_workers": workers,
             "batch_size": self.batch_size,
-            "accumulate": self.accumulate,
+            "accumulate": ctx.accumulate if ctx else 1,
             "seed": self.seed,
-            "fingerprint": self.manifest.fingerprint() if self.manifest else None,
-            "corpus_files": self.manifest.file_digests() if self.manifest else None,
+            "fingerprint": ctx.manifest.fingerprint() if ctx else None,
+            "corpus_files": ctx.manifest.file_digests() if ctx else None,
             "schedule": schedule_fingerprint(self.schedule),
         }
         ckpt_dir = self._checkpoint_dir()
@@ -312,7 +319,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         if resume.mine is None and resume.recut:
             workers = max(1, self.num_workers)
             # every old rank's file, on every rank: the re-cut pools the pending work of all old consumers
-            cursors = redistribute(self._load_cursors(resume.state, None), self.manifest, seed=self.seed,
+            cursors = redistribute(self._load_cursors(resume.state, None), self.context().manifest, seed=self.seed,
                                    world_size=self.world_size, num_workers=workers, batch_size=self.batch_size,
                                    resume_step=resume.next_step, ranks=[self.rank])  # this rank's new cursors only
             resume.mine = cursors[self.rank]
@@ -360,17 +367,18 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from train.config import check_schedule_unchanged, schedule_fingerprint  # the resume rule's
 
-        self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
+        ctx = self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
+        manifest = ctx.manifest
         workers = max(1, self.num_workers)
         # Units: next_step counts micro-batches; the optimizer step is what the schedules follow.
         step = state["next_step"] // state.get("accumulate", 1)
-        next_step = step * self.accumulate
+        next_step = step * ctx.accumulate
         check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.schedule),
                                  self.allow_changed_schedule, step)
         changed = []
-        if state["fingerprint"] != self.manifest.fingerprint():
-            files = self.manifest.changed_files(state.get("corpus_files"))
-            changed.append(f"the corpus changed (fingerprint {state['fingerprint']} -> {self.manifest.fingerprint()}"
+        if state["fingerprint"] != manifest.fingerprint():
+            files = manifest.changed_files(state.get("corpus_files"))
+            changed.append(f"the corpus changed (fingerprint {state['fingerprint']} -> {manifest.fingerprint()}"
                            + (f"; {len(files)} file(s): {', '.join(files[:5])}{' ...' if len(files) > 5 else ''}"
                               if files else "") + ")")
         if state["seed"] != self.seed:
@@ -392,7 +400,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             state.get("batch_size", self.batch_size),
             state.get("accumulate", 1),
         )
-        new = (self.world_size, workers, self.batch_size, self.accumulate)
+        new = (self.world_size, workers, self.batch_size, ctx.accumulate)
         if old != new:
             what = "ranks x workers x micro-batch x accumulation"
             if not self.elastic:
@@ -406,14 +414,3 @@ class WellMixedData(DataConfig, L.LightningDataModule):
                         step, what, old, new)
         self._resume = _Resume(next_step, state, recut=old != new)
         self._trained = {}
-
-    # -- order log -------------------------------------------------------------------------------
-    def order_log_line(self, batch: dict, loss: float | None) -> dict:
-        line = order_line(
-            {**batch, "input_ids": batch["input_ids"], "source_tokens": batch["source_tokens"].tolist(),
-             "weights": batch["weights"].tolist()},
-            self.manifest.source_names, self.steps.lr,
-        )
-        if loss is not None:
-            line["loss"] = loss
-        return line

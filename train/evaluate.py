@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from data.files import write_json, write_text
+from data.types import TrainingContext
 from train.rundir import RunDir
 
 INSTALL_HINT = "pip install -e '.[eval]'   (lm-eval[hf]: the harness with its transformers backend)"
@@ -201,8 +202,8 @@ def lm_eval_available() -> bool:
     return importlib.util.find_spec("lm_eval") is not None
 
 
-def load_data(ckpt: Path):
-    """The checkpoint's DataModule with its manifest built (the same held-out split as training)."""
+def load_data(ckpt: Path) -> TrainingContext:
+    """The checkpoint's prepared data: its manifest built, so the same held-out split as training."""
     from train.checkpoint import read_checkpoint
     from train.datamodule import WellMixedData
 
@@ -212,28 +213,27 @@ def load_data(ckpt: Path):
                          "evaluate a checkpoint of a run trained with this version")
     del saved
     dm = WellMixedData.load_from_checkpoint(ckpt)
-    if dm.val_tokens_per_source <= 0:
+    data = dm.prepare()
+    if data.held_out is None:
         raise ValueError("the run held out no data (data.val_tokens_per_source: 0): nothing to evaluate on")
-    dm.prepare()
-    return dm
+    return data
 
 
-def heldout_loss(ckpt: Path, device: str = "cpu", dm=None) -> dict[str, float]:
+def heldout_loss(ckpt: Path, device: str = "cpu", data: TrainingContext | None = None) -> dict[str, float]:
     """Mean loss per source (and ``all``) of the checkpoint's model on its run's held-out chunks."""
     import torch
 
     from train.module import PretrainModule
 
-    dm = dm if dm is not None else load_data(ckpt)
+    data = data if data is not None else load_data(ckpt)
     module = PretrainModule.load_from_checkpoint(ckpt, map_location=device).eval()
-    module.source_names = dm.manifest.source_names
-    names = module.source_names
+    module.source_names = names = list(data.source_names)
     sums = torch.zeros(len(names), dtype=torch.float64)
     counts = torch.zeros(len(names), dtype=torch.float64)
     with torch.no_grad():
-        for batch in dm.val_dataloader():
+        for batch in data.held_out():
             batch = {k: v.to(module.device) for k, v in batch.items()}
-            s, c = module._per_source(module._token_losses(batch), batch["target_source"])
+            s, c = module.loss_per_source(batch)
             sums += s.cpu()
             counts += c.cpu()
     out = {name: (sums[i] / counts[i]).item() for i, name in enumerate(names) if counts[i] > 0}
@@ -241,16 +241,16 @@ def heldout_loss(ckpt: Path, device: str = "cpu", dm=None) -> dict[str, float]:
     return out
 
 
-def held_out_documents(dm) -> dict[str, list[np.ndarray]]:
+def held_out_documents(data: TrainingContext) -> dict[str, list[np.ndarray]]:
     """Tokens (EOT dropped) of every held-out document, per source, in the manifest's order."""
     from data.reader import ShardReader
 
-    reader = ShardReader(dm.manifest, dm)
+    reader = ShardReader(data.manifest, data.config)
     return {name: [t[:-1] for chunk in info.val_chunks for t in reader.read_chunk(s, chunk)[1]]
-            for s, (name, info) in enumerate(dm.manifest.sources.items())}
+            for s, (name, info) in enumerate(data.manifest.sources.items())}
 
 
-def write_local_tasks(dm, tasks_dir: Path) -> list[str]:
+def write_local_tasks(data: TrainingContext, tasks_dir: Path) -> list[str]:
     """lm-eval tasks from the run's held-out chunks (never trained on), per source: a cloze multiple
     choice and a rolling perplexity (module docstring). Deterministic: the same files for the same
     corpus whatever the seed (the held-out chunks do not depend on it either), so every arm and seed of
@@ -264,7 +264,7 @@ def write_local_tasks(dm, tasks_dir: Path) -> list[str]:
     tasks_dir.mkdir(parents=True, exist_ok=True)
     names = []
     window = CLOZE_CONTEXT + CLOZE_CONTINUATION
-    for source, docs in held_out_documents(dm).items():
+    for source, docs in held_out_documents(data).items():
         rng = np.random.default_rng([source_key(source), 17])  # not data.seed (see the docstring)
         # windows round-robin over the documents: window 0 of each, then window 1, ...
         spans = [(d, w * window) for w in range(max((len(t) // window for t in docs), default=0))
@@ -294,9 +294,9 @@ def write_local_tasks(dm, tasks_dir: Path) -> list[str]:
     return names
 
 
-def run_local_tasks(dm, hf_dir: Path, out_dir: Path, extra: str = "") -> dict[str, float]:
+def run_local_tasks(data: TrainingContext, hf_dir: Path, out_dir: Path, extra: str = "") -> dict[str, float]:
     """The ``local`` tasks of the run (written to ``out_dir/tasks``) through lm-eval, offline."""
-    names = write_local_tasks(dm, out_dir / "tasks")
+    names = write_local_tasks(data, out_dir / "tasks")
     return run_lm_eval(hf_dir, ",".join(names), out_dir / "lm_eval" / LOCAL, True, extra, out_dir / "tasks")
 
 
@@ -382,8 +382,8 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
     names = [t.strip() for t in (tasks or "").split(",") if t.strip()]
     plan = plan_tasks(names, offline)  # before any compute: say what will run and what is skipped
     print(plan.describe(), flush=True)
-    dm = load_data(ckpt)
-    results["heldout"] = heldout_loss(ckpt, device, dm)
+    data = load_data(ckpt)
+    results["heldout"] = heldout_loss(ckpt, device, data)
     if names:
         if not lm_eval_available():  # checked before the export: nothing is written for nothing
             results["lm_eval"] = {"skipped": f"lm-eval is not installed: {INSTALL_HINT}"}
@@ -393,7 +393,7 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
             hf_dir = export(ckpt, out_dir / "hf")
             lm: dict[str, float] = {}
             if LOCAL in plan.run:
-                lm.update(run_local_tasks(dm, hf_dir, out_dir, lm_eval_args))
+                lm.update(run_local_tasks(data, hf_dir, out_dir, lm_eval_args))
             found, skipped = run_each_task([n for n in plan.run if n != LOCAL], hf_dir, out_dir / "lm_eval",
                                            offline, lm_eval_args)
             lm.update(found)

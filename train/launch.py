@@ -41,7 +41,10 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from data.types import TrainingContext
 
 PORT_BASE = 20000
 PORT_SPAN = 10000
@@ -319,12 +322,12 @@ def dry_run(argv: list[str]) -> int:
     try:
         dm, trainer, run = parse_run_config(train_args + ["--trainer.num_nodes", str(job.nodes),
                                                           "--trainer.devices", str(job.per_node)])
-        dm.prepare(trainer.accumulate_grad_batches or 1)
+        data = dm.prepare(trainer.accumulate_grad_batches or 1)
     except (ConfigError, ModelConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    workers = max(1, dm.num_workers)
-    table = SliceTable(dm.manifest, dm, job.world * workers)
+    workers = max(1, data.num_workers)
+    table = SliceTable(data.manifest, data.config, job.world * workers)
     chunks = max(1, a.chunks)
 
     if a.task:  # this srun task, as Lightning sees it
@@ -332,13 +335,14 @@ def dry_run(argv: list[str]) -> int:
         print("\n".join(rank_lines(info, hosts, workers, table, chunks)), flush=True)
         return 0 if info.world_size == job.world else 1
 
-    lines, ok = _job_summary(job, hosts, dm, trainer, run, workers)
+    lines, ok = _job_summary(job, hosts, data, trainer, run, workers)
     print("\n".join(lines))
     _print_rank_slices(job, _rank_selection(a.ranks, job.world), hosts, workers, table, chunks)
     return 0 if ok else 2
 
 
-def _job_summary(job: _Job, hosts: list[str], dm, trainer, run, workers: int) -> tuple[list[str], bool]:
+def _job_summary(job: _Job, hosts: list[str], data: TrainingContext, trainer, run,
+                 workers: int) -> tuple[list[str], bool]:
     """The job's resolved shape, batch arithmetic and notes; False when training would refuse it."""
     world, nodes, per_node = job.world, job.nodes, job.per_node
     accumulate = trainer.accumulate_grad_batches or 1
@@ -355,15 +359,16 @@ def _job_summary(job: _Job, hosts: list[str], dm, trainer, run, workers: int) ->
         f"  data        {workers} DataLoader worker(s) per rank -> {world * workers} consumers; "
         f"rank r runs consumers r*{workers} .. r*{workers}+{workers - 1}",
     ]
-    want = dm.steps.schedule.config.global_batch_size
-    got = dm.batch_size * world * accumulate
+    want = data.schedule.config.global_batch_size
+    batch_size = data.config.batch_size
+    got = batch_size * world * accumulate
     ok = got == want
     lines.append(
-        f"  batch       data.batch_size {dm.batch_size} x {world} ranks x {accumulate} accumulation = {got} "
+        f"  batch       data.batch_size {batch_size} x {world} ranks x {accumulate} accumulation = {got} "
         f"(data.schedule.global_batch_size {want}: {'ok' if ok else 'MISMATCH: training would refuse to start'})"
     )
-    lines.append(f"  steps       {dm.steps.schedule.total_steps} optimizer steps")
-    for source, info in dm.manifest.sources.items():
+    lines.append(f"  steps       {data.schedule.total_steps} optimizer steps")
+    for source, info in data.manifest.sources.items():
         n = len(info.chunks)
         if n < world * workers:
             lines.append(

@@ -18,7 +18,7 @@ from typing import Literal, Optional
 import lightning as L
 import torch
 
-from data.types import TrainingContext
+from data.types import EvalBatch, TrainBatch, TrainingContext
 from train.architecture import Architecture, ArchitectureConfig, build_model
 from train.model import ModelConfig, load_model_config
 
@@ -138,7 +138,7 @@ class PretrainModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # -- steps -------------------------------------------------------------------------------
-    def _token_losses(self, batch: dict) -> torch.Tensor:
+    def _token_losses(self, batch: EvalBatch[torch.Tensor]) -> torch.Tensor:
         doc_index = batch["doc_index"] if self.model_config.doc_mask else None
         # Per-token fp32 losses [B, L] from the model itself (model.loss_impl: chunked by default, which
         # never holds [tokens, vocab] fp32 logits); flattened to [B * L].
@@ -152,7 +152,12 @@ class PretrainModule(L.LightningModule):
         counts = torch.bincount(src, minlength=n).double()
         return sums, counts
 
-    def training_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
+    def loss_per_source(self, batch: EvalBatch[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's summed token losses and token counts per source (``source_names`` order, fp64) of
+        one batch: the held-out loss of a source is its sums over its counts."""
+        return self._per_source(self._token_losses(batch), batch["target_source"])
+
+    def training_step(self, batch: TrainBatch[torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         """The loss to backpropagate, and ``raw_loss`` (the micro-batch's mean token loss as computed, NaN
         included) for the order log. A non-finite loss on any rank stops the run, or (``skip``) marks the
         whole optimizer step skipped: every micro-batch of it still runs forward and backward (DDP ranks
@@ -236,7 +241,7 @@ class PretrainModule(L.LightningModule):
         if self.global_step % self.log_every == 0:
             self.log("train/grad_norm", norm.float(), on_step=True, on_epoch=False)
 
-    def _log_train(self, batch: dict, tok_loss: torch.Tensor, loss: torch.Tensor) -> None:
+    def _log_train(self, batch: TrainBatch[torch.Tensor], tok_loss: torch.Tensor, loss: torch.Tensor) -> None:
         """Per-source loss and token shares of the whole optimizer step: under gradient accumulation the
         micro-batches' sums and counts are added up and reduced once, at the step's last micro-batch
         (Lightning writes only that micro-batch's logged values, so logging each alone would report
@@ -274,8 +279,8 @@ class PretrainModule(L.LightningModule):
         n = len(self.source_names)
         self._val = [torch.zeros(n, dtype=torch.float64, device=self.device) for _ in range(2)]
 
-    def validation_step(self, batch: dict, batch_idx: int) -> None:
-        sums, counts = self._per_source(self._token_losses(batch), batch["target_source"])
+    def validation_step(self, batch: EvalBatch[torch.Tensor], batch_idx: int) -> None:
+        sums, counts = self.loss_per_source(batch)
         self._val[0] += sums
         self._val[1] += counts
 

@@ -396,12 +396,12 @@ def test_elastic_source_streams_cover_each_epoch_once(make_cfg, n_old, n_new):
 def _saved_state(make_cfg, **kw) -> tuple[WellMixedData, dict]:
     cfg = make_cfg(**kw)
     dm = WellMixedData(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
-    dm.prepare()
-    sim = OrderSimulator(dm.manifest, dm, 1, dm.num_workers)
+    manifest = dm.prepare().manifest
+    sim = OrderSimulator(manifest, dm, 1, dm.num_workers)
     list(sim.batches(4))
     state = {"cursors": [[c.state_dict() for c in sim.consumers[0]]], "next_step": 4, "world_size": 1,
              "num_workers": dm.num_workers, "batch_size": dm.batch_size, "accumulate": 1, "seed": dm.seed,
-             "fingerprint": dm.manifest.fingerprint()}
+             "fingerprint": manifest.fingerprint()}
     return dm, state
 
 

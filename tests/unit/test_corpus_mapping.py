@@ -133,17 +133,17 @@ def test_a_changed_file_changes_the_fingerprint_and_the_resume_names_it(demo_cor
     cfg = make_cfg(sources={s: SourceConfig(paths=[str(corpus / s / "*.parquet")]) for s in
                             ("web", "code", "books", "curated")}, manifest_cache=str(tmp_path / "cache"))
     dm = WellMixedData(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
-    dm.prepare()
+    manifest = dm.prepare().manifest
     state = {"cursors": [[None] * dm.num_workers], "next_step": 4, "world_size": 1, "num_workers": dm.num_workers,
-             "batch_size": dm.batch_size, "accumulate": 1, "seed": dm.seed, "fingerprint": dm.manifest.fingerprint(),
-             "corpus_files": dm.manifest.file_digests()}
+             "batch_size": dm.batch_size, "accumulate": 1, "seed": dm.seed, "fingerprint": manifest.fingerprint(),
+             "corpus_files": manifest.file_digests()}
     victim = sorted((corpus / "curated").glob("*.parquet"))[0]
     rows = pq.read_table(victim).to_pylist()
     _rewrite(victim, _edit_one_text(rows) if change.startswith("text") else rows[::-1])
     again = WellMixedData(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
-    again.prepare()
-    assert again.manifest.fingerprint() != state["fingerprint"]
-    assert again.manifest.changed_files(state["corpus_files"]) == [f"{victim} (bytes changed)"]
+    changed = again.prepare().manifest
+    assert changed.fingerprint() != state["fingerprint"]
+    assert changed.changed_files(state["corpus_files"]) == [f"{victim} (bytes changed)"]
     with pytest.raises(ConfigError, match=rf"the corpus changed .*1 file\(s\): {victim} \(bytes changed\).*"
                                           r"--run.allow_changed_data true"):
         again.load_state_dict(state)

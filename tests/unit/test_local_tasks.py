@@ -13,7 +13,7 @@ from train.evaluate import CLOZE_CHOICES, CLOZE_CONTEXT, CLOZE_CONTINUATION, hel
 
 
 def data_with_manifest(cfg):
-    return SimpleNamespace(**vars(cfg), manifest=build_manifest(cfg))
+    return SimpleNamespace(config=cfg, manifest=build_manifest(cfg))
 
 
 def test_local_tasks_are_one_item_set_for_every_seed_and_come_from_held_out_text(make_cfg, tmp_path):

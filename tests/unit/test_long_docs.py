@@ -100,7 +100,7 @@ def test_per_phase_shares_with_books(long_corpus):
     cfg = cfg_for(long_corpus, "sequence", 1, schedule=schedule)
     sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
     per_step = [(step, b["source_tokens"].copy()) for step, _, b in sim.batches(sim.steps.total_steps)]
-    boundary = sim.steps.schedule.decay_start
+    boundary = sim.steps.by_optimizer_step.decay_start
     for name, in_phase, target in [("stable", lambda s: s < boundary, WEIGHTS),
                                    ("anneal", lambda s: s >= boundary, ANNEAL)]:
         tokens = sum(t for s, t in per_step if in_phase(s))

@@ -42,7 +42,7 @@ def longest_doc(m) -> int:
 
 def test_realised_shares_follow_each_phase(make_cfg):
     m, sim, per_step = run(make_cfg, {"phases": PHASES})
-    boundary = sim.steps.schedule.decay_start
+    boundary = sim.steps.by_optimizer_step.decay_start
     for name, steps, target in [("stable", lambda s: s < boundary, PHASES[0]["weights"]),
                                 ("anneal", lambda s: s >= boundary, PHASES[1]["weights"])]:
         tokens = sum(t for s, t in per_step if steps(s))

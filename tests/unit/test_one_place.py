@@ -4,6 +4,9 @@
   every other writer goes through its helpers (atomic_path, publish, write_*).
 - Lightning's private loop and connector objects are touched in train/lightning_internals.py only.
 - The Dolma3 schema (source, date, text, token_count, category) is written in data/config.py only.
+- Outside train/datamodule.py the DataModule is used through its methods only: ``prepare()`` and
+  ``context()`` (the prepared data, data/types.py TrainingContext), ``record()``, and the hooks of
+  Lightning's LightningDataModule; its fields and attributes are read from the context.
 """
 
 from __future__ import annotations
@@ -178,6 +181,68 @@ def test_the_dolma3_schema_is_written_in_data_config_only():
     found = [hit for path in SOURCES for hit in schema_literals(path)]
     assert [hit.split(":")[0] for hit in found] == ["data/config.py"], \
         "the Dolma3 schema is data.config.SCHEMA (arrow_schema() for pyarrow): " + "; ".join(found)
+
+
+DATAMODULE_METHODS = {"prepare", "context", "record"}
+"""WellMixedData's own methods for other modules; Lightning's LightningDataModule methods are allowed too."""
+
+
+def datamodule_methods() -> set[str]:
+    import lightning as L
+
+    base = L.LightningDataModule
+    return DATAMODULE_METHODS | {n for n in dir(base) if not n.startswith("_") and callable(getattr(base, n))}
+
+
+def is_datamodule(node: ast.AST | None, names: set[str]) -> bool:
+    """``<x>.datamodule``, ``WellMixedData(...)`` / ``WellMixedData.<classmethod>(...)``, or a name bound to one."""
+    if isinstance(node, ast.Name):
+        return node.id in names
+    if isinstance(node, ast.Attribute):
+        return node.attr == "datamodule"
+    return isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[0] == "WellMixedData"
+
+
+def datamodule_names(file_tree: ast.AST) -> set[str]:
+    """``dm`` (the name every module gives a DataModule) and the names assigned one or annotated ``WellMixedData``."""
+    names = {"dm"}
+    for _ in range(2):  # a name assigned from a name found in the first pass
+        for node in ast.walk(file_tree):
+            if isinstance(node, ast.Assign) and is_datamodule(node.value, names):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and (
+                    is_datamodule(node.value, names) or "WellMixedData" in ast.unparse(node.annotation)):
+                names.add(node.target.id)
+            elif isinstance(node, ast.arg) and node.annotation is not None \
+                    and "WellMixedData" in ast.unparse(node.annotation):
+                names.add(node.arg)
+    return names
+
+
+def datamodule_reads(path: Path) -> list[str]:
+    """Attributes of a DataModule that ``path`` reads or sets other than its allowed methods."""
+    file_tree = tree(path)
+    names, allowed = datamodule_names(file_tree), datamodule_methods()
+    hits = sorted((node.lineno, node.col_offset, ast.unparse(node)) for node in ast.walk(file_tree)
+                  if isinstance(node, ast.Attribute) and is_datamodule(node.value, names) and node.attr not in allowed)
+    return [f"{rel(path)}:{line} {text}" for line, _, text in hits]
+
+
+def test_other_modules_read_the_prepared_data_from_the_context_not_the_datamodule():
+    found = [hit for path in SOURCES if path != ROOT / "train" / "datamodule.py" for hit in datamodule_reads(path)]
+    assert not found, "read these from dm.context() (data/types.py TrainingContext): " + "; ".join(found)
+
+
+def test_the_datamodule_rule_sees_the_spellings_it_forbids(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("dm.manifest\ndm.context().manifest\ntrainer.datamodule.accumulate\n"
+                     "trainer.datamodule.record(b)\ndata = trainer.datamodule\ndata.batch_size\n"
+                     "data.val_dataloader()\ndef f(x: WellMixedData):\n    return x.steps\n"
+                     "m = WellMixedData.load_from_checkpoint(p)\nm.prepare(1).schedule\nm.schedule\n"
+                     "WellMixedData(**kw).order_log\n")
+    assert [hit.split(" ")[1] for hit in datamodule_reads(probe)] == \
+        ["dm.manifest", "trainer.datamodule.accumulate", "data.batch_size", "x.steps", "m.schedule",
+         "WellMixedData(**kw).order_log"]
 
 
 def test_the_written_schema_is_the_one_the_manifest_checks():

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from data.types import TrainingContext
 from train.callbacks import ThroughputCallback
 
 B, L, FLOPS_PER_TOKEN = 4, 8, 1.0e6
@@ -34,10 +33,10 @@ class FakeModel:
 def make(world: int, accumulate: int, peak: float | None, log_every: int = 1, step: int = 0, tokens_per_step: int = 0):
     clock = Clock()
     logged: list[tuple[int, dict]] = []
-    schedule = SimpleNamespace(tokens_at=lambda s: tokens_per_step) if tokens_per_step else None
+    schedule = SimpleNamespace(tokens_at=lambda s: tokens_per_step)
     trainer = SimpleNamespace(world_size=world, global_step=step, accumulate_grad_batches=accumulate,
                               strategy=SimpleNamespace(root_device=torch.device("cpu")), precision="bf16-mixed",
-                              datamodule=SimpleNamespace(context=lambda: TrainingContext((), schedule, None, 0)))
+                              datamodule=SimpleNamespace(context=lambda: SimpleNamespace(schedule=schedule)))
     module = SimpleNamespace(model=FakeModel())
     module.log_dict = lambda d, **kw: logged.append((trainer.global_step, dict(d)))
     cb = ThroughputCallback(peak, log_every_n_steps=log_every, clock=clock)
