@@ -72,7 +72,7 @@ def test_the_start_up_check_on_a_gpu_refuses_what_cannot_fit(monkeypatch):
     monkeypatch.setattr(DDPStrategy, "root_device", property(lambda self: torch.device("cuda", 0)))
     trainer = SimpleNamespace(strategy=strategy, precision="bf16-mixed", is_global_zero=True)
     schedule = fixed_schedule({"web": 1.0}, 2048).build()
-    dm = SimpleNamespace(steps=SimpleNamespace(schedule=schedule), batch_size=32)
+    dm = SimpleNamespace(schedule=schedule, config=SimpleNamespace(batch_size=32))  # the TrainingContext it reads
     cli = SimpleNamespace(trainer=trainer, model=SimpleNamespace(model_config=real()))
     WellMixedCLI._check_memory(cli, dm, RunConfig())  # 86.6 GB: fits
     cli.model.model_config.loss_impl = "plain"
