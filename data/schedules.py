@@ -167,7 +167,7 @@ class ScheduleConfig:
     def from_dict(cls, d: Any, key: str = "schedule") -> ScheduleConfig:
         """Parses the mapping under ``schedule:`` with jsonargparse, as ``train fit`` parses ``data.schedule``:
         the same types, numbers given as text read, a YAML file path accepted for ``mixture`` and
-        ``fixed_equivalent_of`` (relative to the working directory). The relations are ``problems``'.
+        ``fixed_equivalent_of`` (relative to the working directory). ``problems`` checks relations between fields.
 
         Raises:
             ConfigError: one line naming the key under ``key``, on an unknown or missing key or a wrong type.
@@ -443,7 +443,8 @@ def _check_step(step: int) -> int:
 
 @functools.cache
 def _parser(config_class: type) -> Any:
-    from jsonargparse import ArgumentParser  # here: the step-pure schedule needs no parser
+    """A parser of one ``--schedule`` argument of ``config_class``, built once per class."""
+    from jsonargparse import ArgumentParser  # here: a built Schedule needs no parser
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--schedule", type=config_class, sub_configs=True)  # sub_configs: FILE.yaml values
@@ -461,25 +462,38 @@ def _parse_error(message: str, d: Mapping, key: str) -> str:
     scalar = next((name for name in _GROUPS if name in d and not isinstance(d[name], (Mapping, str))), None)
     if scalar:  # jsonargparse fails on it with a TypeError that names no key
         return f"{key}.{scalar}: expected a mapping or a YAML file, got {d[scalar]!r}"
+    path, value = _key_path(d, _message_keys(message), key)
+    return f"{path}: {_problem(message, value)}"
+
+
+_UNKNOWN = re.compile(r"(?:does not accept option|Option) '([\w.]+)'")
+_MISSING = re.compile(r"arguments are required: ([\w.]+)")
+
+
+def _message_keys(message: str) -> list[str]:
+    """The keys below ``schedule`` that the message names, outermost first (a phase's own are relative)."""
     outer = re.search(r'Parser key "schedule\.?([\w.]*)"|Group \'schedule\.?([\w.]*)\'', message)
     parts = [p for p in (outer.group(1) or outer.group(2) or "").split(".") if p] if outer else []
-    parts += re.findall(r'\n\s+Parser key "([\w.]+)"', message)  # a phase's own keys, relative
-    unknown = re.search(r"(?:does not accept option|Option) '([\w.]+)'", message)
-    missing = re.search(r"arguments are required: ([\w.]+)", message)
+    parts += re.findall(r'\n\s+Parser key "([\w.]+)"', message)
+    unknown, missing = _UNKNOWN.search(message), _MISSING.search(message)
     if unknown or missing:
         parts += unknown.group(1).split(".") if unknown else [missing.group(1)]
-    path, value = _key_path(d, parts, key)
-    if unknown or missing:
-        return f"{path}: {'unknown key; check its spelling' if unknown else 'missing'}"
+    return parts
+
+
+def _problem(message: str, value: Any) -> str:
+    """What the message says is wrong, in a few words; ``value`` is the one at its key, where found."""
+    if _UNKNOWN.search(message) or _MISSING.search(message):
+        return "unknown key; check its spelling" if _UNKNOWN.search(message) else "missing"
     no_file = re.search(r"Unable to load config '([^']+)'|Expected a path but (\S+)", message)
     if no_file:
-        return f"{path}: no YAML file {no_file.group(1) or no_file.group(2)} (from the working directory)"
+        return f"no YAML file {no_file.group(1) or no_file.group(2)} (from the working directory)"
     expected = re.search(r"(?:Expected a <class '|Not a valid subclass of )(\w+)", message)
     got = re.search(r"(?:Got|Given) value: (.*)", message)
     if expected and got:  # the value itself where the path reaches it, else the text the message shows
         shown = got.group(1) if isinstance(value, (Mapping, list, type(None))) else value
-        return f"{path}: expected {_EXPECTED.get(expected.group(1), expected.group(1))}, got {shown!r}"
-    return f"{path}: {' '.join(message.split())}"
+        return f"expected {_EXPECTED.get(expected.group(1), expected.group(1))}, got {shown!r}"
+    return " ".join(message.split())
 
 
 def _key_path(d: Any, parts: list[str], key: str) -> tuple[str, Any]:
@@ -497,6 +511,7 @@ def _key_path(d: Any, parts: list[str], key: str) -> tuple[str, Any]:
 
 
 def _parses_as_phase(phase: Any) -> bool:
+    """Whether jsonargparse accepts ``phase`` as a PhaseConfig on its own."""
     try:
         _parser(PhaseConfig).parse_object({"schedule": phase})
     except Exception:  # noqa: BLE001 -- any refusal marks the phase at fault
