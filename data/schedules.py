@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,30 +85,6 @@ class MixtureConfig:
     fixed_equivalent_of: MixtureConfig | None = None
     """A phases mixture whose token-weighted average over the run becomes a fixed mixture, so a
     scheduled-vs-fixed ablation draws the same tokens per source in both arms."""
-
-    @classmethod
-    def from_dict(cls, d: Any, key: str) -> MixtureConfig:
-        """Parses ``d`` found at config key ``key``; the mixture's form is checked by ``validate``."""
-        _check_keys(d, ("phases", "ramp_steps", "weights", "fixed_equivalent_of"), key)
-        phases = d.get("phases", [])
-        if not isinstance(phases, list):
-            raise ConfigError(f"{key}.phases: expected a list of phases, got {phases!r}")
-        parsed = []
-        for i, p in enumerate(phases):
-            _check_keys(p, ("name", "start", "weights"), f"{key}.phases[{i}]", required=("name", "weights"))
-            start = p.get("start", 0.0)
-            parsed.append(PhaseConfig(
-                name=str(p["name"]),
-                weights=_weights(p["weights"], f"{key}.phases[{i}].weights"),
-                start=start if start == ANNEAL else _float(start, f"{key}.phases[{i}].start"),
-            ))
-        inner = d.get("fixed_equivalent_of")
-        return cls(
-            phases=tuple(parsed),
-            ramp_steps=_int(d.get("ramp_steps", 0), f"{key}.ramp_steps"),
-            weights=None if d.get("weights") is None else _weights(d["weights"], f"{key}.weights"),
-            fixed_equivalent_of=None if inner is None else cls.from_dict(inner, f"{key}.fixed_equivalent_of"),
-        )
 
     def validate(self, key: str, anneal_start: float) -> None:
         """Checks the form, the weights and the phase starts; raises ConfigError naming the key."""
@@ -186,25 +164,20 @@ class ScheduleConfig:
     # place a run's config is checked, all problems at once) and ``build`` call ``problems``.
 
     @classmethod
-    def from_dict(cls, d: Any) -> ScheduleConfig:
-        """Builds the config from the plain dict under ``schedule:`` in a YAML file.
+    def from_dict(cls, d: Any, key: str = "schedule") -> ScheduleConfig:
+        """Parses the mapping under ``schedule:`` with jsonargparse, as ``train fit`` parses ``data.schedule``:
+        the same types, numbers given as text read, a YAML file path accepted for ``mixture`` and
+        ``fixed_equivalent_of`` (relative to the working directory). ``problems`` checks relations between fields.
 
         Raises:
-            ConfigError: on an unknown or missing key, a value of the wrong type, or an invalid value.
+            ConfigError: one line naming the key under ``key``, on an unknown or missing key or a wrong type.
         """
-        key = "schedule"
-        _check_keys(d, [f.name for f in dataclasses.fields(cls)], key, required=("mixture",))
-        kwargs: dict[str, Any] = {"mixture": MixtureConfig.from_dict(d["mixture"], f"{key}.mixture")}
-        for name, parse in (("train_tokens", _int), ("global_batch_size", _int), ("anneal_start", _float)):
-            if name in d:
-                kwargs[name] = parse(d[name], f"{key}.{name}")
-        for name, sub in (("seq_len", SeqLenConfig), ("lr", LRConfig)):
-            if name in d:
-                _check_keys(d[name], [f.name for f in dataclasses.fields(sub)], f"{key}.{name}")
-                types = {f.name: f.type for f in dataclasses.fields(sub)}
-                kwargs[name] = sub(**{k: (_int if types[k] == "int" else _float)(v, f"{key}.{name}.{k}")
-                                      for k, v in d[name].items()})
-        return cls(**kwargs)
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {d!r}")
+        try:
+            return _parser(cls).instantiate(_parser(cls).parse_object({"schedule": dict(d)})).schedule
+        except Exception as e:  # jsonargparse's ArgumentError (or a TypeError from a scalar where a group goes)
+            raise ConfigError(_parse_error(str(e), d, key)) from None
 
     def validate(self) -> None:
         """Checks every relation that does not need the total steps; ``build`` checks the rest."""
@@ -468,47 +441,82 @@ def _check_step(step: int) -> int:
     return step
 
 
-def _check_keys(d: Any, allowed: Any, key: str, required: tuple[str, ...] = ()) -> None:
-    if not isinstance(d, Mapping):
-        raise ConfigError(f"{key}: expected a mapping, got {d!r}")
-    for name in d:
-        if name not in allowed:
-            raise ConfigError(f"{key}.{name}: unknown key (allowed: {', '.join(allowed)})")
-    for name in required:
-        if name not in d:
-            raise ConfigError(f"{key}.{name}: missing")
+@functools.cache
+def _parser(config_class: type) -> Any:
+    """A parser of one ``--schedule`` argument of ``config_class``, built once per class."""
+    from jsonargparse import ArgumentParser  # here: a built Schedule needs no parser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--schedule", type=config_class, sub_configs=True)  # sub_configs: FILE.yaml values
+    return parser
 
 
-def _from_text(value: Any) -> Any:
-    """Numbers given as text (a command-line override, or YAML 1.1 reading 3e-3 as a string)."""
-    if isinstance(value, str):
-        try:
-            return float(value.replace("_", "")) if any(c in value for c in ".eE") else int(value.replace("_", ""))
-        except ValueError:
-            return value
-    return value
+_EXPECTED = {"float": "a number", "int": "an integer", "str": "a string", "tuple": "a list of phases",
+             "PhaseConfig": "a phase (a mapping)", "MixtureConfig": "a mixture (a mapping or a YAML file)"}
+_GROUPS = ("mixture", "seq_len", "lr")
+"""The schedule's dataclass fields: each a mapping, or the path of a YAML file holding one."""
 
 
-def _int(value: Any, key: str) -> int:
-    value = _from_text(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    return value
+def _parse_error(message: str, d: Mapping, key: str) -> str:
+    """jsonargparse's message as one line: the innermost key it names, and what is wrong there."""
+    scalar = next((name for name in _GROUPS if name in d and not isinstance(d[name], (Mapping, str))), None)
+    if scalar:  # jsonargparse fails on it with a TypeError that names no key
+        return f"{key}.{scalar}: expected a mapping or a YAML file, got {d[scalar]!r}"
+    path, value = _key_path(d, _message_keys(message), key)
+    return f"{path}: {_problem(message, value)}"
 
 
-def _float(value: Any, key: str) -> float:
-    value = _from_text(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    return float(value)
+_UNKNOWN = re.compile(r"(?:does not accept option|Option) '([\w.]+)'")
+_MISSING = re.compile(r"arguments are required: ([\w.]+)")
 
 
-def _weights(d: Any, key: str) -> dict[str, float]:
-    if not isinstance(d, Mapping):
-        raise ConfigError(f"{key}: expected a mapping of source to weight, got {d!r}")
-    return {str(source): _float(w, f"{key}.{source}") for source, w in d.items()}
+def _message_keys(message: str) -> list[str]:
+    """The keys below ``schedule`` that the message names, outermost first (a phase's own are relative)."""
+    outer = re.search(r'Parser key "schedule\.?([\w.]*)"|Group \'schedule\.?([\w.]*)\'', message)
+    parts = [p for p in (outer.group(1) or outer.group(2) or "").split(".") if p] if outer else []
+    parts += re.findall(r'\n\s+Parser key "([\w.]+)"', message)
+    unknown, missing = _UNKNOWN.search(message), _MISSING.search(message)
+    if unknown or missing:
+        parts += unknown.group(1).split(".") if unknown else [missing.group(1)]
+    return parts
+
+
+def _problem(message: str, value: Any) -> str:
+    """What the message says is wrong, in a few words; ``value`` is the one at its key, where found."""
+    if _UNKNOWN.search(message) or _MISSING.search(message):
+        return "unknown key; check its spelling" if _UNKNOWN.search(message) else "missing"
+    no_file = re.search(r"Unable to load config '([^']+)'|Expected a path but (\S+)", message)
+    if no_file:
+        return f"no YAML file {no_file.group(1) or no_file.group(2)} (from the working directory)"
+    expected = re.search(r"(?:Expected a <class '|Not a valid subclass of )(\w+)", message)
+    got = re.search(r"(?:Got|Given) value: (.*)", message)
+    if expected and got:  # the value itself where the path reaches it, else the text the message shows
+        shown = got.group(1) if isinstance(value, (Mapping, list, type(None))) else value
+        return f"expected {_EXPECTED.get(expected.group(1), expected.group(1))}, got {shown!r}"
+    return " ".join(message.split())
+
+
+def _key_path(d: Any, parts: list[str], key: str) -> tuple[str, Any]:
+    """``key.a.b`` for the parts, and the value there, with the index of the first phase that does not
+    parse on its own (the message names the list only): ``schedule.mixture.phases[1].weights``."""
+    out, value = [key], d
+    for part in parts:
+        value = value.get(part) if isinstance(value, Mapping) else None
+        out.append(part)
+        if part == "phases" and isinstance(value, list):
+            bad = [i for i, phase in enumerate(value) if not (isinstance(phase, Mapping) and _parses_as_phase(phase))]
+            if bad:
+                out[-1], value = f"phases[{bad[0]}]", value[bad[0]]
+    return ".".join(out), value
+
+
+def _parses_as_phase(phase: Any) -> bool:
+    """Whether jsonargparse accepts ``phase`` as a PhaseConfig on its own."""
+    try:
+        _parser(PhaseConfig).parse_object({"schedule": phase})
+    except Exception:  # noqa: BLE001 -- any refusal marks the phase at fault
+        return False
+    return True
 
 
 def _weight_problems(weights: dict[str, float], key: str) -> list[str]:

@@ -274,11 +274,11 @@ INVALID = [
     (_set("mixture.phases[1].name", "stable"), "schedule.mixture.phases"),
     (_set("mixture.ramp_steps", 5000), "schedule.mixture.phases[1].start"),
     (_set("mixture.weights", {"web": 1.0}), "schedule.mixture"),
-    (_set("mixture.phases[0].wieghts", {}), "schedule.mixture.phases[0].wieghts"),
+    (_set("mixture.phases[0].wieghts", {"web": 1.0}), "schedule.mixture.phases[0].wieghts.web: unknown key"),
     (_set("seq_len.start", 4096), "schedule.seq_len.start"),
     (_set("seq_len.end", 2000), "schedule.seq_len.end"),
     (_set("seq_len.start", 500), "schedule.seq_len.start"),
-    (_set("seq_len.stat", 512), "schedule.seq_len.stat"),
+    (_set("seq_len.stat", 512), "schedule.seq_len.stat: unknown key"),
     (_set("train_tokens", 500_000_000), "schedule.train_tokens"),  # ends inside the seq-len warmup
     (_set("train_tokens", 638_844_928), "schedule.train_tokens"),  # ends exactly with the seq-len warmup
     (_set("train_tokens", 0), "schedule.train_tokens"),
@@ -286,12 +286,19 @@ INVALID = [
     (_set("global_batch_size", -4), "schedule.global_batch_size"),
     (_set("lr.warmup_steps", 36_000), "schedule.lr.warmup_steps"),  # reaches into the decay at 35,036
     (_set("lr.warmup_steps", 40_000), "schedule.lr.warmup_steps"),  # longer than the run
-    (_set("lr.peak", "three"), "schedule.lr.peak"),
+    (_set("lr.peak", "three"), "schedule.lr.peak: expected a number, got 'three'"),
     (_set("lr.min", 1.0), "schedule.lr.min"),
     (_set("anneal_start", 1.5), "schedule.anneal_start"),
     (_set("anneal_start", 0.99999), "schedule.anneal_start"),
-    (_set("epochs", 1), "schedule.epochs"),
-    (_set("mixture", None), "schedule.mixture"),
+    (_set("epochs", 1), "schedule.epochs: unknown key"),
+    (_set("mixture", None), "schedule.mixture: give exactly one of phases"),
+    (_set("mixture.phases[1].name", None), "schedule.mixture.phases[1].name: missing"),
+    (_set("mixture.phases[1].weights.code", "x"), "schedule.mixture.phases[1].weights: expected a number, got 'x'"),
+    (_set("mixture.phases", 3), "schedule.mixture.phases: expected a list of phases, got 3"),
+    (_set("mixture.ramp_steps", 2.5), "schedule.mixture.ramp_steps: expected an integer, got 2.5"),
+    (_set("train_tokens", True), "schedule.train_tokens: expected an integer, got True"),
+    (_set("lr", 0.1), "schedule.lr: expected a mapping or a YAML file, got 0.1"),
+    (_set("mixture", "no_such_mixture.yaml"), "schedule.mixture: no YAML file no_such_mixture.yaml"),
 ]
 
 
@@ -355,3 +362,14 @@ def test_numbers_given_as_text_are_read():
     d["train_tokens"] = "20_000_000_000"
     schedule = build_schedule(d)
     assert schedule.config.lr.peak == 3e-3 and schedule.total_steps == 38_929
+
+
+def test_a_mixture_given_as_a_yaml_file_is_read_as_train_fit_reads_it(tmp_path):
+    """`mixture: FILE.yaml` and `fixed_equivalent_of: FILE.yaml`, as the ablation configs write them."""
+    path = tmp_path / "mixture.yaml"
+    path.write_text(yaml.safe_dump(default_dict()["mixture"]))
+    d = default_dict()
+    d["mixture"] = str(path)
+    assert build(d).phase_boundaries == DEFAULT.phase_boundaries
+    d["mixture"] = {"fixed_equivalent_of": str(path)}
+    assert build(d).mixture_weights(0) == pytest.approx(fixed_equivalent_weights(DEFAULT), rel=1e-12)
