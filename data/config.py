@@ -248,7 +248,7 @@ def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataCo
     if removed:
         raise ConfigError(f"{origin}: {removed_key_error(removed[0])}")
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--data", type=DataConfig)
+    parser.add_argument("--data", type=DataConfig, sub_configs=True)  # `mixture: FILE.yaml` as train fit reads it
     try:
         return parser.instantiate(parser.parse_object({"data": section})).data
     except ConfigError as e:
