@@ -31,7 +31,12 @@ import logging
 import os
 import re
 import sys
+import tomllib
+import typing
+import warnings
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as installed
 from pathlib import Path
 from typing import Any, Optional
 
@@ -130,8 +135,6 @@ def dotted_fields(cls: type, prefix: str, seen: tuple = ()) -> list[str]:
     """``prefix.field`` for every field of a (nested) dataclass: the keys of an optional dataclass
     group (``data.schedule``), which jsonargparse's help names only as a whole. A field of a type
     already on the path (``mixture.fixed_equivalent_of``) is named, not expanded."""
-    import typing
-
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -377,14 +380,9 @@ def program_name() -> str:
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
     try:
         return installed("wellmixed")
     except PackageNotFoundError:  # run from a checkout without `pip install -e .`
-        import tomllib
-
         return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
@@ -419,7 +417,6 @@ _PARSER: list = [None]
 
 def dump_config(cfg: Namespace) -> str:
     """A config from :func:`resolve_config` as YAML, as ``--print_config`` writes it."""
-    import warnings
 
     with warnings.catch_warnings():  # jsonargparse 4.49+ names it skip_unset; Lightning 2.6 still says skip_none
         warnings.simplefilter("ignore")

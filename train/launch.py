@@ -1,7 +1,6 @@
 """SLURM launch helpers for ``scripts/slurm/train.sbatch``: a master port, the rank layout, the dry run.
 
 ::
-
     python -m train.launch port                                  # a free MASTER_PORT for this job
     python -m train.launch dry-run [--simulate 4x8] -- --config CONFIG [overrides ...]
     srun python -m train.launch dry-run --task -- --config CONFIG [overrides ...]   # one line per task
@@ -35,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import re
 import socket
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
@@ -175,7 +176,6 @@ class RankInfo:
 
 def rank_info() -> RankInfo:
     """What Lightning's SLURMEnvironment makes of the current environment (as inside a task)."""
-    import warnings
 
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
@@ -406,8 +406,6 @@ def main(argv: list[str] | None = None) -> int:
         print(master_port())
         return 0
     if cmd == "dry-run":
-        import logging
-
         logging.basicConfig(level=logging.WARNING)
         return dry_run(rest)
     print(f"unknown command {cmd!r} (port, dry-run)", file=sys.stderr)

@@ -15,9 +15,13 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.util
+import io
 import logging
 import os
+import secrets
+import string
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -113,9 +117,6 @@ def wandb_run_id(run_dir: Path) -> str:
     if earlier:
         run_id = earlier[-1].name.rsplit("-", 1)[1]
     else:
-        import secrets
-        import string
-
         alphabet = string.ascii_lowercase + string.digits  # wandb's own ids: 8 characters of these
         run_id = "".join(secrets.choice(alphabet) for _ in range(8))
     tmp = temp_path(path)
@@ -168,9 +169,6 @@ def log_evaluation(run_dir: Path, step: int, metrics: dict[str, float]) -> list[
 
 
 def _write_eval_csv(paths: RunDir, step: int, metrics: dict[str, float]) -> str:
-    import csv
-    import io
-
     rows: dict[int, dict[str, str]] = {}
     if paths.eval_metrics_csv.is_file():
         with open(paths.eval_metrics_csv, newline="") as f:

@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -246,7 +247,6 @@ def end_worker_processes() -> list[int]:
     CSV logger failed sat in ``waitpid`` for 20+ minutes, holding its allocation. SIGKILL cannot be
     ignored, and a worker holds nothing that needs a clean shutdown (it only reads parquet).
     """
-    import multiprocessing
 
     pids = []
     for child in multiprocessing.active_children():
