@@ -93,6 +93,12 @@ WORKER_DIED = 1 << 10  # StopOnSignal's all-reduced stop code for "a DataLoader 
 _WORKER_DEATH = re.compile(r"DataLoader worker \(pid")
 
 
+def _cut_off_by_a_dead_worker(trainer, exception: BaseException) -> bool:
+    """A worker killed while the main process was receiving its batch (the tensor's file descriptor is
+    passed over a socket the kill resets): torch raises the socket's error, not its worker report."""
+    return isinstance(exception, (ConnectionError, EOFError)) and bool(internals.dead_loader_workers(trainer))
+
+
 class DataLoaderWorkerDied(RuntimeError):
     """A DataLoader worker process died (the OOM killer, a segfault); the message says which and what was saved."""
 
@@ -182,7 +188,8 @@ class StopOnSignal(L.Callback):
         """torch's own report of a dead worker (raised while fetching the next batch, between steps);
         then, for any fatal error, :func:`arm_fatal_exit`."""
         try:
-            if not isinstance(exception, DataLoaderWorkerDied) and _WORKER_DEATH.search(str(exception)):
+            if not isinstance(exception, DataLoaderWorkerDied) and (
+                    _WORKER_DEATH.search(str(exception)) or _cut_off_by_a_dead_worker(trainer, exception)):
                 self._checkpoint_after_worker_death(trainer, exception)
         finally:
             arm_fatal_exit(exception)
