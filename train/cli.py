@@ -14,7 +14,7 @@ tool. What this file adds to it, and why:
 - only the subcommands that work on this module: ``fit`` and ``validate`` (which prints its results);
 - checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; what ``--ckpt_path``
   names (``last``, ``last_or_new``, a file) is found and verified before it is loaded
-  (train/checkpoint.py), its ``model:`` settings compared with the run's (train/config.py's resume rule:
+  (train/checkpoint.py), its ``model:`` settings compared with the run's (train/resume.py's resume rule:
   a must-match difference refused by name, the rest applied and logged), and SIGTERM/SIGUSR1
   checkpoint and stop cleanly at the next step
   (train/signals.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
@@ -49,12 +49,13 @@ from train.checkpoint import (
     requested_hparams,
     resolve_checkpoint,
 )
-from train.config import ConfigCLI, RunConfig, check_resume
+from train.config import ConfigCLI, RunConfig
 from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
 from train.model import ModelConfigError
 from train.module import PretrainModule
 from train.parallel import check_checkpoint_layout, resolve_strategy
+from train.resume import check_resume
 from train.rundir import RunDir
 from train.rundir_lock import acquire_run_dir
 from train.signals import (
@@ -101,7 +102,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         """``--ckpt_path`` checked when the command line is parsed, before anything is built or written
         (train/checkpoint.py: a name this CLI writes no checkpoint for, ``last`` in a run without any, a
         file that is no checkpoint). LightningCLI would also replace every ``model:`` setting by the
-        checkpoint's; here nothing is replaced: :meth:`before_fit` compares them (train/config.py's resume
+        checkpoint's; here nothing is replaced: :meth:`before_fit` compares them (train/resume.py's resume
         rule) once the checkpoint to load is known."""
         if not self.config.get("subcommand"):
             return
@@ -161,7 +162,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
                                  wandb_name=run.wandb_name, wandb_group=run.wandb_group)
 
     def _check_resume_settings(self, ckpt_path: str | None) -> None:
-        """The resume rule (train/config.py): the checkpoint's must-match ``model:`` settings against the
+        """The resume rule (train/resume.py): the checkpoint's must-match ``model:`` settings against the
         run's, a difference refused by name; the settings that may change are applied and logged."""
         if ckpt_path is None:
             return

@@ -58,6 +58,7 @@ from train.cursor_files import (
     save_rank_cursors,
     way_out_on_several_ranks,
 )
+from train.resume import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +270,6 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The data state of a checkpoint, on every rank: this rank's cursors go to its own file (see
         train/cursor_files.py), the returned state (rank 0's is the one saved) names their folder."""
-        from train.config import schedule_fingerprint  # the resume rule's (train/config.py imports this module)
-
         workers = max(1, self.num_workers)
         mine = [self._trained.get(w) for w in range(workers)]
         resumed = self._resumed_cursors()
@@ -365,8 +364,6 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             raise ConfigError(f"checkpoint {ckpt_path}: {e}") from None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from train.config import check_schedule_unchanged, schedule_fingerprint  # the resume rule's
-
         ctx = self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
         manifest = ctx.manifest
         workers = max(1, self.num_workers)

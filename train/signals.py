@@ -19,7 +19,7 @@
   ``StopOnSignal.on_exception``, before Lightning's teardown): the DataLoader workers are ended at
   once, and if the process is still alive ``FATAL_EXIT_AFTER_S`` later, every thread's stack is
   printed (where it waits) and it exits 1 -- a crash never holds a SLURM allocation to its time limit.
-- **A changed schedule on resume** is refused where the resume rule lives (train/config.py).
+- **A changed schedule on resume** is refused where the resume rule lives (train/resume.py).
 - **A non-finite loss** and **a full disk** are handled where they happen (train/module.py:
   ``on_nonfinite``; train/checkpoint.py: ``AtomicCheckpointIO``).
 """

@@ -159,7 +159,7 @@ def test_train_fit_config_errors_are_named_lines_not_a_traceback(args, want, tmp
 
 def test_schedule_changes_name_every_changed_key_and_the_override_lets_them_pass(caplog):
     from data.schedules import ScheduleConfig, fixed_schedule
-    from train.config import check_schedule_unchanged, schedule_changes, schedule_fingerprint
+    from train.resume import check_schedule_unchanged, schedule_changes, schedule_fingerprint
 
     d = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())["data"]["schedule"]
     old = schedule_fingerprint(ScheduleConfig.from_dict(d))

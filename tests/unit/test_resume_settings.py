@@ -1,4 +1,4 @@
-"""The resume rule (train/config.py, docs/config.md): one rule for every way of resuming.
+"""The resume rule (train/resume.py, docs/config.md): one rule for every way of resuming.
 
 A checkpoint named by file silently replaced every ``--model.*`` flag by the checkpoint's (another model
 was asked for, the old one trained) and dropped ``--model.on_nonfinite skip``; with ``--ckpt_path last``
@@ -45,7 +45,7 @@ def fake_checkpoint(path: Path, hp: dict) -> Path:
 
 def test_the_rule_refuses_a_changed_model_and_applies_what_may_change():
     from data.errors import ConfigError
-    from train.config import check_resume
+    from train.resume import check_resume
 
     saved = hparams()
     assert check_resume("x.ckpt", saved, hparams()) == []

@@ -1,0 +1,128 @@
+"""The resume rule: what a resume must keep from its checkpoint, and what it may change.
+
+- the ``model:`` settings (:func:`resume_differences`, :func:`check_resume`): the model's shape and math and
+  AdamW's settings must match; the few in :data:`MAY_CHANGE` are applied and logged;
+- the schedule the run trains with (:func:`schedule_fingerprint`, :func:`check_schedule_unchanged`, which
+  the DataModule calls when it loads a checkpoint's data state).
+
+docs/config.md ("resuming") is the user's view of this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Any
+
+from data.errors import ConfigError
+from train.module import OptimConfig
+
+log = logging.getLogger("wellmixed")
+
+MAY_CHANGE = {
+    "compile": "torch.compile or eager: the same computation",
+    "on_nonfinite": "what a non-finite loss does from now on (stop, or skip the step)",
+    "log_every_n_steps": "set from run.log_every_n_steps",
+    "model.activation_checkpointing": "recompute activations in backward: memory, not the result",
+    "model.loss_impl": "chunked or plain loss: the same per-token losses",
+    "model.doc_mask_impl": "how the document mask reaches attention: the same mask",
+}
+"""``model:`` settings a resume may change: applied from the command line and config files, each change
+logged. Every other ``model:`` setting (the model's shape and math, AdamW's settings, which the
+optimizer state restores) must match the checkpoint; a difference is refused by name (docs/config.md)."""
+
+
+def _flat(hparams: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in hparams.items():
+        if key.startswith("_"):
+            continue
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def resume_differences(saved: dict, requested: dict) -> tuple[list[tuple], list[tuple]]:
+    """(refused, applied): ``(key, checkpoint value, asked value)`` of the ``model:`` settings that differ
+    between a checkpoint's hyper-parameters and the run's (keys as in the config: ``model.d_model`` is
+    ``--model.model.d_model``). ``optim`` missing on either side counts as the defaults; a setting the
+    checkpoint does not record (newer than it) is not compared."""
+    default_optim = {**vars(OptimConfig()), "betas": list(OptimConfig().betas)}
+    saved = _flat({**saved, "optim": saved.get("optim") or default_optim})
+    requested = _flat({**requested, "optim": requested.get("optim") or default_optim})
+    refused, applied = [], []
+    for key in sorted(saved):
+        old, new = saved[key], requested.get(key)
+        if old != new:
+            (applied if key in MAY_CHANGE or f"model.{key}" in MAY_CHANGE else refused).append((key, old, new))
+    return refused, applied
+
+
+def check_resume(path: str, saved: dict | None, requested: dict) -> list[str]:
+    """Refuse (ConfigError, one line naming each key) a resume whose must-match settings differ from the
+    checkpoint's; return the allowed changes, one ``model.KEY: checkpoint V -> W`` line each, for the log."""
+    if not saved:
+        return []
+    refused, applied = resume_differences(saved, requested)
+    if refused:
+        diffs = "; ".join(f"model.{k} is {old!r} in the checkpoint, {new!r} here" for k, old, new in refused)
+        fix = " ".join(f"--model.{k} {_flag_value(old)}" for k, old, _ in refused)
+        raise ConfigError(f"--ckpt_path {path}: {diffs}. A resume keeps the checkpoint's model and optimizer: "
+                          f"give {fix} (or the configs it was trained with), or start a new run in another "
+                          f"--run.dir (docs/config.md, resuming)")
+    return [f"model.{k}: checkpoint {old!r} -> {new!r}" for k, old, new in applied]
+
+
+def _flag_value(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (list, dict)) or value is None else str(value).lower() \
+        if isinstance(value, bool) else str(value)
+
+
+def schedule_fingerprint(schedule: Any) -> str:
+    """The schedule a run trains with, as canonical JSON for its checkpoints.
+
+    A string, so ``torch.load(weights_only=True)`` reads it; compared by :func:`schedule_changes`.
+    """
+    return json.dumps(dataclasses.asdict(schedule), sort_keys=True, separators=(",", ":"))
+
+
+def schedule_changes(old: str | None, new: str) -> list[str]:
+    """``data.schedule.<key>: OLD -> NEW`` for every value that differs (empty: same, or an old checkpoint
+    that did not store it)."""
+    if old is None or old == new:
+        return []
+    out: list[str] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{key}.{k}")
+        elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+            for i, (x, y) in enumerate(zip(a, b)):
+                walk(x, y, f"{key}[{i}]")
+        elif a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+
+    a, b = json.loads(old), json.loads(new)
+    walk(a, b, "data.schedule")
+    return out
+
+
+def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int) -> None:
+    """A resume under another schedule silently moves the anneal and the LR decay (a larger
+    ``train_tokens`` puts a run that was annealing back into the stable phase): refused like a changed
+    seed, unless ``run.allow_changed_schedule``."""
+    changes = schedule_changes(old, new)
+    if not changes:
+        return
+    if not allow:
+        raise ConfigError(
+            f"--ckpt_path: the checkpoint (step {step}) was trained with another schedule: {'; '.join(changes)}; "
+            "restore those values, or pass --run.allow_changed_schedule true to continue under the new schedule "
+            "from this step (its LR and mixture at this step may jump)"
+        )
+    log.warning("resuming at step %d under a changed schedule (run.allow_changed_schedule): %s", step,
+                "; ".join(changes))
