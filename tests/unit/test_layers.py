@@ -100,3 +100,59 @@ def test_only_lightning_internals_subclass_lightning_private_hooks():
             if isinstance(node, ast.FunctionDef) and node.name in private_overrides:
                 found.setdefault(node.name, set()).add(path.name)
     assert found == {name: {"lightning_internals.py"} for name in private_overrides}
+
+
+PACKAGES = ("data", "train", "ablations")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def repo_targets(node: ast.AST, known: set[str]) -> set[str]:
+    """The repository modules an import statement loads (``from data import files`` loads data.files)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    else:
+        return set()
+    return {n for n in names if n in known}
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(module-level imports, function-level imports) between the repository's own modules."""
+    paths = {module_name(p): p for pkg in PACKAGES for p in modules(pkg)}
+    known = set(paths)
+    top_level: dict[str, set[str]] = {}
+    nested: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        outer = {id(n) for stmt in tree.body if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                       ast.ClassDef))
+                 for n in ast.walk(stmt)}
+        top_level[name], nested[name] = set(), set()
+        for node in ast.walk(tree):
+            targets = repo_targets(node, known) - {name}
+            (top_level if id(node) in outer else nested)[name].update(targets)
+    return top_level, nested
+
+
+def closure(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_no_import_cycles_and_no_function_level_import_that_dodges_one():
+    """A function-level import of a module that imports this one back is a cycle in hiding: both fail."""
+    top_level, nested = import_graph()
+    cycles = sorted(m for m in top_level if m in closure(top_level, m))
+    assert not cycles, f"module-level import cycles through {cycles}"
+    dodges = sorted(f"{m} -> {x}" for m, xs in nested.items() for x in xs if m in closure(top_level, x))
+    assert not dodges, f"function-level imports that would close a cycle at the top: {dodges}"
