@@ -53,8 +53,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data.config import SCHEMA, DataConfig, FilterConfig, no_match_reason
+from data.config import SCHEMA, DataConfig, FilterConfig, SourceConfig, no_match_reason
 from data.errors import ConfigError
+from data.files import file_digest, file_identity, write_text
 from data.mapping import MappingReport, build_mapping
 from data.shuffled import shuffle_problems
 
@@ -218,29 +219,6 @@ def _count_values(table: pa.Table, column: str, out: dict) -> None:
         acc[1] += tokens or 0
 
 
-def file_digest(path: str) -> str:
-    """The file's size and a hash of its parquet footer, read from the file's tail (no data read).
-
-    The footer holds every column chunk's offsets, compressed and uncompressed sizes and statistics,
-    so a rewrite that changes any text changes it (short of an edit that keeps every page's size and
-    every min/max); the scan adds a checksum of the token_count column, which catches reordered rows.
-    An unreadable tail gives ``"unreadable"`` (the scan then names the problem)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if size < 12:
-                return "unreadable"
-            f.seek(size - 8)
-            tail = f.read(8)
-            n = int.from_bytes(tail[:4], "little")
-            if tail[4:] != b"PAR1" or n + 12 > size:
-                return "unreadable"
-            f.seek(size - 8 - n)
-            return f"{size}:{hashlib.sha256(f.read(n)).hexdigest()[:16]}"
-    except OSError:
-        return "unreadable"
-
-
 def _footer_nulls(pf: pq.ParquetFile, text_column: str) -> list[list[int]]:
     """``[row group, nulls]`` of the text column where the footer's statistics count any (no text read;
     a writer without statistics leaves it to the reader's row-level check)."""
@@ -330,20 +308,49 @@ def _needed_columns(cfg: DataConfig) -> dict[str, str]:
 
 
 def _list_files(cfg: DataConfig) -> dict[str, list[str]]:
-    """Each source's files; refuses a source whose globs match nothing and an incomplete global shuffle."""
-    files_per_source: dict[str, list[str]] = {}
-    empty = []
-    for name, src in cfg.sources.items():
-        files = src.files()
-        if not files:
-            empty.append(f"data.sources.{name}.paths {src.paths}: {no_match_reason(src.paths)}")
-        files_per_source[name] = files
+    """Each source's files, each file once under one spelling (:func:`_one_claim_per_file`); refuses a
+    source whose globs match nothing and an incomplete global shuffle."""
+    files_per_source = {name: src.files() for name, src in cfg.sources.items()}
+    empty = [f"data.sources.{name}.paths {cfg.sources[name].paths}: {no_match_reason(cfg.sources[name].paths)}"
+             for name, files in files_per_source.items() if not files]
     if empty:
         raise ConfigError("no input files:\n  " + "\n  ".join(empty))
+    files_per_source = _one_claim_per_file(cfg, files_per_source)
     incomplete = shuffle_problems(sorted({p for files in files_per_source.values() for p in files}))
     if incomplete:
         raise ConfigError("\n".join(incomplete))
     return files_per_source
+
+
+def _one_claim_per_file(cfg: DataConfig, files_per_source: dict[str, list[str]]) -> dict[str, list[str]]:
+    """A file is the file, not its spelling (:func:`file_identity`): the globs of one source that meet on a
+    file (overlapping globs, a relative and an absolute path, a symlinked folder) read it once, under the
+    first of its spellings; a file two sources claim is refused unless every claim is a filter (whose
+    values the mapping report keeps apart)."""
+    spelling: dict[tuple[int, int], str] = {}
+    for path in sorted({p for files in files_per_source.values() for p in files}):
+        spelling.setdefault(file_identity(path), path)
+    out = {name: sorted({spelling[file_identity(p)] for p in files}) for name, files in files_per_source.items()}
+    claims: dict[str, list[str]] = {}
+    for name, files in out.items():
+        for path in files:
+            claims.setdefault(path, []).append(name)
+    twice = [(p, names) for p, names in claims.items()
+             if len(names) > 1 and any(cfg.sources[n].filter is None for n in names)]
+    if twice:
+        path, names = twice[0]
+        who = " and ".join(f"data.sources.{n}.paths {_glob_of(cfg, n, path)!r}" for n in names)
+        raise ConfigError(f"{who} both claim {path}{f' (and {len(twice) - 1} more file(s))' if len(twice) > 1 else ''}"
+                          ": its documents would be trained once per source; narrow the globs so that each file "
+                          "belongs to one source (or give every source reading it a filter)")
+    return out
+
+
+def _glob_of(cfg: DataConfig, name: str, path: str) -> str:
+    """The first of source ``name``'s globs that matches ``path``'s file (for naming a claim)."""
+    target = file_identity(path)
+    return next(g for g in cfg.sources[name].paths
+                if any(file_identity(p) == target for p in SourceConfig(paths=[g]).files()))
 
 
 def _scan_all(cfg: DataConfig, files_per_source: dict[str, list[str]], needed: dict[str, str],
@@ -363,24 +370,32 @@ def _scan_all(cfg: DataConfig, files_per_source: dict[str, list[str]], needed: d
             scan.keys[(name, path)] = key
             if key not in cache:
                 todo[key] = (path, filt)
-    # pyarrow reads footers and the small columns without the GIL: threads scale with the cores
-    with ThreadPoolExecutor(max(1, min(len(todo), SCAN_THREADS))) as pool:
-        results = dict(zip(todo, pool.map(lambda item: _try_scan(item[0], needed, item[1], cfg.text_column),
-                                          todo.values())))
-    errors = {}
-    for key, (entry, error) in results.items():
-        if error is None:
-            cache[key] = entry
-        else:
-            errors[key] = error
-    scan.dirty = any(e is None for _, e in results.values())
+    errors = _scan_into(cache, todo, needed, cfg.text_column)
+    scan.dirty = len(errors) < len(todo)
     for (name, path), key in list(scan.keys.items()):
         if key in errors:
             scan.bad.append((path, errors[key]))
             del scan.keys[(name, path)]
         else:
             scan.scanned[(name, path)] = cache[key]
+    scan.bad = list(dict.fromkeys(scan.bad))  # a file several sources read is one bad file
     return scan
+
+
+def _scan_into(cache: dict, todo: dict[str, tuple[str, FilterConfig | None]], needed: dict[str, str],
+               text_column: str) -> dict[str, str]:
+    """Scan ``todo`` (cache key -> (path, filter)) into ``cache``; returns the problem per failed key.
+    pyarrow reads footers and the small columns without the GIL: threads scale with the cores."""
+    def scan_one(item: tuple[str, FilterConfig | None]) -> dict | str:
+        try:
+            return _scan_file(item[0], needed, item[1], text_column)
+        except ValueError as e:
+            return str(e)
+
+    with ThreadPoolExecutor(max(1, min(len(todo), SCAN_THREADS))) as pool:
+        results = dict(zip(todo, pool.map(scan_one, todo.values())))
+    cache.update({key: r for key, r in results.items() if isinstance(r, dict)})
+    return {key: r for key, r in results.items() if isinstance(r, str)}
 
 
 def _check_bad_files(cfg: DataConfig, scan: _Scan) -> dict[str, list[list[int]]]:
@@ -672,14 +687,6 @@ SCAN_THREADS = min(32, os.cpu_count() or 1)
 """Files scanned at once on a cold manifest build (footers and the filter/token_count columns)."""
 
 
-def _try_scan(path: str, needed: dict[str, str], filt: FilterConfig | None,
-              text_column: str) -> tuple[dict | None, str | None]:
-    try:
-        return _scan_file(path, needed, filt, text_column), None
-    except ValueError as e:
-        return None, str(e)
-
-
 @contextlib.contextmanager
 def _cache_lock(cache_path: Path):
     """An exclusive ``flock`` on ``<cache>.lock`` for the read-scan-write of the cache. Without lock
@@ -706,8 +713,6 @@ def _load_cache(path: Path) -> dict:
 
 
 def _save_cache(path: Path, cache: dict) -> None:
-    from data.files import write_text
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, json.dumps(cache), fsync=False)  # a lost cache only costs a rescan

@@ -526,7 +526,8 @@ def verify(spec: ShuffleSpec) -> dict:
         "rows_per_bucket": _spread([s.rows for s in per_bucket]),
         "tokens_per_bucket": _spread([s.tokens for s in per_bucket]),
         "bytes_per_bucket": _spread(sizes),
-        "bucket_bytes": {spec.output(b).name: size for b, size in enumerate(sizes)},  # readers check it
+        "bucket_files": {spec.output(b).name: [s.rows, files.file_digest(spec.output(b))]  # data/shuffled.py
+                         for b, s in enumerate(per_bucket)},
         "input": stats_in.to_dict(),
     }
 
