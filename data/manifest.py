@@ -56,7 +56,7 @@ import pyarrow.parquet as pq
 from data.config import SCHEMA, DataConfig, FilterConfig, SourceConfig, no_match_reason
 from data.errors import ConfigError
 from data.files import file_digest, file_identity, write_text
-from data.mapping import MappingReport, build_mapping
+from data.mapping import MappingReport, build_mapping, count_values
 from data.shuffled import shuffle_problems
 
 log = logging.getLogger(__name__)
@@ -200,23 +200,13 @@ def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, tex
                              f"{pc.min(counts).as_py()}); it must be each document's cl100k token count")
         crc = zlib.crc32(counts.to_numpy().tobytes(), crc)
         if filt:
-            _count_values(table, filt.column, values)
+            count_values(table, filt.column, values)
             mask = matches(table.column(filt.column), filt.patterns)
             counts = pc.filter(counts, mask)
         groups.append([first, rows, len(counts), int(pc.sum(counts).as_py() or 0)])
         first += rows
     return {"row_groups": groups, "text_nulls": _footer_nulls(pf, text_column), "counts_crc": crc,
             "values": [[v, *c] for v, c in values.items()] if filt else None}
-
-
-def _count_values(table: pa.Table, column: str, out: dict) -> None:
-    """Rows and token_count sums per distinct value of ``column`` (the mapping report's input)."""
-    agg = table.group_by(column).aggregate([("token_count", "count"), ("token_count", "sum")])
-    for value, rows, tokens in zip(*(agg.column(c).to_pylist() for c in (column, "token_count_count",
-                                                                            "token_count_sum"))):
-        acc = out.setdefault(value, [0, 0])
-        acc[0] += rows
-        acc[1] += tokens or 0
 
 
 def _footer_nulls(pf: pq.ParquetFile, text_column: str) -> list[list[int]]:

@@ -26,6 +26,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from data.config import DataConfig
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,16 @@ class MappingReport:
 
     def text(self, problems: bool = True) -> str:
         return format_mapping(self, problems)
+
+
+def count_values(table: pa.Table, column: str, out: ValueCounts) -> ValueCounts:
+    """Add the rows and ``token_count`` sums per distinct value of ``column`` (null: a value) to ``out``."""
+    agg = table.group_by(column).aggregate([("token_count", "count", pc.CountOptions(mode="all")),
+                                            ("token_count", "sum")])
+    for value, rows, tokens in zip(*(agg.column(c).to_pylist() for c in (column, "token_count_count",
+                                                                            "token_count_sum"))):
+        _add(out, value, rows, tokens or 0)
+    return out
 
 
 def _add(counts: ValueCounts, value: str, rows: int, tokens: int) -> None:

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.errors import DataError
+from data.mapping import count_values
 
 COLUMNS = ("source", "category")
 
@@ -54,30 +56,29 @@ def inspect_corpus(root: str | Path, pattern: str = "**/*.parquet") -> CorpusSum
         raise FileNotFoundError(f"no parquet file under {root} ({pattern})")
     out = CorpusSummary(files=len(files), paths=files)
     for path in files:
-        try:
-            table = pq.read_table(path, columns=[c for c in (*COLUMNS, "token_count")
-                                                 if c in pq.read_schema(path).names])
-        except (OSError, pa.ArrowException) as e:  # truncated, corrupt, or not parquet at all
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise DataError(f"{path}: not a readable parquet file ({reason}); remove or re-download it, or "
-                            "leave it out with --pattern") from None
-        tokens = table.column("token_count").to_pylist() if "token_count" in table.column_names else None
+        table = _small_columns(path)
         out.rows += table.num_rows
-        out.tokens += sum(t or 0 for t in tokens) if tokens else 0
-        for column in COLUMNS:
-            if column not in table.column_names:
-                continue
-            counts = out.values[column]
-            mine = out.per_file.setdefault((path, column), {})
-            for i, value in enumerate(table.column(column).to_pylist()):
-                c = counts.setdefault(value, ValueCount())
-                n = (tokens[i] or 0) if tokens else 0
-                c.rows += 1
-                c.tokens += n
-                acc = mine.setdefault(value, [0, 0])
-                acc[0] += 1
-                acc[1] += n
+        out.tokens += int(pc.sum(table.column("token_count")).as_py() or 0)
+        for column in (c for c in COLUMNS if c in table.column_names):
+            mine = out.per_file[(path, column)] = count_values(table, column, {})
+            for value, (rows, tokens) in mine.items():
+                c = out.values[column].setdefault(value, ValueCount())
+                c.rows, c.tokens = c.rows + rows, c.tokens + tokens
     return out
+
+
+def _small_columns(path: str) -> pa.Table:
+    """A file's ``source``, ``category`` and ``token_count`` columns (token_count 0 where it has none)."""
+    try:
+        names = pq.read_schema(path).names
+        table = pq.read_table(path, columns=[c for c in (*COLUMNS, "token_count") if c in names])
+    except (OSError, pa.ArrowException) as e:  # truncated, corrupt, or not parquet at all
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(f"{path}: not a readable parquet file ({reason}); remove or re-download it, or "
+                        "leave it out with --pattern") from None
+    if "token_count" not in table.column_names:
+        table = table.append_column("token_count", pa.array(np.zeros(table.num_rows, dtype=np.int64)))
+    return table
 
 
 def mixture_sources(filters: dict[str, dict | None], column: str, value: str | None) -> list[str]:
@@ -190,27 +191,33 @@ SLOTS = {  # mixture source -> Dolma 3 sub-source families (compared with '-' re
 def propose_sources(summary: CorpusSummary, paths: str = "$DOLMA3_DIR/**/*.parquet") -> str:
     """A ``sources:`` block for the ``source`` values found: each Dolma 3 family as spelled in the files
     (both spellings when both occur) put in its slot; values of no known family listed as comments."""
-    patterns: dict[str, list[str]] = {slot: [] for slot in SLOTS}
-    left: list[str] = []
-    total = summary.tokens or 1
-    for value, c in sorted(summary.values["source"].items(), key=lambda kv: str(kv[0])):
-        norm = (value or "").replace("-", "_")
-        slot, family = next(((s, f) for s, fams in SLOTS.items() for f in fams if norm.startswith(f)), (None, None))
-        if slot is None:
-            left.append(f"#   {value!s:<40} {c.rows:>10,} rows {c.tokens / total:>8.3%} of the tokens")
-            continue
-        pat = value[:len(family)] + "*"
-        if pat not in patterns[slot]:
-            patterns[slot].append(pat)
+    patterns, left = _slot_patterns(summary)
     lines = ["  sources:   # proposed by scripts/inspect_corpus.py from the `source` values above; paste under data:"]
-    for slot, pats in patterns.items():
-        if pats:
-            quoted = ", ".join(f'"{p}"' for p in pats)
-            lines.append(f'    {slot + ":":<9}{{paths: ["{paths}"], filter: {{column: source, values: [{quoted}]}}}}')
+    lines += [f'    {slot + ":":<9}{{paths: ["{paths}"], filter: {{column: source, values: ['
+              + ", ".join(f'"{p}"' for p in pats) + "]}}" for slot, pats in patterns.items() if pats]
     if left:
         lines += ["  # values of no Dolma 3 family (never read unless a pattern above takes them; start-up refuses",
                   "  # them above data.unclaimed of the tokens):"] + ["  " + ln for ln in left]
     return "\n".join(lines)
+
+
+def _slot_patterns(summary: CorpusSummary) -> tuple[dict[str, list[str]], list[str]]:
+    """Per slot the family patterns of the ``source`` values found; the comment lines of the other values."""
+    patterns: dict[str, list[str]] = {slot: [] for slot in SLOTS}
+    left: list[str] = []
+    for value, c in sorted(summary.values["source"].items(), key=lambda kv: str(kv[0])):
+        slot, family = _slot_of(value)
+        if slot is None:
+            left.append(f"#   {value!s:<40} {c.rows:>10,} rows {c.tokens / (summary.tokens or 1):>8.3%} of the tokens")
+        elif value[:len(family)] + "*" not in patterns[slot]:
+            patterns[slot].append(value[:len(family)] + "*")
+    return patterns, left
+
+
+def _slot_of(value: str | None) -> tuple[str | None, str | None]:
+    """The mixture slot and Dolma 3 family of a ``source`` value (``-`` read as ``_``), or (None, None)."""
+    norm = (value or "").replace("-", "_")
+    return next(((s, f) for s, fams in SLOTS.items() for f in fams if norm.startswith(f)), (None, None))
 
 
 def duplicate_counts(paths: list[str], sample_rows: int = 20_000, seed: int = 0) -> dict[str | None, list[int]]:
@@ -225,19 +232,22 @@ def duplicate_counts(paths: list[str], sample_rows: int = 20_000, seed: int = 0)
             break
         path, g = groups[i]
         cols = [c for c in ("source", "text") if c in pq.read_schema(path).names]
-        if "text" not in cols:
-            continue
-        table = pq.ParquetFile(path).read_row_group(g, columns=cols)
-        texts = table.column("text").cast(pa.large_binary()).to_pylist()
-        values = table.column("source").to_pylist() if "source" in cols else [None] * len(texts)
-        for value, text in zip(values, texts):
-            digest = hashlib.blake2b(text or b"", digest_size=16).digest()
-            acc = out.setdefault(value, [0, 0])
-            acc[0] += 1
-            acc[1] += digest in seen
-            seen.add(digest)
-        taken += len(texts)
+        if "text" in cols:
+            taken += _count_duplicates(pq.ParquetFile(path).read_row_group(g, columns=cols), seen, out)
     return out
+
+
+def _count_duplicates(table: pa.Table, seen: set[bytes], out: dict[str | None, list[int]]) -> int:
+    """Add one row group's texts to ``seen`` and its [rows, repeats] per ``source`` value to ``out``; its rows."""
+    texts = table.column("text").cast(pa.large_binary()).to_pylist()
+    values = table.column("source").to_pylist() if "source" in table.column_names else [None] * len(texts)
+    for value, text in zip(values, texts):
+        digest = hashlib.blake2b(text or b"", digest_size=16).digest()
+        acc = out.setdefault(value, [0, 0])
+        acc[0] += 1
+        acc[1] += digest in seen
+        seen.add(digest)
+    return len(texts)
 
 
 def format_duplicates(counts: dict[str | None, list[int]]) -> str:
