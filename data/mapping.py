@@ -78,6 +78,18 @@ def count_values(table: pa.Table, column: str, out: ValueCounts) -> ValueCounts:
     return out
 
 
+def matches(column: pa.ChunkedArray | pa.Array, patterns: list[str]) -> pa.Array:
+    """Boolean mask of the rows whose value matches any fnmatch pattern (case-sensitive).
+
+    The patterns are matched in Python against the column's distinct values (a handful of
+    sub-source names), not translated into a regex: Arrow's RE2 engine rejects the ``\\Z`` that
+    ``fnmatch.translate`` emits, and a regex search would also match substrings.
+    """
+    values = pc.unique(column).to_pylist()
+    keep = [v for v in values if v is not None and any(fnmatch.fnmatchcase(v, pat) for pat in patterns)]
+    return pc.fill_null(pc.is_in(column, value_set=pa.array(keep, type=column.type)), False)
+
+
 def _add(counts: ValueCounts, value: str, rows: int, tokens: int) -> None:
     acc = counts.setdefault(value, [0, 0])
     acc[0] += rows
