@@ -41,36 +41,45 @@ def shuffle_output_problem(folder: str | Path) -> str | None:
         return f"{folder}: an incomplete global-shuffle output ({len(present)} bucket(s), no {REPORT}); {FIX}"
     except (OSError, ValueError) as e:
         return f"{folder}/{REPORT}: unreadable ({e}); {FIX}"
+    return _record_problem(folder, report) or _pin_problem(folder, report["bucket_files"], present)
+
+
+def _record_problem(folder: Path, report: dict) -> str | None:
+    """A record that failed, cannot pin its buckets (an older version) or does not add up."""
     if not report.get("ok"):
         return (f"{folder}: the global shuffle's verification failed ({'; '.join(report.get('problems', []))}); "
                 f"see {REPORT}, then {FIX}")
-    if not isinstance(report.get("bucket_files"), dict):
+    pins = report.get("bucket_files")
+    if not isinstance(pins, dict):
         identity = report.get("identity") or {}
         return (f"{folder}/{REPORT}: written by an older global_shuffle.py that does not pin each bucket's rows and "
                 "bytes, so it cannot show the buckets there are the ones it verified; re-verify them and rewrite it "
                 f"with: python scripts/global_shuffle.py IN_GLOB --out {folder} --buckets "
                 f"{identity.get('buckets', report.get('buckets', 'N'))} --seed {identity.get('seed', 'SEED')} "
                 "--report-only (IN_GLOB: the run's input globs)")
-    return _pin_problem(folder, report, present)
-
-
-def _pin_problem(folder: Path, report: dict, present: list[str]) -> str | None:
-    """The record's own sums, then each bucket there against its pin (rows, size and footer hash)."""
-    pins = report["bucket_files"]
     rows = sum(r for r, _ in pins.values())
-    if not rows == report.get("rows_out") == report.get("rows_in") or len(pins) != report.get("buckets"):
-        return (f"{folder}/{REPORT}: does not add up ({len(pins)} bucket(s) pinned with {rows:,} rows; the record "
-                f"says {report.get('buckets')} bucket(s), rows_out {report.get('rows_out')}, rows_in "
-                f"{report.get('rows_in')}): it was edited or damaged; {FIX}")
+    if rows == report.get("rows_out") == report.get("rows_in") and len(pins) == report.get("buckets"):
+        return None
+    return (f"{folder}/{REPORT}: does not add up ({len(pins)} bucket(s) pinned with {rows:,} rows; the record "
+            f"says {report.get('buckets')} bucket(s), rows_out {report.get('rows_out')}, rows_in "
+            f"{report.get('rows_in')}): it was edited or damaged; {FIX}")
+
+
+def _pin_problem(folder: Path, pins: dict[str, list], present: list[str]) -> str | None:
+    """Each bucket there against its pin (rows, size and footer hash): missing, changed, unrecorded ones."""
     missing = sorted(set(pins) - set(present))
     extra = sorted(set(present) - set(pins))
     changed = sorted(n for n in set(pins) & set(present) if file_digest(folder / n) != pins[n][1])
     if not missing and not extra and not changed:
         return None
-    what = "; ".join(f"{label} {names[:3]}{' ...' if len(names) > 3 else ''}" for label, names in
+    what = "; ".join(_names(label, names) for label, names in
                      (("missing", missing), ("changed since", changed), ("not in it", extra)) if names)
     fix = f"delete the changed and unrecorded bucket files, then {FIX}" if changed or extra else FIX
     return f"{folder}: the buckets do not match {REPORT} ({len(pins)} recorded, {len(present)} present: {what}); {fix}"
+
+
+def _names(label: str, names: list[str]) -> str:
+    return f"{label} {names[:3]}{' ...' if len(names) > 3 else ''}"
 
 
 def shuffle_problems(paths: list[str]) -> list[str]:
