@@ -6,18 +6,17 @@ not checked against the files: a pattern that matches nothing fails at start-up,
 matches the wrong rows, or a sub-source no filter takes, goes unnoticed until the mixture is off.
 :func:`inspect_corpus` counts rows and tokens per distinct value (reading only the small columns,
 never ``text``), and :func:`format_report` prints them with the mixture source(s) each value goes to
--- ``-`` for none, several names for a value two filters take (its rows would be trained twice).
+under the config's mapping report (data/mapping.py) -- ``-`` for none, several names for a value two
+filters take (its rows would be trained twice).
 
     python scripts/inspect_corpus.py $DOLMA3_DIR [--config configs/pretrain_350m_20b.yaml]
 """
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import hashlib
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.errors import DataError
-from data.mapping import count_values
+from data.mapping import MappingReport, count_values
 
 COLUMNS = ("source", "category")
 
@@ -81,102 +80,41 @@ def _small_columns(path: str) -> pa.Table:
     return table
 
 
-def mixture_sources(filters: dict[str, dict | None], column: str, value: str | None) -> list[str]:
-    """Mixture sources whose filter on ``column`` takes ``value`` (fnmatchcase, as data/manifest.py does).
-
-    ``filters`` maps a source name to its ``filter`` block (``{column, values}``) or None; a source
-    without a filter takes every row of its files, which is reported as ``name(all rows)``."""
-    out = []
-    for name, flt in filters.items():
-        if flt is None:
-            out.append(f"{name}(all rows)")
-        elif flt["column"] == column and value is not None and any(
-                fnmatch.fnmatchcase(value, pat) for pat in [*flt["values"], *flt.get("optional", [])]):
-            out.append(name)
-    return out
-
-
-def filters_of(config_sources: dict) -> dict[str, dict | None]:
-    """``data.sources`` of a run YAML -> source name -> its filter block (or None)."""
-    return {name: (src or {}).get("filter") for name, src in config_sources.items()}
-
-
-def format_report(summary: CorpusSummary, filters: dict[str, dict | None] | None = None) -> str:
-    """The corpus totals and a table of values per column; with `filters`, also the mixture source(s)
-    each value goes to, the tokens per mixture source, and the values no filter or several take."""
+def format_report(summary: CorpusSummary, mapping: MappingReport | None = None) -> str:
+    """The corpus totals and a table of values per column; with the ``mapping`` report of a config's
+    filters (data/mapping.py, printed after this table), the mixture source(s) each value goes to."""
     lines = [f"{summary.files} files, {summary.rows:,} rows, {summary.tokens:,} tokens (token_count)"]
-    mapped = _mapped_columns(filters)
+    takers = _takers(mapping)
     for column in COLUMNS:
-        lines += _value_table(summary, column, filters if column in mapped else None)
-    if filters is not None:
-        lines += _mixture_totals(summary, filters)
-        lines += _mapping_problems(summary, filters)
+        lines += _value_table(summary, column, takers.get(column))
     return "\n".join(lines)
 
 
-def _mapped_columns(filters: dict[str, dict | None] | None) -> set[str]:
-    """The columns some filter reads (none without `filters`)."""
-    return {f["column"] for f in (filters or {}).values() if f}
+def _takers(mapping: MappingReport | None) -> dict[str, dict[str | None, list[str]]]:
+    """Per filter column, per value: the mixture sources whose patterns take it, in config order."""
+    sources = mapping.sources if mapping else []
+    out: dict[str, dict[str | None, list[str]]] = {sm.column: {} for sm in sources if sm.column}
+    for sm in sources:
+        for value in {v for pm in sm.patterns for v in pm.values}:
+            out[sm.column].setdefault(value, []).append(sm.name)
+    return out
 
 
 def _by_tokens(counts: dict[str | None, ValueCount]) -> list[tuple[str | None, ValueCount]]:
     return sorted(counts.items(), key=lambda kv: -kv[1].tokens)
 
 
-def _filtered_sources(filters: dict[str, dict | None], column: str, value: str | None) -> list[str]:
-    """The mixture sources whose filter takes `value` (sources without a filter left out)."""
-    return [s for s in mixture_sources(filters, column, value) if "(all rows)" not in s]
-
-
-def _value_table(summary: CorpusSummary, column: str, filters: dict[str, dict | None] | None) -> list[str]:
-    """Rows, tokens and share per value of `column`, with the mixture sources taking it when `filters`."""
+def _value_table(summary: CorpusSummary, column: str, takers: dict[str | None, list[str]] | None) -> list[str]:
+    """Rows, tokens and share per value of `column`, with the mixture sources taking it when `takers`."""
     counts = summary.values[column]
     if not counts:
         return [f"\n{column}: (column absent)"]
     head = f"  {'value':<40} {'rows':>12} {'tokens':>16} {'share':>7}"
-    lines = [f"\n{column}: {len(counts)} distinct values", head + ("  mixture source" if filters is not None else "")]
+    lines = [f"\n{column}: {len(counts)} distinct values", head + ("  mixture source" if takers is not None else "")]
     for value, c in _by_tokens(counts):
         share = c.tokens / summary.tokens if summary.tokens else 0.0
         row = f"  {str(value):<40} {c.rows:>12,} {c.tokens:>16,} {share:>7.2%}"
-        if filters is not None:
-            row += "  " + (", ".join(_filtered_sources(filters, column, value)) or "-")
-        lines.append(row)
-    return lines
-
-
-def _mixture_totals(summary: CorpusSummary, filters: dict[str, dict | None]) -> list[str]:
-    """Tokens each mixture source's filter takes; a filter taking nothing is flagged."""
-    per_source: dict[str, int] = defaultdict(int)
-    for name, flt in filters.items():
-        if flt is None:
-            continue
-        for value, c in summary.values[flt["column"]].items():
-            if name in mixture_sources({name: flt}, flt["column"], value):
-                per_source[name] += c.tokens
-    lines = ["\ntokens per mixture source (from the filters):"]
-    for name, flt in filters.items():
-        got = "all rows of its files" if flt is None else f"{per_source[name]:,}"
-        lines.append(f"  {name:<12} {got}" + ("   <- MATCHES NOTHING" if flt and not per_source[name] else ""))
-    return lines
-
-
-def _mapping_problems(summary: CorpusSummary, filters: dict[str, dict | None]) -> list[str]:
-    """The values of filtered columns that no filter takes, and those several filters take."""
-    unmapped: list[str] = []
-    doubled: list[str] = []
-    mapped = _mapped_columns(filters)
-    for column in (c for c in COLUMNS if c in mapped):
-        for value, _ in _by_tokens(summary.values[column]):
-            to = _filtered_sources(filters, column, value)
-            if not to:
-                unmapped.append(f"{column}={value}")
-            elif len(to) > 1:
-                doubled.append(f"{column}={value} -> {', '.join(to)}")
-    lines = []
-    if unmapped:
-        lines.append(f"\nnot taken by any filter (never trained on): {', '.join(unmapped)}")
-    if doubled:
-        lines.append("taken by several filters (trained twice): " + "; ".join(doubled))
+        lines.append(row + ("  " + (", ".join(takers.get(value, [])) or "-") if takers is not None else ""))
     return lines
 
 
