@@ -45,11 +45,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data.config import SCHEMA, DataConfig, FilterConfig, SourceConfig, no_match_reason
+from data.config import SCHEMA, DataConfig, FilterConfig
 from data.errors import ConfigError
-from data.files import file_digest, file_identity, write_text
+from data.files import file_digest, write_text
 from data.mapping import MappingReport, build_mapping, count_values, matches
-from data.shuffled import shuffle_problems
+from data.source_files import doc_id_stems, list_files
 from data.token_sample import SAMPLE_ROWS, SAMPLE_SCAN_ROWS, TOKEN_COUNT_RATIO, sample_token_counts
 
 log = logging.getLogger(__name__)
@@ -218,22 +218,6 @@ def _footer_nulls(pf: pq.ParquetFile, text_column: str) -> list[list[int]]:
     return out
 
 
-def _stems(paths: list[str]) -> dict[str, str]:
-    """File stem as the doc-ID prefix; qualified by the parent folder(s) where stems collide."""
-    by_stem: dict[str, list[str]] = {}
-    for p in paths:
-        by_stem.setdefault(Path(p).stem, []).append(p)
-    out = {}
-    for stem, group in by_stem.items():
-        if len(group) == 1:
-            out[group[0]] = stem
-            continue
-        common = os.path.commonpath([os.path.abspath(p) for p in group])
-        for p in group:
-            out[p] = str(Path(os.path.relpath(os.path.abspath(p), common)).with_suffix(""))
-    return out
-
-
 def build_manifest(cfg: DataConfig) -> Manifest:
     """Scan (or load from cache) every configured file; validate; cut sources into chunks.
 
@@ -248,7 +232,7 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
     """The build in its steps: list the files, scan them (through the cache), refuse or skip the bad
     ones, cut each source into chunks, check token_count on a sample; the cache is saved at the end."""
     needed = _needed_columns(cfg)
-    files_per_source = _list_files(cfg)
+    files_per_source = list_files(cfg)
     cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
     cache = _load_cache(cache_path)
     scan = _scan_all(cfg, files_per_source, needed, cache)
@@ -280,57 +264,6 @@ def _needed_columns(cfg: DataConfig) -> dict[str, str]:
     if cfg.id_column:
         needed[cfg.id_column] = "string"
     return needed
-
-
-def _list_files(cfg: DataConfig) -> dict[str, list[str]]:
-    """Each source's files, each file once under one spelling (:func:`_one_claim_per_file`); refuses a
-    source whose globs match nothing and an incomplete global shuffle."""
-    files_per_source = {name: src.files() for name, src in cfg.sources.items()}
-    empty = [f"data.sources.{name}.paths {cfg.sources[name].paths}: {no_match_reason(cfg.sources[name].paths)}"
-             for name, files in files_per_source.items() if not files]
-    if empty:
-        raise ConfigError("no input files:\n  " + "\n  ".join(empty))
-    files_per_source = _one_claim_per_file(cfg, files_per_source)
-    incomplete = shuffle_problems(sorted({p for files in files_per_source.values() for p in files}))
-    if incomplete:
-        raise ConfigError("\n".join(incomplete))
-    return files_per_source
-
-
-def _one_claim_per_file(cfg: DataConfig, files_per_source: dict[str, list[str]]) -> dict[str, list[str]]:
-    """A file is the file, not its spelling (:func:`file_identity`): the globs of one source that meet on a
-    file (overlapping globs, a relative and an absolute path, a symlinked folder) read it once, under the
-    first of its spellings; a file two sources claim is refused unless every claim is a filter (whose
-    values the mapping report keeps apart)."""
-    spelling: dict[tuple[int, int], str] = {}
-    for path in sorted({p for files in files_per_source.values() for p in files}):
-        spelling.setdefault(file_identity(path), path)
-    out = {name: sorted({spelling[file_identity(p)] for p in files}) for name, files in files_per_source.items()}
-    claims: dict[str, list[str]] = {}
-    for name, files in out.items():
-        for path in files:
-            claims.setdefault(path, []).append(name)
-    _refuse_double_claims(cfg, {p: names for p, names in claims.items() if len(names) > 1})
-    return out
-
-
-def _refuse_double_claims(cfg: DataConfig, claims: dict[str, list[str]]) -> None:
-    """Refuse the files two sources read where one of them takes every row (no filter), naming both globs."""
-    twice = [(p, names) for p, names in claims.items() if any(cfg.sources[n].filter is None for n in names)]
-    if not twice:
-        return
-    path, names = twice[0]
-    who = " and ".join(f"data.sources.{n}.paths {_glob_of(cfg, n, path)!r}" for n in names)
-    more = f" (and {len(twice) - 1} more file(s))" if len(twice) > 1 else ""
-    raise ConfigError(f"{who} both claim {path}{more}: its documents would be trained once per source; narrow the "
-                      "globs so that each file belongs to one source (or give every source reading it a filter)")
-
-
-def _glob_of(cfg: DataConfig, name: str, path: str) -> str:
-    """The first of source ``name``'s globs that matches ``path``'s file (for naming a claim)."""
-    target = file_identity(path)
-    return next(g for g in cfg.sources[name].paths
-                if any(file_identity(p) == target for p in SourceConfig(paths=[g]).files()))
 
 
 def _scan_all(cfg: DataConfig, files_per_source: dict[str, list[str]], needed: dict[str, str],
@@ -399,7 +332,7 @@ def _cut_sources(cfg: DataConfig, files_per_source: dict[str, list[str]],
                  scan: _Scan) -> tuple[list[Shard], dict[str, SourceInfo], MappingReport | None]:
     """The good shards, the mapping report, and each source cut into training and held-out chunks."""
     good_paths = sorted({p for (_, p) in scan.scanned})
-    stems = _stems(good_paths)
+    stems = doc_id_stems(good_paths)
     index = {p: i for i, p in enumerate(good_paths)}
     crcs = {p: e.get("counts_crc") for (_, p), e in scan.scanned.items()}
     shards = [Shard(p, stems[p], [], f"{scan.digests[p]}:{crcs[p]}") for p in good_paths]
