@@ -36,10 +36,11 @@ def list_files(cfg: DataConfig) -> dict[str, list[str]]:
 
 def _one_claim_per_file(cfg: DataConfig, files_per_source: dict[str, list[str]]) -> dict[str, list[str]]:
     """Each file once per source, under the first of its spellings (in sorted order) across all sources."""
+    identity = {p: file_identity(p) for p in sorted({p for files in files_per_source.values() for p in files})}
     spelling: dict[tuple[int, int], str] = {}
-    for path in sorted({p for files in files_per_source.values() for p in files}):
-        spelling.setdefault(file_identity(path), path)
-    out = {name: sorted({spelling[file_identity(p)] for p in files}) for name, files in files_per_source.items()}
+    for path, ident in identity.items():
+        spelling.setdefault(ident, path)
+    out = {name: sorted({spelling[identity[p]] for p in files}) for name, files in files_per_source.items()}
     claims: dict[str, list[str]] = {}
     for name, files in out.items():
         for path in files:

@@ -25,7 +25,8 @@ Restarting is always safe: a scatter task with a marker and an output bucket who
 run are skipped; half-written temp files never have the final name. ``verify`` compares input and
 output: rows, an order-independent checksum of the texts (sum mod 2^64 of a 64-bit BLAKE2b per text:
 a lost or duplicated row changes it), per-source row totals, and each bucket's source shares against
-the multinomial sampling error of a uniform assignment.
+the multinomial sampling error of a uniform assignment (data/corpus/rowstats.py); the report pins each
+bucket's rows, size and footer hash for the readers (data/shuffled.py).
 """
 
 from __future__ import annotations
@@ -158,10 +159,6 @@ def cast_to_schema(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
         raise ConfigError(f"{path}: cannot cast to the first input's schema: {e}") from None
 
 
-def write_json_atomic(obj: dict, path: Path) -> None:
-    files.write_json(path, obj)
-
-
 def split_rows_by_label(table: pa.Table, labels: np.ndarray, n: int) -> list[Optional[pa.Table]]:
     """Split rows by integer label in [0, n): one stable sort, then zero-copy slices (None if empty)."""
     order = np.argsort(labels, kind="stable")
@@ -238,7 +235,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
         "rows_per_bucket": per_bucket.tolist(),
         "flushes": flushes,
     }
-    write_json_atomic(marker, _marker(spec, index))
+    files.write_json(_marker(spec, index), marker)
     return {**marker, "skipped": False}
 
 
@@ -521,7 +518,7 @@ def drop_stale_report(spec: ShuffleSpec) -> None:
 
 def write_report(spec: ShuffleSpec, report: dict) -> Path:
     path = Path(spec.out) / REPORT
-    write_json_atomic(report, path)
+    files.write_json(path, report)
     return path
 
 

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from data import files
 from data.config import DataConfig, FilterConfig, SourceConfig
 from data.corpus import PAGE_OPTIONS
-from data.corpus.shuffle import cast_to_schema, split_rows_by_label, write_json_atomic
+from data.corpus.shuffle import cast_to_schema, split_rows_by_label
 from data.errors import ConfigError
 from data.manifest import build_manifest, matches
 from data.schedules import fixed_schedule
@@ -148,7 +148,7 @@ def split_by_source(
               "unmapped": tally.unmapped_values, "unmapped_to": unmapped,
               "ambiguous_values": sorted(str(v) for v in tally.ambiguous)}
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(report, out / "split_report.json")
+    files.write_json(out / "split_report.json", report)
     return report
 
 
