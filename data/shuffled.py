@@ -57,7 +57,10 @@ def _record_problem(folder: Path, report: dict) -> str | None:
                 f"with: python scripts/global_shuffle.py IN_GLOB --out {folder} --buckets "
                 f"{identity.get('buckets', report.get('buckets', 'N'))} --seed {identity.get('seed', 'SEED')} "
                 "--report-only (IN_GLOB: the run's input globs)")
-    rows = sum(r for r, _ in pins.values())
+    try:
+        rows = sum(int(r) for r, _ in pins.values())
+    except (TypeError, ValueError):  # a pin that is not [rows, digest]
+        rows = -1
     if rows == report.get("rows_out") == report.get("rows_in") and len(pins) == report.get("buckets"):
         return None
     return (f"{folder}/{REPORT}: does not add up ({len(pins)} bucket(s) pinned with {rows:,} rows; the record "

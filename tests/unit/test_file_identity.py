@@ -112,3 +112,18 @@ def test_a_column_missing_from_a_file_several_sources_read_counts_it_once(tmp_pa
     assert lines[0].startswith("data.text_column: column 'text' is missing from 2 of 2 input file(s)")
     assert lines[1] == "2 bad input file(s):" and len(lines) == 5
     assert os.path.basename(lines[2].split(":")[0]) == "mixed-0.parquet"
+
+
+def test_a_broken_link_a_glob_matches_is_named(make_cfg, demo_corpus, tmp_path):
+    """Guards: a raw FileNotFoundError traceback at start-up for a dangling symlink among the shards."""
+    folder = tmp_path / "code"
+    folder.mkdir()
+    for p in (demo_corpus / "code").glob("*.parquet"):
+        (folder / p.name).symlink_to(p)
+    (folder / "gone.parquet").symlink_to(tmp_path / "nowhere.parquet")
+    base = make_cfg()
+    cfg = make_cfg(sources={**base.sources, "code": SourceConfig(paths=[str(folder / "*.parquet")])})
+    with pytest.raises(ConfigError) as e:
+        build_manifest(cfg)
+    assert str(e.value) == (f"{folder}/gone.parquet: matched by a glob but cannot be opened (No such file or "
+                            "directory: a broken symbolic link?); restore it, remove it, or narrow the glob")
