@@ -131,6 +131,20 @@ def file_identity(path: str | os.PathLike) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def first_spellings(paths: list[str]) -> dict[str, str]:
+    """Each of ``paths`` -> the first of them that is the same file (:func:`file_identity`); a path that
+    cannot be opened (a dangling link a glob matched) is a :class:`ConfigError` naming it."""
+    first: dict[tuple[int, int], str] = {}
+    out = {}
+    for path in paths:
+        try:
+            out[path] = first.setdefault(file_identity(path), path)
+        except OSError as e:
+            raise ConfigError(f"{path}: matched by a glob but cannot be opened ({e.strerror}: a broken symbolic "
+                              "link?); restore it, remove it, or narrow the glob") from None
+    return out
+
+
 def file_digest(path: str | os.PathLike) -> str:
     """The file's size and a hash of its parquet footer, read from the file's tail (no data read).
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from data.config import DataConfig, SourceConfig, no_match_reason
 from data.errors import ConfigError
-from data.files import file_identity
+from data.files import file_identity, first_spellings
 from data.shuffled import shuffle_problems
 
 
@@ -36,7 +36,7 @@ def list_files(cfg: DataConfig) -> dict[str, list[str]]:
 
 def _one_claim_per_file(cfg: DataConfig, files_per_source: dict[str, list[str]]) -> dict[str, list[str]]:
     """Each file once per source, under the first of its spellings (in sorted order) across all sources."""
-    spelling = _first_spellings(sorted({p for files in files_per_source.values() for p in files}))
+    spelling = first_spellings(sorted({p for files in files_per_source.values() for p in files}))
     out = {name: sorted({spelling[p] for p in files}) for name, files in files_per_source.items()}
     claims: dict[str, list[str]] = {}
     for name, files in out.items():
@@ -44,23 +44,6 @@ def _one_claim_per_file(cfg: DataConfig, files_per_source: dict[str, list[str]])
             claims.setdefault(path, []).append(name)
     _refuse_double_claims(cfg, {p: names for p, names in claims.items() if len(names) > 1})
     return out
-
-
-def _first_spellings(paths: list[str]) -> dict[str, str]:
-    """Each path -> the first of ``paths`` that is the same file."""
-    identity = {p: _identity(p) for p in paths}
-    first: dict[tuple[int, int], str] = {}
-    for path, ident in identity.items():
-        first.setdefault(ident, path)
-    return {p: first[ident] for p, ident in identity.items()}
-
-
-def _identity(path: str) -> tuple[int, int]:
-    try:
-        return file_identity(path)
-    except OSError as e:
-        raise ConfigError(f"{path}: matched by a glob but cannot be opened ({e.strerror}: a broken symbolic link?); "
-                          "restore it, remove it, or narrow the glob") from None
 
 
 def _refuse_double_claims(cfg: DataConfig, claims: dict[str, list[str]]) -> None:

@@ -119,14 +119,15 @@ class ShuffleSpec:
 
 
 def list_inputs(patterns: Iterable[str]) -> list[str]:
-    """Files matching the globs (``~`` and ``**`` allowed), sorted and de-duplicated."""
+    """Files matching the globs (``~`` and ``**`` allowed), sorted, each file once (a file is the file, not
+    its spelling: globs meeting on it, or a symlinked folder, give it once, under its first spelling)."""
     found: list[str] = []
     for pattern in patterns:
         matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
         if not matched:
             raise ConfigError(f"input glob {pattern!r}: no file matches")
         found.extend(matched)
-    return sorted(dict.fromkeys(found))
+    return sorted(set(files.first_spellings(sorted(set(found))).values()))
 
 
 def inputs_fingerprint(paths: list[str]) -> str:

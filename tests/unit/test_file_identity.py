@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.config import DataConfig, FilterConfig, SourceConfig
+from data.corpus.shuffle import list_inputs
 from data.errors import ConfigError
 from data.manifest import build_manifest
 from data.schedules import fixed_schedule
@@ -127,3 +128,13 @@ def test_a_broken_link_a_glob_matches_is_named(make_cfg, demo_corpus, tmp_path):
         build_manifest(cfg)
     assert str(e.value) == (f"{folder}/gone.parquet: matched by a glob but cannot be opened (No such file or "
                             "directory: a broken symbolic link?); restore it, remove it, or narrow the glob")
+
+
+def test_the_global_shuffle_takes_a_file_its_globs_meet_on_once(demo_corpus, tmp_path):
+    """Guards: a shard scattered twice (two spellings of one input), its rows duplicated in the buckets while
+    the verification, which counted the input twice as well, passed."""
+    (tmp_path / "lnk").symlink_to(demo_corpus)
+    once = list_inputs([str(demo_corpus / "*" / "*.parquet")])
+    assert list_inputs([str(demo_corpus / "*" / "*.parquet"), str(tmp_path / "lnk" / "code" / "*.parquet"),
+                        str(demo_corpus / "code" / "*modules*.parquet")]) == once
+    assert len(once) == 16
