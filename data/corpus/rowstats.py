@@ -122,7 +122,8 @@ def source_share_check(stats_in: RowStats, per_bucket: list[RowStats], min_expec
     }
 
 
-def _testable_cells(stats_in: RowStats, per_bucket: list[RowStats], min_expected: float) -> tuple[list[dict], int]:
+def _testable_cells(stats_in: RowStats, per_bucket: list[RowStats],
+                    min_expected: float) -> tuple[list[tuple[float, dict]], int]:
     """The (bucket, source) cells expecting at least ``min_expected`` rows, with their z-scores; the others' count."""
     B = len(per_bucket)
     p = 1.0 / B
@@ -135,18 +136,17 @@ def _testable_cells(stats_in: RowStats, per_bucket: list[RowStats], min_expected
                 continue
             got = s.sources.get(name, [0, 0])[0]
             z = (got - mean) / math.sqrt(n_src * p * (1 - p))
-            tested.append({"bucket": b, "source": name, "rows": got, "expected": round(mean, 2), "z": round(z, 3),
-                           "_z": z})
+            tested.append((z, {"bucket": b, "source": name, "rows": got, "expected": round(mean, 2), "z": round(z, 3)}))
     return tested, skipped
 
 
-def _worst_cell(tested: list[dict]) -> dict | None:
+def _worst_cell(tested: list[tuple[float, dict]]) -> dict | None:
     """The cell furthest from its mean: a later cell replaces it when above its z as reported (rounded)."""
     worst = None
-    for cell in tested:
-        if worst is None or abs(cell["_z"]) > abs(worst["z"]):
+    for z, cell in tested:
+        if worst is None or abs(z) > abs(worst["z"]):
             worst = cell
-    return worst and {k: v for k, v in worst.items() if k != "_z"}
+    return worst
 
 
 def _share_deviations(stats_in: RowStats, per_bucket: list[RowStats]) -> tuple[float, float]:
