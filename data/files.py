@@ -1,4 +1,5 @@
-"""Atomic file writes: the one implementation every writer of outputs, caches and logs uses.
+"""Atomic file writes (the one implementation every writer of outputs, caches and logs uses), and what
+identifies a file a run reads: the file itself (:func:`file_identity`) and its bytes (:func:`file_digest`).
 
 A reader (another rank, a resumed run, a user's tool) never sees half a file: each write goes to a
 temp file in the same directory (same filesystem, so the rename is atomic), is flushed and fsynced,
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import threading
@@ -120,3 +122,46 @@ def write_error(path: str | os.PathLike, e: BaseException, then: str, kept: str 
     else:
         remedy = "make the file and its folder writable"
     return WriteError(f"could not write {path}: {reason}; {kept + '; ' if kept else ''}{remedy}, then {then}")
+
+
+def file_identity(path: str | os.PathLike) -> tuple[int, int]:
+    """The file itself, whatever its spelling: (device, inode). A relative and an absolute path, a path
+    through a symbolic link and a hard link of one file all give the same identity."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def first_spellings(paths: list[str]) -> dict[str, str]:
+    """Each of ``paths`` -> the first of them that is the same file (:func:`file_identity`); a path that
+    cannot be opened (a dangling link a glob matched) is a :class:`ConfigError` naming it."""
+    first: dict[tuple[int, int], str] = {}
+    out = {}
+    for path in paths:
+        try:
+            out[path] = first.setdefault(file_identity(path), path)
+        except OSError as e:
+            raise ConfigError(f"{path}: matched by a glob but cannot be opened ({e.strerror}: a broken symbolic "
+                              "link?); restore it, remove it, or narrow the glob") from None
+    return out
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The file's size and a hash of its parquet footer, read from the file's tail (no data read).
+
+    The footer holds the row count and every column chunk's offsets, compressed and uncompressed sizes
+    and statistics, so a rewrite that changes any text changes it (short of an edit that keeps every
+    page's size and every min/max). An unreadable tail gives ``"unreadable"``."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size < 12:
+                return "unreadable"
+            f.seek(size - 8)
+            tail = f.read(8)
+            n = int.from_bytes(tail[:4], "little")
+            if tail[4:] != b"PAR1" or n + 12 > size:
+                return "unreadable"
+            f.seek(size - 8 - n)
+            return f"{size}:{hashlib.sha256(f.read(n)).hexdigest()[:16]}"
+    except OSError:
+        return "unreadable"

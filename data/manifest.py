@@ -6,25 +6,18 @@ is caught: a missing or empty glob, a missing column, a wrong column type, a tru
 file -> one ``ConfigError`` that names every bad file and its problem. With ``on_bad_shard: skip``
 bad files are logged, left out and counted in ``Manifest.skipped`` instead.
 
-The ``token_count`` column is not trusted blindly (it sizes every plan, epoch and hold-out): a negative
-count is a bad file; per source, :data:`SAMPLE_ROWS` documents chosen with a fixed seed are tokenized
-with cl100k and the column's sum over them must be within :data:`TOKEN_COUNT_RATIO` of the real
-count (a x100 or /1000 column names its file); a source whose documents are all empty is an error.
-Null ``text`` values are counted from the footers (no text read) into ``Manifest.null_texts`` and logged
-naming the file; ``train fit`` refuses them at start-up unless ``on_bad_shard: skip`` (then the reader
-leaves those rows out, data/reader.py). The cache keeps
-each file's scan (null counts included) and each source's sample outcome, so a cached start-up
-re-applies every check without reading text.
+``token_count`` is checked: a null or negative count makes a bad file, a sample of each source is
+counted with cl100k (data/token_sample.py), a source whose documents are all empty is an error. Null
+texts are counted from the footers into ``Manifest.null_texts`` (``train fit`` refuses them unless
+``on_bad_shard: skip``). The cache keeps each file's scan and each source's sample outcome, so a cached
+start-up re-applies every check without reading text.
 
-Where sources filter mixed files, the scan also counts rows and tokens per value of the filter column;
-the mapping report built from them (data/mapping.py) stops the build on a pattern that matches nothing,
-on unclaimed values above ``data.unclaimed`` of the tokens and on a value two sources claim. The
-fingerprint a checkpoint keeps covers each file's size, footer hash (:func:`file_digest`, read at every
-start and part of the cache key) and ``token_count`` checksum, so a file rewritten in place is named at
-resume. A folder of global-shuffle buckets without its completion record is refused (data/shuffled.py).
-Also named here: a configured column missing from every file (the key to set), a sampled text that is
-not valid UTF-8 (file and row), a source whose sampled texts are all empty, and ``token_count`` zeros
-when tokens are to be held out.
+A file is the file, not its spelling: the globs of one source that meet on a file read it once; a file
+two sources claim is refused unless every source reading it has a filter, and then the mapping report
+(data/mapping.py) refuses a pattern that matches nothing, unclaimed values above ``data.unclaimed`` and
+a value two sources claim. The fingerprint a checkpoint keeps covers each file's size, footer hash and
+``token_count`` checksum, so a file rewritten in place is named at resume. An unverified global-shuffle
+output is refused (data/shuffled.py).
 
 The unit of splitting is the *chunk*: a row range inside one row group of one shard. A source gets
 one chunk per row group, and its row groups are split into equal row ranges until it has at least
@@ -36,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import fnmatch
 import hashlib
 import json
 import logging
@@ -53,17 +45,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from data.config import SCHEMA, DataConfig, FilterConfig, no_match_reason
+from data.config import SCHEMA, DataConfig, FilterConfig
 from data.errors import ConfigError
-from data.mapping import MappingReport, build_mapping
-from data.shuffled import shuffle_problems
+from data.files import file_digest, write_text
+from data.mapping import MappingReport, build_mapping, count_values, matches
+from data.source_files import doc_id_stems, list_files
+from data.token_sample import SAMPLE_ROWS, SAMPLE_SCAN_ROWS, TOKEN_COUNT_RATIO, sample_token_counts
 
 log = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 3  # bump when the cached entry layout changes (the cache file name carries it)
-SAMPLE_ROWS = 16  # documents per source whose token_count is compared with a real cl100k count
-TOKEN_COUNT_RATIO = (0.5, 2.0)  # allowed token_count / real count over a source's sample
-SAMPLE_SCAN_ROWS = 256  # rows read from the start of a sampled row group (never the whole group)
 _STRING_TYPES = (pa.string(), pa.large_string())
 
 
@@ -186,20 +177,11 @@ def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, tex
     cols = ["token_count"] + ([filt.column] if filt else [])
     for i in range(pf.num_row_groups):
         rows = pf.metadata.row_group(i).num_rows
-        try:
-            table = pf.read_row_group(i, columns=cols)
-        except Exception as e:
-            raise ValueError(f"row group {i} unreadable (truncated or corrupt?): {e}") from None
+        table = _read_counts(pf, i, cols)
         counts = table.column("token_count")
-        if counts.null_count:
-            raise ValueError(f"row group {i}: token_count has {counts.null_count} null value(s)")
-        negative = pc.sum(pc.less(counts, 0)).as_py() or 0
-        if negative:
-            raise ValueError(f"row group {i}: token_count has {negative} negative value(s) (min "
-                             f"{pc.min(counts).as_py()}); it must be each document's cl100k token count")
         crc = zlib.crc32(counts.to_numpy().tobytes(), crc)
         if filt:
-            _count_values(table, filt.column, values)
+            count_values(table, filt.column, values)
             mask = matches(table.column(filt.column), filt.patterns)
             counts = pc.filter(counts, mask)
         groups.append([first, rows, len(counts), int(pc.sum(counts).as_py() or 0)])
@@ -208,37 +190,20 @@ def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, tex
             "values": [[v, *c] for v, c in values.items()] if filt else None}
 
 
-def _count_values(table: pa.Table, column: str, out: dict) -> None:
-    """Rows and token_count sums per distinct value of ``column`` (the mapping report's input)."""
-    agg = table.group_by(column).aggregate([("token_count", "count"), ("token_count", "sum")])
-    for value, rows, tokens in zip(*(agg.column(c).to_pylist() for c in (column, "token_count_count",
-                                                                            "token_count_sum"))):
-        acc = out.setdefault(value, [0, 0])
-        acc[0] += rows
-        acc[1] += tokens or 0
-
-
-def file_digest(path: str) -> str:
-    """The file's size and a hash of its parquet footer, read from the file's tail (no data read).
-
-    The footer holds every column chunk's offsets, compressed and uncompressed sizes and statistics,
-    so a rewrite that changes any text changes it (short of an edit that keeps every page's size and
-    every min/max); the scan adds a checksum of the token_count column, which catches reordered rows.
-    An unreadable tail gives ``"unreadable"`` (the scan then names the problem)."""
+def _read_counts(pf: pq.ParquetFile, i: int, cols: list[str]) -> pa.Table:
+    """Row group ``i``'s ``cols``; raises ValueError(problem) when unreadable or token_count is null or negative."""
     try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if size < 12:
-                return "unreadable"
-            f.seek(size - 8)
-            tail = f.read(8)
-            n = int.from_bytes(tail[:4], "little")
-            if tail[4:] != b"PAR1" or n + 12 > size:
-                return "unreadable"
-            f.seek(size - 8 - n)
-            return f"{size}:{hashlib.sha256(f.read(n)).hexdigest()[:16]}"
-    except OSError:
-        return "unreadable"
+        table = pf.read_row_group(i, columns=cols)
+    except Exception as e:
+        raise ValueError(f"row group {i} unreadable (truncated or corrupt?): {e}") from None
+    counts = table.column("token_count")
+    if counts.null_count:
+        raise ValueError(f"row group {i}: token_count has {counts.null_count} null value(s)")
+    negative = pc.sum(pc.less(counts, 0)).as_py() or 0
+    if negative:
+        raise ValueError(f"row group {i}: token_count has {negative} negative value(s) (min "
+                         f"{pc.min(counts).as_py()}); it must be each document's cl100k token count")
+    return table
 
 
 def _footer_nulls(pf: pq.ParquetFile, text_column: str) -> list[list[int]]:
@@ -250,34 +215,6 @@ def _footer_nulls(pf: pq.ParquetFile, text_column: str) -> list[list[int]]:
         stats = pf.metadata.row_group(i).column(col).statistics
         if stats is not None and stats.has_null_count and stats.null_count > 0:
             out.append([i, int(stats.null_count)])
-    return out
-
-
-def matches(column: pa.ChunkedArray | pa.Array, patterns: list[str]) -> pa.Array:
-    """Boolean mask of the rows whose value matches any fnmatch pattern (case-sensitive).
-
-    The patterns are matched in Python against the column's distinct values (a handful of
-    sub-source names), not translated into a regex: Arrow's RE2 engine rejects the ``\\Z`` that
-    ``fnmatch.translate`` emits, and a regex search would also match substrings.
-    """
-    values = pc.unique(column).to_pylist()
-    keep = [v for v in values if v is not None and any(fnmatch.fnmatchcase(v, pat) for pat in patterns)]
-    return pc.fill_null(pc.is_in(column, value_set=pa.array(keep, type=column.type)), False)
-
-
-def _stems(paths: list[str]) -> dict[str, str]:
-    """File stem as the doc-ID prefix; qualified by the parent folder(s) where stems collide."""
-    by_stem: dict[str, list[str]] = {}
-    for p in paths:
-        by_stem.setdefault(Path(p).stem, []).append(p)
-    out = {}
-    for stem, group in by_stem.items():
-        if len(group) == 1:
-            out[group[0]] = stem
-            continue
-        common = os.path.commonpath([os.path.abspath(p) for p in group])
-        for p in group:
-            out[p] = str(Path(os.path.relpath(os.path.abspath(p), common)).with_suffix(""))
     return out
 
 
@@ -295,7 +232,7 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
     """The build in its steps: list the files, scan them (through the cache), refuse or skip the bad
     ones, cut each source into chunks, check token_count on a sample; the cache is saved at the end."""
     needed = _needed_columns(cfg)
-    files_per_source = _list_files(cfg)
+    files_per_source = list_files(cfg)
     cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
     cache = _load_cache(cache_path)
     scan = _scan_all(cfg, files_per_source, needed, cache)
@@ -329,23 +266,6 @@ def _needed_columns(cfg: DataConfig) -> dict[str, str]:
     return needed
 
 
-def _list_files(cfg: DataConfig) -> dict[str, list[str]]:
-    """Each source's files; refuses a source whose globs match nothing and an incomplete global shuffle."""
-    files_per_source: dict[str, list[str]] = {}
-    empty = []
-    for name, src in cfg.sources.items():
-        files = src.files()
-        if not files:
-            empty.append(f"data.sources.{name}.paths {src.paths}: {no_match_reason(src.paths)}")
-        files_per_source[name] = files
-    if empty:
-        raise ConfigError("no input files:\n  " + "\n  ".join(empty))
-    incomplete = shuffle_problems(sorted({p for files in files_per_source.values() for p in files}))
-    if incomplete:
-        raise ConfigError("\n".join(incomplete))
-    return files_per_source
-
-
 def _scan_all(cfg: DataConfig, files_per_source: dict[str, list[str]], needed: dict[str, str],
               cache: dict) -> _Scan:
     """Scan every file not in ``cache`` (keyed by path, size, mtime, footer digest, filter and columns)."""
@@ -363,24 +283,32 @@ def _scan_all(cfg: DataConfig, files_per_source: dict[str, list[str]], needed: d
             scan.keys[(name, path)] = key
             if key not in cache:
                 todo[key] = (path, filt)
-    # pyarrow reads footers and the small columns without the GIL: threads scale with the cores
-    with ThreadPoolExecutor(max(1, min(len(todo), SCAN_THREADS))) as pool:
-        results = dict(zip(todo, pool.map(lambda item: _try_scan(item[0], needed, item[1], cfg.text_column),
-                                          todo.values())))
-    errors = {}
-    for key, (entry, error) in results.items():
-        if error is None:
-            cache[key] = entry
-        else:
-            errors[key] = error
-    scan.dirty = any(e is None for _, e in results.values())
+    errors = _scan_into(cache, todo, needed, cfg.text_column)
+    scan.dirty = len(errors) < len(todo)
     for (name, path), key in list(scan.keys.items()):
         if key in errors:
             scan.bad.append((path, errors[key]))
             del scan.keys[(name, path)]
         else:
             scan.scanned[(name, path)] = cache[key]
+    scan.bad = list(dict.fromkeys(scan.bad))  # a file several sources read is one bad file
     return scan
+
+
+def _scan_into(cache: dict, todo: dict[str, tuple[str, FilterConfig | None]], needed: dict[str, str],
+               text_column: str) -> dict[str, str]:
+    """Scan ``todo`` (cache key -> (path, filter)) into ``cache``; returns the problem per failed key.
+    pyarrow reads footers and the small columns without the GIL: threads scale with the cores."""
+    def scan_one(item: tuple[str, FilterConfig | None]) -> dict | str:
+        try:
+            return _scan_file(item[0], needed, item[1], text_column)
+        except ValueError as e:
+            return str(e)
+
+    with ThreadPoolExecutor(max(1, min(len(todo), SCAN_THREADS))) as pool:
+        results = dict(zip(todo, pool.map(scan_one, todo.values())))
+    cache.update({key: r for key, r in results.items() if isinstance(r, dict)})
+    return {key: r for key, r in results.items() if isinstance(r, str)}
 
 
 def _check_bad_files(cfg: DataConfig, scan: _Scan) -> dict[str, list[list[int]]]:
@@ -404,42 +332,33 @@ def _cut_sources(cfg: DataConfig, files_per_source: dict[str, list[str]],
                  scan: _Scan) -> tuple[list[Shard], dict[str, SourceInfo], MappingReport | None]:
     """The good shards, the mapping report, and each source cut into training and held-out chunks."""
     good_paths = sorted({p for (_, p) in scan.scanned})
-    stems = _stems(good_paths)
+    stems = doc_id_stems(good_paths)
     index = {p: i for i, p in enumerate(good_paths)}
     crcs = {p: e.get("counts_crc") for (_, p), e in scan.scanned.items()}
     shards = [Shard(p, stems[p], [], f"{scan.digests[p]}:{crcs[p]}") for p in good_paths]
     mapping = _mapping(cfg, files_per_source, scan.scanned)
-    sources: dict[str, SourceInfo] = {}
-    for name, files in files_per_source.items():
-        groups = []  # (shard, first, rows, docs, tokens)
-        for path in files:
-            entry = scan.scanned.get((name, path))
-            if entry is None:
-                continue
-            shard = index[path]
-            shards[shard].row_groups = [(g[0], g[1]) for g in entry["row_groups"]]
-            groups.extend((shard, *g) for g in entry["row_groups"] if g[2] > 0)
-        sources[name] = _source_info(cfg, name, groups)
+    for (_, path), entry in scan.scanned.items():
+        shards[index[path]].row_groups = [(g[0], g[1]) for g in entry["row_groups"]]
+    sources = {name: _source_info(cfg, name, _groups(scan.scanned, name, files, index))
+               for name, files in files_per_source.items()}
     return shards, sources, mapping
+
+
+def _groups(scanned: dict, name: str, files: list[str], index: dict[str, int]) -> list[tuple]:
+    """Source ``name``'s non-empty row groups ``(shard, first, rows, docs, tokens)``, in file order."""
+    return [(index[p], *g) for p in files if (name, p) in scanned for g in scanned[(name, p)]["row_groups"] if g[2]]
 
 
 def _source_info(cfg: DataConfig, name: str, groups: list[tuple]) -> SourceInfo:
     """One source from its non-empty row groups ``(shard, first, rows, docs, tokens)``: chunks, held-out
     chunks, and the document and token counts left for training."""
-    if not groups:
-        raise ConfigError(f"data.sources.{name}: no documents (all files bad, empty, or filtered out)")
-    if cfg.val_tokens_per_source > 0 and not any(g[4] for g in groups):
-        raise ConfigError(f"data.sources.{name}: the token_count column sums to 0 over its "
-                          f"{sum(g[3] for g in groups):,} document(s), so no tokens can be held out "
-                          "(data.val_tokens_per_source); token_count "
-                          "must hold each document's cl100k count: recompute it (data/tokenizer.py count_tokens)")
+    _refuse_empty(cfg, name, groups)
     chunks, docs_of, tokens_of = _cut_chunks(groups, cfg.min_chunks_per_source)
     train, val = _hold_out(chunks, tokens_of, cfg.val_tokens_per_source, name)
-    tokens = sum(g[4] for g in groups)
-    docs = sum(g[3] for g in groups)  # exact per row group (the filter was applied in the scan)
-    if val:  # token and (with a filter) doc counts per chunk are estimated pro rata within a row group
-        tokens -= sum(tokens_of[c] for c in val)
-        docs -= sum(docs_of[c] for c in val)
+    # exact per row group (the filter was applied in the scan); the held-out chunks' token and (with a
+    # filter) doc counts are estimated pro rata within a row group
+    tokens = sum(g[4] for g in groups) - sum(tokens_of[c] for c in val)
+    docs = sum(g[3] for g in groups) - sum(docs_of[c] for c in val)
     return SourceInfo(
         name=name,
         filter=cfg.sources[name].filter,
@@ -449,6 +368,17 @@ def _source_info(cfg: DataConfig, name: str, groups: list[tuple]) -> SourceInfo:
         tokens=int(tokens),
         shards=sorted({g[0] for g in groups}),
     )
+
+
+def _refuse_empty(cfg: DataConfig, name: str, groups: list[tuple]) -> None:
+    """A source without documents, or without tokens to hold out, is refused."""
+    if not groups:
+        raise ConfigError(f"data.sources.{name}: no documents (all files bad, empty, or filtered out)")
+    if cfg.val_tokens_per_source > 0 and not sum(g[4] for g in groups):
+        raise ConfigError(f"data.sources.{name}: the token_count column sums to 0 over its "
+                          f"{sum(g[3] for g in groups):,} document(s), so no tokens can be held out "
+                          "(data.val_tokens_per_source); token_count "
+                          "must hold each document's cl100k count: recompute it (data/tokenizer.py count_tokens)")
 
 
 def _check_token_counts(cfg: DataConfig, files_per_source: dict[str, list[str]], scan: _Scan,
@@ -463,7 +393,7 @@ def _check_token_counts(cfg: DataConfig, files_per_source: dict[str, list[str]],
         ).hexdigest()
         outcome = cache.get(skey)
         if outcome is None:
-            outcome = _sample_token_counts(name, src, shards, filt, cfg.text_column)
+            outcome = sample_token_counts(name, _row_groups(src, shards), filt, cfg.text_column)
             cache[skey] = outcome
             scan.dirty = True
         if outcome.get("problem"):
@@ -475,23 +405,33 @@ def _check_token_counts(cfg: DataConfig, files_per_source: dict[str, list[str]],
     return problems
 
 
+def _row_groups(src: SourceInfo, shards: list[Shard]) -> list[tuple[str, int, int]]:
+    """``(path, row group, first row)`` of every row group holding a training chunk of ``src``, sorted."""
+    out = set()
+    for c in src.chunks:
+        rg = next(i for i, (f, n) in enumerate(shards[c.shard].row_groups) if f <= c.start < f + n)
+        out.add((shards[c.shard].path, rg, shards[c.shard].row_groups[rg][0]))
+    return sorted(out)
+
+
 def _mapping(cfg: DataConfig, files_per_source: dict[str, list[str]], scanned: dict) -> MappingReport | None:
     """The mapping report of the scanned files (None without any filter); its errors stop the build."""
     if not any(src.filter for src in cfg.sources.values()):
         return None
-    values_of = {}
-    for (name, path), entry in scanned.items():
-        filt = cfg.sources[name].filter
-        if filt is not None and entry.get("values") is not None:
-            values_of[(path, filt.column)] = {v: [r, t] for v, r, t in entry["values"]}
     good = {name: [p for p in files if (name, p) in scanned] for name, files in files_per_source.items()}
-    report = build_mapping(cfg, good, values_of)
+    report = build_mapping(cfg, good, _values_of(cfg, scanned))
     for w in report.warnings:
         log.warning("%s", w)
     if report.errors:
         report_lines = textwrap.indent(report.text(problems=False), "  ")  # continues the problems above it
         raise ConfigError("\n".join(report.errors) + "\n" + report_lines)
     return report
+
+
+def _values_of(cfg: DataConfig, scanned: dict) -> dict[tuple[str, str], dict]:
+    """``(path, filter column) -> value -> [rows, tokens]`` of the files the filtered sources read."""
+    return {(path, cfg.sources[name].filter.column): {v: [r, t] for v, r, t in entry["values"]}
+            for (name, path), entry in scanned.items() if entry.get("values") is not None}
 
 
 def _shared_problem(bad: list[tuple[str, str]], cfg: DataConfig, n_files: int) -> str:
@@ -526,106 +466,6 @@ def null_text_problems(null_texts: dict[str, list[list[int]]], cfg: DataConfig) 
         else:
             out.append(f"{path}: column '{cfg.text_column}' has {n} null value(s) ({where}); those rows are left out "
                        "(data.on_bad_shard: skip)")
-    return out
-
-
-def _sample_token_counts(name: str, src: SourceInfo, shards: list[Shard], filt: FilterConfig | None,
-                         text_column: str) -> dict:
-    """token_count against real cl100k counts on a fixed sample of the source's documents.
-
-    The sample is seeded by the source's name: up to :data:`SAMPLE_ROWS` row groups of its training
-    chunks, one document each (more per group when it has fewer), each among the first
-    :data:`SAMPLE_SCAN_ROWS` rows of its row group, so the cost is a few small reads whatever the
-    row-group size. The whole sample and each file's part of it must be within
-    :data:`TOKEN_COUNT_RATIO` (differences of at most :data:`SAMPLE_ROWS` tokens give no verdict).
-    Returns ``{"problem": str | None, "rows", "counted", "real"}`` (cached).
-    """
-    per_file, unreadable = _count_sample(name, src, shards, filt, text_column)
-    n, counted, real = (sum(v[i] for v in per_file.values()) for i in range(3))
-    problem = _token_count_problem(name, per_file, text_column)
-    if unreadable:  # met here, before compute, rather than by a DataLoader worker hours later
-        problem = "; ".join(filter(None, [problem, *unreadable]))
-    return {"problem": problem, "rows": n, "counted": counted, "real": real}
-
-
-def _count_sample(name: str, src: SourceInfo, shards: list[Shard], filt: FilterConfig | None,
-                  text_column: str) -> tuple[dict[str, list[int]], list[str]]:
-    """The sample of :func:`_sample_token_counts`: per file, ``[rows, token_count sum, real count]``; and
-    the row groups it could not read (``FILE row group G unreadable (reason)``)."""
-    from data.tokenizer import count_tokens
-
-    groups = sorted({(c.shard, next(i for i, (f, n) in enumerate(shards[c.shard].row_groups) if f <= c.start < f + n))
-                     for c in src.chunks})
-    rng = np.random.default_rng(zlib.crc32(name.encode()))
-    picked = [groups[i] for i in rng.permutation(len(groups))[:SAMPLE_ROWS]]
-    per_group = -(-SAMPLE_ROWS // len(picked))
-    per_file: dict[str, list[int]] = {}  # path -> [rows, counted, real]
-    unreadable: list[str] = []
-    for shard, rg in sorted(picked):
-        path = shards[shard].path
-        cols = [text_column, "token_count"] + ([filt.column] if filt else [])
-        try:
-            pf = pq.ParquetFile(path, buffer_size=1 << 20)
-            batch = next(pf.iter_batches(batch_size=SAMPLE_SCAN_ROWS, row_groups=[rg], columns=cols), None)
-        except Exception as e:  # noqa: BLE001 -- a corrupt page (ArrowInvalid, OSError, ...)
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            unreadable.append(f"{path}: row group {rg}: unreadable ({reason}; met by the start-up token_count "
-                              f"sample of data.sources.{name}); restore or rewrite the file, or remove it from the "
-                              "corpus")
-            continue
-        if batch is None:
-            continue
-        table = pa.Table.from_batches([batch])
-        if filt:
-            table = table.filter(matches(table.column(filt.column), filt.patterns))
-        if not table.num_rows:
-            continue
-        rows = sorted(rng.permutation(table.num_rows)[:per_group].tolist())
-        texts = _sample_texts(table.column(text_column), rows, path, shards[shard].row_groups[rg][0], text_column)
-        acc = per_file.setdefault(path, [0, 0, 0])
-        acc[0] += len(rows)
-        acc[1] += sum(table.column("token_count").take(rows).to_pylist())
-        acc[2] += sum(count_tokens(texts, num_threads=1))
-    return per_file, unreadable
-
-
-def _token_count_problem(name: str, per_file: dict[str, list[int]], text_column: str) -> str | None:
-    """The verdict on a sample (per file ``[rows, counted, real]``): None, or the problem naming the worst files."""
-    n, counted, real = (sum(v[i] for v in per_file.values()) for i in range(3))
-    lo, hi = TOKEN_COUNT_RATIO
-    if n and real == 0 and counted > 0:  # token_count 0 as well: the source-wide check names it
-        return (f"data.sources.{name}: all {n} sampled document(s) have an empty `{text_column}` (in "
-                f"{', '.join(sorted(per_file))}; token_count sums to {counted:,} over them); the source "
-                "would train on EOT tokens only: fix its files, data.text_column, or drop the source")
-
-    def off(c: int, r: int) -> bool:  # a difference of a few tokens gives no verdict
-        return not lo * r <= c <= hi * r and abs(c - r) > SAMPLE_ROWS
-
-    def ratio(v: list[int]) -> float:
-        return v[1] / v[2] if v[2] else math.inf
-
-    # the source's sample as a whole, and each file's share of it (one bad file among many good ones)
-    bad_files = [(p, v) for p, v in per_file.items() if off(v[1], v[2])]
-    if not bad_files and not off(counted, real):
-        return None
-    bad_files = sorted(bad_files or per_file.items(), key=lambda kv: abs(math.log(ratio(kv[1]) or 1e-9)),
-                       reverse=True)
-    where = "; ".join(f"{p}: token_count {v[1]:,} vs {v[2]:,} real over {v[0]} sampled row(s) (x{ratio(v):.3g})"
-                      for p, v in bad_files[:3])
-    return (f"data.sources.{name}: token_count does not match the text ({where}); the sample of {n} "
-            f"row(s) must be within x{lo:g}..x{hi:g} of the real cl100k count: recompute the column with "
-            "cl100k_base (data/tokenizer.py count_tokens) or fix the file")
-
-
-def _sample_texts(column: pa.ChunkedArray, rows: list[int], path: str, first: int, text_column: str) -> list[str]:
-    """The sampled texts (null as empty); a text that is not valid UTF-8 is named by file and row."""
-    out = []
-    for row, value in zip(rows, column.take(rows).cast(pa.large_binary()).to_pylist()):
-        try:
-            out.append((value or b"").decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: row {first + row}: column '{text_column}' is not valid "
-                              f"UTF-8 ({e.reason} at byte {e.start}); fix or re-encode the file") from None
     return out
 
 
@@ -672,14 +512,6 @@ SCAN_THREADS = min(32, os.cpu_count() or 1)
 """Files scanned at once on a cold manifest build (footers and the filter/token_count columns)."""
 
 
-def _try_scan(path: str, needed: dict[str, str], filt: FilterConfig | None,
-              text_column: str) -> tuple[dict | None, str | None]:
-    try:
-        return _scan_file(path, needed, filt, text_column), None
-    except ValueError as e:
-        return None, str(e)
-
-
 @contextlib.contextmanager
 def _cache_lock(cache_path: Path):
     """An exclusive ``flock`` on ``<cache>.lock`` for the read-scan-write of the cache. Without lock
@@ -706,8 +538,6 @@ def _load_cache(path: Path) -> dict:
 
 
 def _save_cache(path: Path, cache: dict) -> None:
-    from data.files import write_text
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, json.dumps(cache), fsync=False)  # a lost cache only costs a rescan

@@ -26,6 +26,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from data.config import DataConfig
 
 log = logging.getLogger(__name__)
@@ -65,11 +68,26 @@ class MappingReport:
         return format_mapping(self, problems)
 
 
-def _claims(filt, column: str, value: str) -> bool:
-    """Whether a source's filter takes ``value`` of ``column`` (a source without a filter takes every row)."""
-    if filt is None:
-        return True
-    return value is not None and filt.column == column and any(fnmatch.fnmatchcase(value, p) for p in filt.patterns)
+def count_values(table: pa.Table, column: str, out: ValueCounts) -> ValueCounts:
+    """Add the rows and ``token_count`` sums per distinct value of ``column`` (null: a value) to ``out``."""
+    agg = table.group_by(column).aggregate([("token_count", "count", pc.CountOptions(mode="all")),
+                                            ("token_count", "sum")])
+    for value, rows, tokens in zip(*(agg.column(c).to_pylist() for c in (column, "token_count_count",
+                                                                            "token_count_sum"))):
+        _add(out, value, rows, tokens or 0)
+    return out
+
+
+def matches(column: pa.ChunkedArray | pa.Array, patterns: list[str]) -> pa.Array:
+    """Boolean mask of the rows whose value matches any fnmatch pattern (case-sensitive).
+
+    The patterns are matched in Python against the column's distinct values (a handful of
+    sub-source names), not translated into a regex: Arrow's RE2 engine rejects the ``\\Z`` that
+    ``fnmatch.translate`` emits, and a regex search would also match substrings.
+    """
+    values = pc.unique(column).to_pylist()
+    keep = [v for v in values if v is not None and any(fnmatch.fnmatchcase(v, pat) for pat in patterns)]
+    return pc.fill_null(pc.is_in(column, value_set=pa.array(keep, type=column.type)), False)
 
 
 def _add(counts: ValueCounts, value: str, rows: int, tokens: int) -> None:
@@ -100,23 +118,34 @@ def _map_source(cfg: DataConfig, name: str, files: list[str], values_of: dict[tu
     """One source's patterns with the values each takes first; values another source reading the same
     file also claims are added to `doubled`."""
     filt = cfg.sources[name].filter
-    files = [p for p in files if filt is None or (p, filt.column) in values_of]
-    sm = SourceMapping(name, filt.column if filt else None, len(files))
     if filt is None:
-        return sm
-    sm.patterns = [PatternMatch(p, p not in filt.values) for p in filt.patterns]
+        return SourceMapping(name, None, len(files))
+    files = [p for p in files if (p, filt.column) in values_of]
+    sm = SourceMapping(name, filt.column, len(files), [PatternMatch(p, p not in filt.values) for p in filt.patterns])
     for path in files:
         for value, (rows, tokens) in values_of[(path, filt.column)].items():
-            hit = next((pm for pm in sm.patterns if value is not None
-                        and fnmatch.fnmatchcase(value, pm.pattern)), None)
-            if hit is None:
-                continue
-            _add(hit.values, value, rows, tokens)
-            sm.rows, sm.tokens = sm.rows + rows, sm.tokens + tokens
-            others = [o for o in readers[path] if o != name and _claims(cfg.sources[o].filter, filt.column, value)]
-            if others:
-                doubled.setdefault((filt.column, value), set()).update([name, *others])
+            hit = next((pm for pm in sm.patterns if _claims(pm.pattern, value)), None)
+            if hit is not None:
+                _add(hit.values, value, rows, tokens)
+                sm.rows, sm.tokens = sm.rows + rows, sm.tokens + tokens
+                _note_double_claim(cfg, name, path, filt.column, value, readers, doubled)
     return sm
+
+
+def _claims(pattern: str, value: str | None) -> bool:
+    return value is not None and fnmatch.fnmatchcase(value, pattern)
+
+
+def _takes(filt, column: str, value: str | None) -> bool:
+    """Whether a source's filter takes ``value`` of ``column`` (a source without a filter takes every row)."""
+    return filt is None or (filt.column == column and any(_claims(p, value) for p in filt.patterns))
+
+
+def _note_double_claim(cfg: DataConfig, name: str, path: str, column: str, value: str,
+                       readers: dict[str, list[str]], doubled: dict[tuple[str, str], set[str]]) -> None:
+    others = [o for o in readers[path] if o != name and _takes(cfg.sources[o].filter, column, value)]
+    if others:
+        doubled.setdefault((column, value), set()).update([name, *others])
 
 
 def _unclaimed(cfg: DataConfig, readers: dict[str, list[str]], values_of: dict[tuple[str, str], ValueCounts]):
@@ -130,34 +159,36 @@ def _unclaimed(cfg: DataConfig, readers: dict[str, list[str]], values_of: dict[t
         tot[0] += 1
         for value, (rows, tokens) in counts.items():
             tot[1] += tokens
-            if not any(_claims(cfg.sources[n].filter, column, value) for n in readers[path]):
+            if not any(_takes(cfg.sources[n].filter, column, value) for n in readers[path]):
                 _add(unclaimed.setdefault(column, {}), value, rows, tokens)
     return unclaimed, totals
 
 
 def _judge(report: MappingReport, cfg: DataConfig, doubled: dict) -> None:
-    for sm in report.sources:
-        for pm in sm.patterns:
-            if not pm.values and not pm.optional:
-                report.errors.append(
-                    f"data.sources.{sm.name}.filter.values: pattern '{pm.pattern}' matches no `{sm.column}` value in "
-                    f"the source's {sm.files} file(s); fix the pattern (fnmatch, case-sensitive; the report lists "
-                    "the values there), or move it to filter.optional if the corpus may lack that sub-source")
+    report.errors += [
+        f"data.sources.{sm.name}.filter.values: pattern '{pm.pattern}' matches no `{sm.column}` value in the "
+        f"source's {sm.files} file(s); fix the pattern (fnmatch, case-sensitive; the report lists the values "
+        "there), or move it to filter.optional if the corpus may lack that sub-source"
+        for sm in report.sources for pm in sm.patterns if not pm.values and not pm.optional]
     for column, counts in report.unclaimed.items():
-        tokens = sum(t for _, t in counts.values())
-        share = tokens / report.totals[column][1] if report.totals[column][1] else 0.0
-        top = sorted(counts.items(), key=lambda kv: -kv[1][1])[:8]
-        names = ", ".join(f"'{v}'" if v is not None else "null" for v, _ in top)
-        line = (f"`{column}` value(s) {names}{' ...' if len(counts) > 8 else ''} ({len(counts)} in all, "
-                f"{share:.3%} of the tokens) are claimed by no mixture source: their rows are never read")
+        total = report.totals[column][1]
+        share = sum(t for _, t in counts.values()) / total if total else 0.0
+        line = _unclaimed_line(column, counts, share)
         if share > cfg.unclaimed:
             report.errors.append(f"data.unclaimed: {line}; above the limit {cfg.unclaimed:.3%}. Add patterns for "
                                  "them to a source's filter, or raise data.unclaimed to leave them out")
         else:
             report.warnings.append(f"{line} (below data.unclaimed {cfg.unclaimed:.3%})")
-    for (column, value), names in sorted(doubled.items()):
-        report.errors.append(f"data.sources: `{column}` value '{value}' is claimed by {', '.join(sorted(names))} "
-                             "in the same files: its rows would be trained twice; narrow the patterns")
+    report.errors += [f"data.sources: `{column}` value '{value}' is claimed by {', '.join(sorted(names))} in the same "
+                      "files: its rows would be trained twice; narrow the patterns"
+                      for (column, value), names in sorted(doubled.items())]
+
+
+def _unclaimed_line(column: str, counts: ValueCounts, share: float) -> str:
+    top = _by_tokens(counts)[:8]
+    names = ", ".join(f"'{v}'" if v is not None else "null" for v, _ in top)
+    return (f"`{column}` value(s) {names}{' ...' if len(counts) > 8 else ''} ({len(counts)} in all, "
+            f"{share:.3%} of the tokens) are claimed by no mixture source: their rows are never read")
 
 
 def format_mapping(report: MappingReport, problems: bool = True) -> str:
@@ -165,34 +196,37 @@ def format_mapping(report: MappingReport, problems: bool = True) -> str:
     ``problems``, the errors and warnings)."""
     lines = ["corpus mapping (filter patterns -> values in the files; rows and token_count sums)"]
     for sm in report.sources:
-        if sm.column is None:
-            lines.append(f"{sm.name}: no filter: every row of its {sm.files} file(s)")
-            continue
-        total = report.totals.get(sm.column, [0, 0])[1]
-        share = f"{sm.tokens / total:.2%}" if total else "-"
-        lines.append(f"{sm.name}: {sm.rows:,} rows, {sm.tokens:,} tokens ({share}) from {sm.files} file(s), "
-                     f"filter on `{sm.column}`")
-        for pm in sm.patterns:
-            tag = " (optional)" if pm.optional else ""
-            if not pm.values:
-                lines.append(f"  {pm.pattern!r}{tag}: MATCHES NOTHING")
-                continue
-            lines.append(f"  {pm.pattern!r}{tag}:")
-            for value, (rows, tokens) in sorted(pm.values.items(), key=lambda kv: -kv[1][1]):
-                lines.append(f"    {value:<40} {rows:>12,} rows {tokens:>16,} tokens")
+        lines += _source_lines(sm, report.totals.get(sm.column, [0, 0])[1])
     for column, (files, tokens) in report.totals.items():
         counts = report.unclaimed.get(column, {})
         if not counts:
             lines.append(f"unclaimed `{column}` values: none ({files} file(s), {tokens:,} tokens)")
             continue
         lines.append(f"unclaimed `{column}` values (never read):")
-        for value, (rows, vt) in sorted(counts.items(), key=lambda kv: -kv[1][1]):
-            share = vt / tokens if tokens else 0.0
-            label = value if value is not None else "(null)"
-            lines.append(f"    {label:<40} {rows:>12,} rows {vt:>16,} tokens {share:>8.3%}")
+        lines += [f"    {value if value is not None else '(null)':<40} {rows:>12,} rows {vt:>16,} tokens "
+                  f"{vt / tokens if tokens else 0.0:>8.3%}" for value, (rows, vt) in _by_tokens(counts)]
     if problems:
         lines += [f"error: {e}" for e in report.errors] + [f"warning: {w}" for w in report.warnings]
     return "\n".join(lines)
+
+
+def _by_tokens(counts: ValueCounts) -> list[tuple[str | None, list[int]]]:
+    return sorted(counts.items(), key=lambda kv: -kv[1][1])
+
+
+def _source_lines(sm: SourceMapping, total: int) -> list[str]:
+    """One source's line, then per pattern the values it matched (or MATCHES NOTHING)."""
+    if sm.column is None:
+        return [f"{sm.name}: no filter: every row of its {sm.files} file(s)"]
+    share = f"{sm.tokens / total:.2%}" if total else "-"
+    lines = [f"{sm.name}: {sm.rows:,} rows, {sm.tokens:,} tokens ({share}) from {sm.files} file(s), "
+             f"filter on `{sm.column}`"]
+    for pm in sm.patterns:
+        tag = " (optional)" if pm.optional else ""
+        lines.append(f"  {pm.pattern!r}{tag}:" + ("" if pm.values else " MATCHES NOTHING"))
+        lines += [f"    {value:<40} {rows:>12,} rows {tokens:>16,} tokens"
+                  for value, (rows, tokens) in _by_tokens(pm.values)]
+    return lines
 
 
 def write_mapping_report(report: MappingReport | None, run_dir: str | Path) -> Path | None:

@@ -1,11 +1,15 @@
 """Is a global-shuffle output complete? The readers' side of scripts/global_shuffle.py's completion record.
 
 ``global_shuffle.py`` writes ``bucket-NNNNN.parquet`` files into its output folder, then, once every
-bucket is written and verified, ``shuffle_report.json`` with ``ok``, the number of buckets and each
-bucket's size (data/corpus/shuffle.py). A folder holding buckets (or the tool's ``_shuffle_tmp``)
-without a report that is ``ok`` and names exactly the buckets there -- a run killed after 3 of 12
-buckets, a failed verification, a bucket rebuilt since -- is not a corpus: the manifest,
-``scripts/dump_order.py`` and ``scripts/inspect_corpus.py`` refuse it, naming the folder.
+bucket is written and verified, ``shuffle_report.json`` with ``ok``, the rows in and out, and per bucket
+its rows and :func:`~data.files.file_digest` (size and footer hash: the footer holds the row count and
+every column chunk's sizes and statistics, so another run's bucket cannot match it by accident). A
+folder holding buckets (or the tool's ``_shuffle_tmp``) is a corpus only when that record is ``ok``,
+pins exactly the buckets there, byte for byte, and its bucket rows add up to its own ``rows_out`` and
+``rows_in``. A run killed after 3 of 12 buckets, a failed verification, a bucket rebuilt, copied from
+another run or deleted (record edited or not), and a record of a version that did not pin its buckets
+are refused by the manifest, ``scripts/dump_order.py`` and ``scripts/inspect_corpus.py``, naming the
+folder and the command that repairs it.
 """
 
 from __future__ import annotations
@@ -14,15 +18,13 @@ import json
 import re
 from pathlib import Path
 
+from data.files import file_digest
+
 REPORT = "shuffle_report.json"
 """The completion record, written last into the output folder."""
 TMP = "_shuffle_tmp"
 BUCKET = re.compile(r"bucket-\d{5}\.parquet")
-
-
-def bucket_sizes(folder: Path) -> dict[str, int]:
-    """``bucket-NNNNN.parquet`` name -> size in bytes, of the buckets in ``folder``."""
-    return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if BUCKET.fullmatch(p.name)}
+FIX = "rerun the same scripts/global_shuffle.py command to finish it (it skips what is done)"
 
 
 def shuffle_output_problem(folder: str | Path) -> str | None:
@@ -30,32 +32,57 @@ def shuffle_output_problem(folder: str | Path) -> str | None:
     folder = Path(folder)
     if not folder.is_dir():
         return None
-    buckets = bucket_sizes(folder)
-    if not buckets and not (folder / TMP).is_dir():
+    present = sorted(p.name for p in folder.iterdir() if BUCKET.fullmatch(p.name))
+    if not present and not (folder / TMP).is_dir():
         return None
-    fix = "rerun the same scripts/global_shuffle.py command to finish it (it skips what is done)"
     try:
         report = json.loads((folder / REPORT).read_text())
     except FileNotFoundError:
-        return f"{folder}: an incomplete global-shuffle output ({len(buckets)} bucket(s), no {REPORT}); {fix}"
+        return f"{folder}: an incomplete global-shuffle output ({len(present)} bucket(s), no {REPORT}); {FIX}"
     except (OSError, ValueError) as e:
-        return f"{folder}/{REPORT}: unreadable ({e}); {fix}"
+        return f"{folder}/{REPORT}: unreadable ({e}); {FIX}"
+    return _record_problem(folder, report) or _pin_problem(folder, report["bucket_files"], present)
+
+
+def _record_problem(folder: Path, report: dict) -> str | None:
+    """A record that failed, cannot pin its buckets (an older version) or does not add up."""
     if not report.get("ok"):
         return (f"{folder}: the global shuffle's verification failed ({'; '.join(report.get('problems', []))}); "
-                f"see {REPORT}, then {fix}")
-    want = report.get("bucket_bytes")
-    if want is None:  # a report of a version without sizes: the count at least
-        want = {f"bucket-{b:05d}.parquet": buckets.get(f"bucket-{b:05d}.parquet")
-                for b in range(int(report.get("buckets", -1)))}
-    if want != buckets:
-        missing = sorted(set(want) - set(buckets))
-        changed = sorted(n for n in set(want) & set(buckets) if want[n] != buckets[n])
-        extra = sorted(set(buckets) - set(want))
-        what = "; ".join(f"{label} {names[:3]}{' ...' if len(names) > 3 else ''}" for label, names in
-                         (("missing", missing), ("changed since", changed), ("not in it", extra)) if names)
-        return (f"{folder}: the buckets do not match {REPORT} ({len(want)} recorded, {len(buckets)} present: "
-                f"{what}); {fix}")
-    return None
+                f"see {REPORT}, then {FIX}")
+    pins = report.get("bucket_files")
+    if not isinstance(pins, dict):
+        identity = report.get("identity") or {}
+        return (f"{folder}/{REPORT}: written by an older global_shuffle.py that does not pin each bucket's rows and "
+                "bytes, so it cannot show the buckets there are the ones it verified; re-verify them and rewrite it "
+                f"with: python scripts/global_shuffle.py IN_GLOB --out {folder} --buckets "
+                f"{identity.get('buckets', report.get('buckets', 'N'))} --seed {identity.get('seed', 'SEED')} "
+                "--report-only (IN_GLOB: the run's input globs)")
+    try:
+        rows = sum(int(r) for r, _ in pins.values())
+    except (TypeError, ValueError):  # a pin that is not [rows, digest]
+        rows = -1
+    if rows == report.get("rows_out") == report.get("rows_in") and len(pins) == report.get("buckets"):
+        return None
+    return (f"{folder}/{REPORT}: does not add up ({len(pins)} bucket(s) pinned with {rows:,} rows; the record "
+            f"says {report.get('buckets')} bucket(s), rows_out {report.get('rows_out')}, rows_in "
+            f"{report.get('rows_in')}): it was edited or damaged; {FIX}")
+
+
+def _pin_problem(folder: Path, pins: dict[str, list], present: list[str]) -> str | None:
+    """Each bucket there against its pin (rows, size and footer hash): missing, changed, unrecorded ones."""
+    missing = sorted(set(pins) - set(present))
+    extra = sorted(set(present) - set(pins))
+    changed = sorted(n for n in set(pins) & set(present) if file_digest(folder / n) != pins[n][1])
+    if not missing and not extra and not changed:
+        return None
+    what = "; ".join(_names(label, names) for label, names in
+                     (("missing", missing), ("changed since", changed), ("not in it", extra)) if names)
+    fix = f"delete the changed and unrecorded bucket files, then {FIX}" if changed or extra else FIX
+    return f"{folder}: the buckets do not match {REPORT} ({len(pins)} recorded, {len(present)} present: {what}); {fix}"
+
+
+def _names(label: str, names: list[str]) -> str:
+    return f"{label} {names[:3]}{' ...' if len(names) > 3 else ''}"
 
 
 def shuffle_problems(paths: list[str]) -> list[str]:

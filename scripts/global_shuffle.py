@@ -7,25 +7,16 @@ memory and written as parquet with the input's schema::
     python scripts/global_shuffle.py 'dolma3/**/*.parquet' --out shuffled --buckets 200 --seed 42 --workers 16
     python scripts/global_shuffle.py 'demo_corpus/*/*.parquet' --out /tmp/demo_shuffled --buckets 8
 
-Phases (data/corpus/shuffle.py has the details): *scatter*, one task per input file, streams row groups
-into per-bucket part files under ``--tmp`` (default ``OUT/_shuffle_tmp``; lz4 parts need about
-1.3-2x the input's parquet size in free space), memory bounded by ``--buffer-mb``; *gather*, one task per bucket,
-reads the
-bucket's parts, permutes them and writes ``OUT/bucket-00042.parquet`` (peak memory per worker: about
-3x one decoded bucket, i.e. 3 x corpus / N, plus ~120 MB -- pick N so that fits; measured by
-scripts/bench_shuffle.py); *report*, which compares the input with the
-outputs and writes ``OUT/shuffle_report.json``, then deletes the temp parts (``--keep-tmp`` keeps them).
-The RNGs are seeded from (seed, file index) and (seed, bucket): the result does not depend on how
-tasks are split over processes or jobs.
-
-Restartable: rerun the same command after an interruption. Finished scatter tasks (done marker) and
-finished buckets (output whose footer names this run) are skipped; temp files of a killed task never
-carry a final name. Delete a bucket and rerun, and only that bucket is rebuilt (identical bytes of data).
-
-Verification (printed, and in the report): rows in == out; no row lost or duplicated (the sum mod
-2^64 of a 64-bit hash of every text, in vs out); rows per source equal; every bucket's source shares
-against the input's, as a z-score under the Binomial(N_s, 1/N) count of a uniform assignment (limit
-4 sigma, Bonferroni-raised for many cells); tokens, rows and bytes per bucket (min/mean/max).
+Phases (data/corpus/shuffle.py has the details, memory and restart rules included): *scatter*, one
+task per input file, into per-bucket parts under ``--tmp`` (default ``OUT/_shuffle_tmp``; about
+1.3-2x the input's size in free space, memory bounded by ``--buffer-mb``); *gather*, one task per
+bucket, into ``OUT/bucket-00042.parquet`` (peak memory per worker about 3 x corpus / N + ~120 MB:
+pick N so that fits); *report*, which verifies the outputs against the input (rows, a checksum of
+every text, rows per source, each bucket's source shares within sampling error), writes
+``OUT/shuffle_report.json`` pinning every bucket (rows, size, footer hash: data/shuffled.py) and
+deletes the parts (``--keep-tmp`` keeps them). Rerun the same command after an interruption: what is
+done is skipped; delete a bucket and rerun, and only that bucket is rebuilt (identical bytes).
+``--report-only`` re-verifies the buckets and rewrites the record (as one of an older version must be).
 Exit status: 0 when verified, 1 when a check fails, 2 for bad arguments or input.
 
 On a cluster the phases run as SLURM job arrays, scatter over input files, gather over buckets::

@@ -26,12 +26,10 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
     pass
 
 import argparse
-import dataclasses
 import sys
 
 from data.corpus.inspect import (
     duplicate_counts,
-    filters_of,
     format_duplicates,
     format_report,
     inspect_corpus,
@@ -79,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     from data.shuffled import shuffle_problems
 
     cfg = _data_config(rest)
-    filters = filters_of({n: dataclasses.asdict(s) for n, s in cfg.sources.items()}) if cfg else None
     try:
         summary = inspect_corpus(args.dir, args.pattern)
     except FileNotFoundError as e:  # no parquet file in the folder
@@ -88,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if incomplete:
         raise ConfigError("\n".join(incomplete))
     mapping = _mapping(cfg, summary) if cfg else None
-    print(format_report(summary, filters))
+    print(format_report(summary, mapping))
     if mapping is not None:
         print("\n" + mapping.text())
     if summary.values["source"]:

@@ -21,8 +21,7 @@ from data.corpus.split import compare_filter, parse_map, split_by_source
 from data.errors import ConfigError, one_line_errors
 
 
-@one_line_errors
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -44,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         "--compare-filter", action="store_true", help="afterwards, measure the read cost of per-source filters instead"
     )
     p.add_argument("--repeats", type=int, default=3, help="timing repeats for --compare-filter (default 3)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+@one_line_errors
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     mapping = parse_map(args.map)
     if args.row_group_rows < 1 or args.rows_per_part < 1:
         raise ConfigError("--row-group-rows and --rows-per-part must be >= 1")
@@ -53,20 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     report = split_by_source(inputs, args.out, mapping, column=args.column, unmapped=args.unmapped,
                              row_group_rows=args.row_group_rows, rows_per_part=args.rows_per_part,
                              compression=args.compression, overwrite=args.overwrite)
-    elapsed = time.perf_counter() - t0
-    print(f"{report['rows_in']:,} rows from {len(inputs)} file(s) in {elapsed:.2f}s -> {args.out}")
+    _print_report(report, args, len(inputs), time.perf_counter() - t0)
+    if args.compare_filter:
+        print("\n".join(compare_filter(inputs, Path(args.out), mapping, args.column, repeats=args.repeats)))
+    return 1 if args.strict and report["unmapped"] and not args.unmapped else 0
+
+
+def _print_report(report: dict, args: argparse.Namespace, files: int, seconds: float) -> None:
+    print(f"{report['rows_in']:,} rows from {files} file(s) in {seconds:.2f}s -> {args.out}")
     for name, rows in report["rows_per_source"].items():
         print(f"  {name:<12} {rows:>10,} rows  {report['parts_per_source'][name]} part(s)")
     if report["ambiguous_values"]:
         print(f"  note: value(s) matched by more than one mapping (first wins): {report['ambiguous_values']}")
-    dropped = sum(report["unmapped"].values()) if not args.unmapped else 0
     if report["unmapped"]:
         where = f"kept in {args.unmapped}/" if args.unmapped else "LEFT OUT"
         print(f"  unmapped ({where}): " + ", ".join(f"{v} {n:,}" for v, n in sorted(report["unmapped"].items())))
-    if args.compare_filter:
-        for line in compare_filter(inputs, Path(args.out), mapping, args.column, repeats=args.repeats):
-            print(line)
-    return 1 if args.strict and dropped else 0
 
 
 if __name__ == "__main__":

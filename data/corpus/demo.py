@@ -264,16 +264,21 @@ def _code_docs(modules: list[Module], prose_tokens: int, rng: random.Random) -> 
     docs = []
     for group in sorted(by_group):
         candidates = by_group[group]
-        group_budget = budget * sum(len(m.source) for m in candidates) / total
-        chosen, size = [], 0
-        for m in rng.sample(candidates, len(candidates)):
-            # Stop at the file that would overshoot the budget by more than half its size.
-            if size + len(m.source) / 2 > group_budget and len(chosen) >= ROW_GROUPS_PER_SHARD:
-                break
-            chosen.append(m)
-            size += len(m.source)
+        chosen = _sample_group(candidates, budget * sum(len(m.source) for m in candidates) / total, rng)
         docs += [Doc("code", f"code_{group}", m.rel, m.source) for m in sorted(chosen, key=lambda m: m.rel)]
     return docs
+
+
+def _sample_group(candidates: list[Module], budget: float, rng: random.Random) -> list[Module]:
+    """Files of one group in a seeded order until the next would overshoot ``budget`` (characters) by more
+    than half its size, and at least ROW_GROUPS_PER_SHARD of them."""
+    chosen, size = [], 0
+    for m in rng.sample(candidates, len(candidates)):
+        if size + len(m.source) / 2 > budget and len(chosen) >= ROW_GROUPS_PER_SHARD:
+            break
+        chosen.append(m)
+        size += len(m.source)
+    return chosen
 
 
 def _split(text: str, limit: int = MAX_DOC_CHARS) -> list[str]:

@@ -50,14 +50,9 @@ def write_dolma3_like(out: str | Path, total_tokens: int = 60_000, files: int = 
     (value -> share of ``total_tokens``, 100-token documents). Returns the paths."""
     from data.tokenizer import count_tokens
 
-    rows: list[tuple[str, str, str]] = []  # (source, category, text)
     spec = {**SUBSOURCES, **{v: (share, 100, "other") for v, share in (extra or {}).items()}}
-    for value, (share, tokens, category) in spec.items():
-        n = max(1, round(total_tokens * share / tokens))
-        docs = _texts(value, -(-n // 2) if value in DUPLICATED else n, tokens)
-        if value in DUPLICATED:
-            docs = (docs * 2)[:n] if n > 1 else docs
-        rows += [(value, category, t) for t in docs]
+    rows = [row for value, (share, tokens, category) in spec.items()
+            for row in _rows(value, category, max(1, round(total_tokens * share / tokens)), tokens)]
     order = np.random.default_rng(seed).permutation(len(rows))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,6 +71,14 @@ def write_dolma3_like(out: str | Path, total_tokens: int = 60_000, files: int = 
         pq.write_table(table, path, row_group_size=row_group_size)
         paths.append(path)
     return paths
+
+
+def _rows(value: str, category: str, n: int, tokens: int) -> list[tuple[str, str, str]]:
+    """``n`` rows ``(source, category, text)`` of one sub-source; a DUPLICATED one writes each text twice."""
+    if value not in DUPLICATED:
+        return [(value, category, t) for t in _texts(value, n, tokens)]
+    docs = _texts(value, -(-n // 2), tokens)
+    return [(value, category, t) for t in ((docs * 2)[:n] if n > 1 else docs)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,8 @@ Restarting is always safe: a scatter task with a marker and an output bucket who
 run are skipped; half-written temp files never have the final name. ``verify`` compares input and
 output: rows, an order-independent checksum of the texts (sum mod 2^64 of a 64-bit BLAKE2b per text:
 a lost or duplicated row changes it), per-source row totals, and each bucket's source shares against
-the multinomial sampling error of a uniform assignment.
+the multinomial sampling error of a uniform assignment (data/corpus/rowstats.py); the report pins each
+bucket's rows, size and footer hash for the readers (data/shuffled.py).
 """
 
 from __future__ import annotations
@@ -34,29 +35,26 @@ import functools
 import glob
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import shutil
-import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data import files
 from data.corpus import PAGE_OPTIONS
+from data.corpus.rowstats import RowStats, source_share_check
 from data.errors import ConfigError
 from data.shuffled import REPORT
 
 SHUFFLE_VERSION = 1  # bump when the assignment or permutation changes: outputs of older runs are refused
 FOOTER_KEY = b"wellmixed.shuffle"
-_MASK64 = (1 << 64) - 1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -121,14 +119,15 @@ class ShuffleSpec:
 
 
 def list_inputs(patterns: Iterable[str]) -> list[str]:
-    """Files matching the globs (``~`` and ``**`` allowed), sorted and de-duplicated."""
+    """Files matching the globs (``~`` and ``**`` allowed), sorted, each file once (a file is the file, not
+    its spelling: globs meeting on it, or a symlinked folder, give it once, under its first spelling)."""
     found: list[str] = []
     for pattern in patterns:
         matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
         if not matched:
             raise ConfigError(f"input glob {pattern!r}: no file matches")
         found.extend(matched)
-    return sorted(dict.fromkeys(found))
+    return sorted(set(files.first_spellings(sorted(set(found))).values()))
 
 
 def inputs_fingerprint(paths: list[str]) -> str:
@@ -138,74 +137,6 @@ def inputs_fingerprint(paths: list[str]) -> str:
     for p in paths:
         h.update(f"{os.path.abspath(p)}|{os.path.getsize(p)}\n".encode())
     return h.hexdigest()[:16]
-
-
-def text_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """64-bit BLAKE2b of each value's UTF-8 bytes (uint64 [rows]); nulls get a fixed distinct hash."""
-    if isinstance(column, pa.ChunkedArray):  # per chunk: no combined copy of the texts
-        return np.concatenate([text_hashes(c) for c in column.chunks] or [np.zeros(0, dtype=np.uint64)])
-    arr = column.cast(pa.large_binary())
-    n = len(arr)
-    if n == 0:
-        return np.zeros(0, dtype=np.uint64)
-    _, offsets_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + n + 1]
-    data = memoryview(data_buf) if data_buf is not None else memoryview(b"")
-    blake = functools.partial(hashlib.blake2b, digest_size=8)
-    digests = b"".join(blake(data[offsets[i] : offsets[i + 1]]).digest() for i in range(n))
-    out = np.frombuffer(digests, dtype="<u8").astype(np.uint64)
-    if arr.null_count:
-        out[arr.is_null().to_numpy(zero_copy_only=False)] = np.uint64(0x6E756C6C)  # "null"
-    return out
-
-
-@dataclass
-class RowStats:
-    """Rows, checksum and per-source (rows, tokens) of a set of rows; adding two sets adds these."""
-
-    rows: int = 0
-    checksum: int = 0  # sum mod 2^64 of text_hashes: order-independent, sensitive to loss and duplication
-    tokens: int = 0
-    sources: dict[str, list[int]] = field(default_factory=dict)  # source value -> [rows, tokens]
-
-    def add_table(self, table: pa.Table, spec: ShuffleSpec) -> None:
-        self.rows += table.num_rows
-        self.checksum = (
-            self.checksum + int(text_hashes(table.column(spec.text_column)).sum(dtype=np.uint64))
-        ) & _MASK64
-        has_tokens = spec.token_column is not None and spec.token_column in table.column_names
-        if has_tokens:
-            tok = table.column(spec.token_column).to_numpy(zero_copy_only=False)
-            self.tokens += int(np.nansum(tok))
-        if spec.source_column not in table.column_names or table.num_rows == 0:
-            return
-        aggs = [(spec.source_column, "count", pc.CountOptions(mode="all"))]
-        if has_tokens:
-            aggs.append((spec.token_column, "sum"))
-        grouped = table.group_by(spec.source_column).aggregate(aggs).to_pydict()
-        counts = grouped[f"{spec.source_column}_count"]
-        sums = grouped[f"{spec.token_column}_sum"] if has_tokens else [0] * len(counts)
-        for value, rows, tokens in zip(grouped[spec.source_column], counts, sums):
-            key = "<null>" if value is None else str(value)
-            entry = self.sources.setdefault(key, [0, 0])
-            entry[0] += int(rows)
-            entry[1] += int(tokens or 0)
-
-    def merge(self, other: "RowStats") -> None:
-        self.rows += other.rows
-        self.checksum = (self.checksum + other.checksum) & _MASK64
-        self.tokens += other.tokens
-        for key, (rows, tokens) in other.sources.items():
-            entry = self.sources.setdefault(key, [0, 0])
-            entry[0] += rows
-            entry[1] += tokens
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "checksum": f"{self.checksum:016x}"}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RowStats":
-        return cls(d["rows"], int(d["checksum"], 16), d["tokens"], {k: list(v) for k, v in d["sources"].items()})
 
 
 def reference_schema(spec: ShuffleSpec) -> pa.Schema:
@@ -227,10 +158,6 @@ def cast_to_schema(table: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
         return table.cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         raise ConfigError(f"{path}: cannot cast to the first input's schema: {e}") from None
-
-
-def write_json_atomic(obj: dict, path: Path) -> None:
-    files.write_json(path, obj)
 
 
 def split_rows_by_label(table: pa.Table, labels: np.ndarray, n: int) -> list[Optional[pa.Table]]:
@@ -309,7 +236,7 @@ def scatter_file(spec: ShuffleSpec, index: int) -> dict:
         "rows_per_bucket": per_bucket.tolist(),
         "flushes": flushes,
     }
-    write_json_atomic(marker, _marker(spec, index))
+    files.write_json(_marker(spec, index), marker)
     return {**marker, "skipped": False}
 
 
@@ -471,26 +398,27 @@ def shuffle(spec: ShuffleSpec, workers: int = 1, keep_tmp: bool = False,
     drop_stale_report(spec)
     scattered: list[dict] = []
     if missing or input_stats(spec) is None:
-        scattered = scatter(spec, workers=workers, progress=progress and functools.partial(progress, "scatter"))
+        scattered = scatter(spec, workers=workers, progress=_phase(progress, "scatter"))
     t1 = time.perf_counter()
-    gathered = (
-        gather(spec, workers=workers, buckets=missing, progress=progress and functools.partial(progress, "gather"))
-        if missing
-        else []
-    )
+    gathered = gather(spec, workers=workers, buckets=missing, progress=_phase(progress, "gather")) if missing else []
     t2 = time.perf_counter()
     report = verify(spec)
-    report["run"] = {
-        "scatter_tasks_run": sum(not r["skipped"] for r in scattered),
-        "buckets_written": sorted(r["bucket"] for r in gathered if not r["skipped"]),
-        "scatter_s": round(t1 - t0, 3),
-        "gather_s": round(t2 - t1, 3),
-        "workers": workers,
-    }
+    report["run"] = _run_record(scattered, gathered, t1 - t0, t2 - t1, workers)
     write_report(spec, report)
     if report["ok"] and not keep_tmp:
         cleanup(spec)
     return report
+
+
+def _run_record(scattered: list[dict], gathered: list[dict], scatter_s: float, gather_s: float, workers: int) -> dict:
+    """What this invocation did (the report's ``run``): tasks run, buckets written, seconds per phase."""
+    return {"scatter_tasks_run": sum(not r["skipped"] for r in scattered),
+            "buckets_written": sorted(r["bucket"] for r in gathered if not r["skipped"]),
+            "scatter_s": round(scatter_s, 3), "gather_s": round(gather_s, 3), "workers": workers}
+
+
+def _phase(progress: Optional[Callable[[str, dict], None]], phase: str) -> Optional[Callable[[dict], None]]:
+    return functools.partial(progress, phase) if progress else None
 
 
 def verify(spec: ShuffleSpec) -> dict:
@@ -526,7 +454,8 @@ def verify(spec: ShuffleSpec) -> dict:
         "rows_per_bucket": _spread([s.rows for s in per_bucket]),
         "tokens_per_bucket": _spread([s.tokens for s in per_bucket]),
         "bytes_per_bucket": _spread(sizes),
-        "bucket_bytes": {spec.output(b).name: size for b, size in enumerate(sizes)},  # readers check it
+        "bucket_files": {spec.output(b).name: [s.rows, files.file_digest(spec.output(b))]  # data/shuffled.py
+                         for b, s in enumerate(per_bucket)},
         "input": stats_in.to_dict(),
     }
 
@@ -572,64 +501,6 @@ def _stats_problems(stats_in: RowStats, stats_out: RowStats, shares: dict) -> li
     return problems
 
 
-def source_share_check(stats_in: RowStats, per_bucket: list[RowStats], min_expected: float = 5.0) -> dict:
-    """Each bucket's rows per source against a uniform assignment.
-
-    Under the shuffle, the rows of source s in bucket b are Binomial(N_s, 1/B): mean N_s/B, variance
-    N_s (1/B)(1 - 1/B). Cells with an expected count below ``min_expected`` are left out of the test
-    (the normal approximation fails there) and counted. The limit is 4 sigma, raised to the Bonferroni
-    bound for a 1% false-alarm rate over all tested cells when there are many (about 4.8 sigma for
-    200 buckets x 30 sub-sources). Share deviations (rows and tokens, in absolute share points) are
-    reported for every cell.
-
-    With more than one bucket and no cell large enough to test, the check could not fail: it fails
-    (``untested`` says why and what to do) instead of passing with 0 cells. One bucket has nothing to
-    test (its shares are the input's by construction) and passes.
-    """
-    B = len(per_bucket)
-    total_rows = stats_in.rows or 1
-    total_tokens = stats_in.tokens or 1
-    p = 1.0 / B
-    cells, skipped, worst = 0, 0, None
-    max_row_dev = max_tok_dev = 0.0
-    for b, s in enumerate(per_bucket):
-        for name, (n_src, t_src) in stats_in.sources.items():
-            got_rows, got_tokens = s.sources.get(name, [0, 0])
-            if s.rows:
-                max_row_dev = max(max_row_dev, abs(got_rows / s.rows - n_src / total_rows))
-            if s.tokens:
-                max_tok_dev = max(max_tok_dev, abs(got_tokens / s.tokens - t_src / total_tokens))
-            mean = n_src * p
-            if mean < min_expected or B == 1:
-                skipped += 1
-                continue
-            cells += 1
-            z = (got_rows - mean) / math.sqrt(n_src * p * (1 - p))
-            if worst is None or abs(z) > abs(worst["z"]):
-                worst = {"bucket": b, "source": name, "rows": got_rows, "expected": round(mean, 2), "z": round(z, 3)}
-    limit = 4.0
-    if cells:
-        limit = max(limit, statistics.NormalDist().inv_cdf(1 - 0.01 / (2 * cells)))
-    untested = None
-    if not cells and B > 1:
-        largest = max((n for n, _ in stats_in.sources.values()), default=0)
-        untested = (f"source shares untested: no (bucket, source) cell expects >= {min_expected:g} rows ({skipped} "
-                    f"too small: {B} buckets for {stats_in.rows:,} rows), so a clustered output would pass; use at "
-                    f"most {max(1, int(largest // min_expected))} --buckets (the largest source has {largest:,} "
-                    "rows) or check a larger corpus")
-    return {
-        "untested": untested,
-        "max_abs_share_dev_rows": round(max_row_dev, 6),
-        "max_abs_share_dev_tokens": round(max_tok_dev, 6),
-        "max_abs_z": abs(worst["z"]) if worst else 0.0,
-        "z_limit": round(limit, 3),
-        "cells_tested": cells,
-        "cells_too_small": skipped,
-        "within_sampling_error": untested is None and (worst is None or abs(worst["z"]) <= limit),
-        "worst": worst,
-    }
-
-
 def _spread(values: list[int]) -> dict:
     return {"min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
 
@@ -648,7 +519,7 @@ def drop_stale_report(spec: ShuffleSpec) -> None:
 
 def write_report(spec: ShuffleSpec, report: dict) -> Path:
     path = Path(spec.out) / REPORT
-    write_json_atomic(report, path)
+    files.write_json(path, report)
     return path
 
 

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from data import files
 from data.config import DataConfig, FilterConfig, SourceConfig
 from data.corpus import PAGE_OPTIONS
-from data.corpus.shuffle import cast_to_schema, split_rows_by_label, write_json_atomic
+from data.corpus.shuffle import cast_to_schema, split_rows_by_label
 from data.errors import ConfigError
 from data.manifest import build_manifest, matches
 from data.schedules import fixed_schedule
@@ -136,39 +136,45 @@ def split_by_source(
     tally = _SplitTally(rows_of=dict.fromkeys(names, 0))
     try:
         for path in inputs:
-            pf = pq.ParquetFile(path)
-            for rg in range(pf.num_row_groups):
-                table = cast_to_schema(pf.read_row_group(rg), schema, path).replace_schema_metadata(None)
-                labels = _label_rows(table.column(column), mapping, names, unmapped, tally)
-                tally.rows_in += table.num_rows
-                for i, piece in enumerate(split_rows_by_label(table, labels, len(names) + 1)[: len(names)]):
-                    if piece is not None:
-                        writers[names[i]].add(piece)
-                        tally.rows_of[names[i]] += piece.num_rows
-        if tally.rows_in and not any(tally.rows_of[name] for name in mapping):
-            _discard_all(writers)  # nothing of what was asked for: leave no output at all
-            raise _nothing_matched(tally, len(inputs), column)
-        for w in writers.values():
-            w.close()
+            _split_file(path, schema, column, mapping, unmapped, writers, tally)
+        _close_all(writers, tally, mapping, len(inputs), column)
     except BaseException:
         for w in writers.values():
             w.abort()
         raise
-    report = {
-        "inputs": len(inputs),
-        "column": column,
-        "mapping": mapping,
-        "rows_in": tally.rows_in,
-        "rows_out": sum(tally.rows_of.values()),
-        "rows_per_source": tally.rows_of,
-        "parts_per_source": {name: len(w.parts) for name, w in writers.items()},
-        "unmapped": tally.unmapped_values,
-        "unmapped_to": unmapped,
-        "ambiguous_values": sorted(str(v) for v in tally.ambiguous),
-    }
+    report = {"inputs": len(inputs), "column": column, "mapping": mapping, "rows_in": tally.rows_in,
+              "rows_out": sum(tally.rows_of.values()), "rows_per_source": tally.rows_of,
+              "parts_per_source": {name: len(w.parts) for name, w in writers.items()},
+              "unmapped": tally.unmapped_values, "unmapped_to": unmapped,
+              "ambiguous_values": sorted(str(v) for v in tally.ambiguous)}
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(report, out / "split_report.json")
+    files.write_json(out / "split_report.json", report)
     return report
+
+
+def _close_all(writers: dict[str, "_PartWriter"], tally: "_SplitTally", mapping: dict[str, list[str]], inputs: int,
+               column: str) -> None:
+    """Publish every writer's last part; when no row matched a mapping, discard everything and refuse."""
+    if tally.rows_in and not any(tally.rows_of[name] for name in mapping):
+        _discard_all(writers)  # nothing of what was asked for: leave no output at all
+        raise _nothing_matched(tally, inputs, column)
+    for w in writers.values():
+        w.close()
+
+
+def _split_file(path: str, schema: pa.Schema, column: str, mapping: dict[str, list[str]], unmapped: Optional[str],
+                writers: dict[str, "_PartWriter"], tally: "_SplitTally") -> None:
+    """One input file, a row group at a time, into the writers of the names its rows' values map to."""
+    names = list(writers)
+    pf = pq.ParquetFile(path)
+    for rg in range(pf.num_row_groups):
+        table = cast_to_schema(pf.read_row_group(rg), schema, path).replace_schema_metadata(None)
+        labels = _label_rows(table.column(column), mapping, names, unmapped, tally)
+        tally.rows_in += table.num_rows
+        for name, piece in zip(names, split_rows_by_label(table, labels, len(names) + 1)):
+            if piece is not None:
+                writers[name].add(piece)
+                tally.rows_of[name] += piece.num_rows
 
 
 @dataclass
@@ -293,35 +299,36 @@ def compare_filter(inputs: list[str], out: Path, mapping: dict[str, list[str]], 
              f"(best of {repeats}, manifest cold)"]
     extra = {}
     for min_chunks, label in ((1, "chunk = row group"), (64, "64 chunks per source, the default")):
-        best = {}
-        for route, sources in (("filter", filtered), ("split", split)):
-            runs = [read_cost(sources, min_chunks) for _ in range(repeats)]
-            best[route] = min(runs, key=lambda r: r["manifest_s"] + r["read_s"])
-        f, s = best["filter"], best["split"]
-        if f["docs"] != s["docs"]:
-            lines.append(f"  WARNING: {f['docs']} documents through the filters vs {s['docs']} in the split folders")
-        lines.append(
-            f"  [{label}] filter: manifest {f['manifest_s']:.3f}s + read {f['read_s']:.3f}s, "
-            f"{f['rows_decoded']:,} rows "
-            f"{f['bytes_decoded'] / 2**20:.1f} MB decoded; split: manifest {s['manifest_s']:.3f}s + read "
-            f"{s['read_s']:.3f}s, {s['rows_decoded']:,} rows {s['bytes_decoded'] / 2**20:.1f} MB decoded"
-        )
-        lines.append(
-            f"  [{label}] read cost ratio filter/split: time "
-            f"{(f['manifest_s'] + f['read_s']) / (s['manifest_s'] + s['read_s']):.2f}x, "
-            f"rows decoded {f['rows_decoded'] / s['rows_decoded']:.2f}x, "
-            f"bytes decoded {f['bytes_decoded'] / s['bytes_decoded']:.2f}x"
-        )
+        f, s = (min((read_cost(sources, min_chunks) for _ in range(repeats)),
+                    key=lambda r: r["manifest_s"] + r["read_s"]) for sources in (filtered, split))
+        lines += _route_lines(f, s, label)
         extra[label] = (f["manifest_s"] + f["read_s"]) - (s["manifest_s"] + s["read_s"])
     if tokenize:
-        from data.tokenizer import encode_docs
-
-        texts = [t for p in inputs for t in pq.read_table(p, columns=["text"]).column("text").to_pylist()]
-        t0 = time.perf_counter()
-        n = sum(len(ids) for ids in encode_docs(texts, num_threads=1))
-        tok_s = time.perf_counter() - t0
-        lines.append(
-            f"  tokenizing every document once (same on both routes, 1 thread): {tok_s:.3f}s for {n:,} tokens; "
-            "the filter route's extra time is " + ", ".join(f"{x / tok_s:.1%} of it [{k}]" for k, x in extra.items())
-        )
+        lines.append(_tokenize_line(inputs, extra))
     return lines
+
+
+def _route_lines(f: dict, s: dict, label: str) -> list[str]:
+    """The best filter-route and split-route read costs side by side, and their ratio."""
+    lines = [f"  WARNING: {f['docs']} documents through the filters vs {s['docs']} in the split folders"
+             ] if f["docs"] != s["docs"] else []
+    return lines + [
+        f"  [{label}] filter: manifest {f['manifest_s']:.3f}s + read {f['read_s']:.3f}s, {f['rows_decoded']:,} rows "
+        f"{f['bytes_decoded'] / 2**20:.1f} MB decoded; split: manifest {s['manifest_s']:.3f}s + read "
+        f"{s['read_s']:.3f}s, {s['rows_decoded']:,} rows {s['bytes_decoded'] / 2**20:.1f} MB decoded",
+        f"  [{label}] read cost ratio filter/split: time "
+        f"{(f['manifest_s'] + f['read_s']) / (s['manifest_s'] + s['read_s']):.2f}x, "
+        f"rows decoded {f['rows_decoded'] / s['rows_decoded']:.2f}x, "
+        f"bytes decoded {f['bytes_decoded'] / s['bytes_decoded']:.2f}x"]
+
+
+def _tokenize_line(inputs: list[str], extra: dict[str, float]) -> str:
+    """What tokenizing every document once costs, and the filter route's extra time as a share of it."""
+    from data.tokenizer import encode_docs
+
+    texts = [t for p in inputs for t in pq.read_table(p, columns=["text"]).column("text").to_pylist()]
+    t0 = time.perf_counter()
+    n = sum(len(ids) for ids in encode_docs(texts, num_threads=1))
+    tok_s = time.perf_counter() - t0
+    return (f"  tokenizing every document once (same on both routes, 1 thread): {tok_s:.3f}s for {n:,} tokens; "
+            "the filter route's extra time is " + ", ".join(f"{x / tok_s:.1%} of it [{k}]" for k, x in extra.items()))

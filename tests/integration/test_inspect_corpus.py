@@ -50,8 +50,8 @@ def test_values_rows_tokens_and_the_mixture_source_each_filter_gives(tmp_path):
     assert lines["olmocr_science_pdfs-1"][-1] == "pdfs"
     assert lines["finemath-3plus"][-1] == "curated" and lines["wikipedia"][-1] == "curated"
     assert lines["reddit_dump"][-1] == "-"
-    assert "not taken by any filter (never trained on): source=reddit_dump" in out
-    assert "curated      110" in out  # 4 x 25 + 1 x 10
+    assert "unclaimed `source` values (never read):\n    reddit_dump " in out
+    assert "curated: 5 rows, 110 tokens" in out  # 4 x 25 + 1 x 10
     assert "MATCHES NOTHING" not in out.split("corpus mapping")[0]
     assert "error: data.unclaimed: `source` value(s) 'reddit_dump' (1 in all," in out
     assert "  'wiki*' (optional):\n    wikipedia " in out  # the start-up mapping report

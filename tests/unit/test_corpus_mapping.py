@@ -231,7 +231,7 @@ def test_a_shuffle_killed_after_3_of_12_buckets_is_refused_by_every_reader(dolma
     err = capsys.readouterr().err
     assert err.count("an incomplete global-shuffle output (3 bucket(s)") == 2 and err.startswith("error: ")
     report = shuffle(spec)  # the same command again finishes it: now a corpus
-    assert report["ok"] and len(report["bucket_bytes"]) == 12
+    assert report["ok"] and len(report["bucket_files"]) == 12
     assert build_manifest(real_cfg(out, tmp_path, monkeypatch)).mapping.errors == []
     (out / "bucket-00004.parquet").unlink()  # a bucket lost since the record was written
     with pytest.raises(ConfigError, match=r"the buckets do not match shuffle_report.json \(12 recorded, 11 present: "
