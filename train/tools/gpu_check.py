@@ -56,7 +56,7 @@ from data.files import write_text
 # before anything here imports torch.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ("train", "mask", "resume", "fsdp", "contenders")
 SECTION_LIMIT_S = {"train": 230, "mask": 110, "resume": 50, "fsdp": 50, "contenders": 170}
 """Each section's own time limit on the GPU (the dry run's are 90 s: only a hang runs into them)."""
@@ -218,7 +218,7 @@ def fit_target(argv: list[str], clock_json: Path | None = None):
         import train.__main__ as entry  # installs the early signal handlers, as `python -m train` does
         import train.cli as cli
         from train.callbacks import ThroughputCallback
-        from train.step_clock import StepClock, watch_dynamo
+        from train.tools.step_clock import StepClock, watch_dynamo
 
         counts = watch_dynamo()
         if clock_json is not None:

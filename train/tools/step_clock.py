@@ -1,4 +1,4 @@
-"""What the GPU check (train/gpu_check.py) measures inside a training run: the step clock and torch.compile's counts.
+"""What the GPU check (train/tools/gpu_check.py) measures inside a training run: its step clock, compile counts.
 
 :class:`StepClock` is a callback the check's training child adds right after the ThroughputCallback; it
 writes every optimizer step's start, end, shape and logged MFU, then peak memory, the memory estimate and

@@ -8,7 +8,7 @@ Steps, each written under ``<run>/evals/`` (or ``--out``):
 1. **Held-out loss per source** (``heldout``): the checkpoint's own model and data config
    (``PretrainModule`` / ``WellMixedData.load_from_checkpoint``) on the held-out chunks that training
    never reads (``data.val_tokens_per_source``), in nats/token with perplexities. Needs only the corpus.
-2. **Export** to the Hugging Face format (train/export.py) into ``evals/hf``, with a logits check
+2. **Export** to the Hugging Face format (train/tools/export.py) into ``evals/hf``, with a logits check
    against ``transformers`` when it is installed.
 3. **lm-evaluation-harness** (``lm_eval``), when importable, on the exported model, through
    ``sys.executable -m lm_eval`` (never a PATH lookup) and offline by default (``HF_DATASETS_OFFLINE``,
@@ -388,7 +388,7 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
         if not lm_eval_available():  # checked before the export: nothing is written for nothing
             results["lm_eval"] = {"skipped": f"lm-eval is not installed: {INSTALL_HINT}"}
         elif plan.run:
-            from train.export import export
+            from train.tools.export import export
 
             hf_dir = export(ckpt, out_dir / "hf")
             lm: dict[str, float] = {}
