@@ -9,21 +9,22 @@
     consumer (parquet reads, k open chunks, shuffle buffers, mixer, row-parallel packer, cursor),
     counting the input tokens of its batches. Same tokenizer thread count in both. The two
     alternate a few times in this process and the ratio is the median of the per-round ratios;
-    the first batch, which fills the buffers, is timed separately. Peak RSS comes from a fresh
-    subprocess per contender (``resource.getrusage``), next to its RSS once tiktoken is loaded.
+    the first batch, which fills the buffers, is timed separately (peak memory: part f).
 (b) Mixing. Mean over batches of the total-variation distance between a batch's token shares by
     source and the target weights, for the stream with ``selector: deficit`` and ``random``, and
     for an i.i.d. draw of documents by tokens (a perfect global shuffle: source s with probability
     proportional to w_s / mean document tokens of s, then a uniform document of s, packed linearly
     into the same batch shape). The 350M config's stable weights; its per-rank micro-batch shape.
-(c) Long-run token shares. The demo schedule (configs/demo.yaml, anneal included) for its whole
-    run, and the same schedule with a 10x token budget: per phase, the largest
-    |realised share - target share| over sources, for both selectors.
 (d) Cost of resume. The cursor of one consumer of the order dump (OrderSimulator, demo batch shape
     4 x 256) taken at step 10 and at step 10,000 (~10 epochs of the demo corpus), each restored into
     a fresh consumer a few times: the median restore time (re-reading the open chunks, buffered
     documents and rows' leftovers by address) must not grow with the position (target ratio <= 1.5),
     and the cursor's size per consumer, as JSON bytes.
+(e) Book-length documents: bounded commitment against the older whole-document rule (``--part e``).
+(f) A Dolma3-shaped corpus, one consumer in a fresh process: start-up, throughput, peak RSS, cursor,
+    restore; this tree against ``--before TREE`` (``--part f``).
+
+(Per-phase long-run shares under a schedule are tests/unit/test_mixing.py's.)
 
 Absolute times are noisy on a shared machine; read the ratios.
 """
@@ -36,12 +37,9 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
     pass
 
 import argparse
-import dataclasses
-import gc
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -75,31 +73,6 @@ DEMO_BUFFER = 256  # configs/demo.yaml: the demo corpus has fewer documents than
 
 # ---------------------------------------------------------------------------------------------------
 # helpers
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB.
-
-    Linux: VmHWM of /proc/self/status, which :func:`reset_peak_rss` can reset. getrusage's ru_maxrss
-    is not used there: after fork + exec it starts at the *parent's* peak, so a probe started from a
-    benchmark that already holds 250 MB would report at least that.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024 / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS, KB on Linux
-
-
-def reset_peak_rss() -> None:
-    """Sets the peak RSS to the current RSS (Linux >= 4.0; elsewhere a no-op)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
 
 
 def read_corpus(corpus: Path) -> tuple[list[str], dict[str, np.ndarray]]:
@@ -186,28 +159,6 @@ class PathRunner:
         return tokens / seconds
 
 
-def rss_probe(args) -> None:
-    """Child process: one contender, then its peak RSS as one JSON line."""
-    get_encoding()  # the ranks table (~40 MB) is loaded by both contenders alike
-    gc.collect()
-    reset_peak_rss()
-    base = peak_rss_mb()
-    if args.rss_probe == "bare":
-        texts, _ = read_corpus(args.corpus)
-        tokens, _ = bare_encode(texts, args.probe_threads)
-    else:
-        runner = PathRunner(args.corpus, args.probe_threads, args.buffer_size)
-        tokens, _ = runner.run(args.probe_batches)
-    print(json.dumps({"contender": args.rss_probe, "tokens": tokens, "base_mb": base, "peak_mb": peak_rss_mb()}))
-
-
-def measure_rss(corpus: Path, contender: str, threads: int, buffer_size: int, batches: int) -> dict:
-    cmd = [sys.executable, __file__, "--corpus", str(corpus), "--rss-probe", contender, "--probe-threads", str(threads),
-           "--buffer-size", str(buffer_size), "--probe-batches", str(batches)]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], buffer_size: int,
                      rounds: int, batches: int) -> list[str]:
     lines = [f"(a) throughput: one consumer, batch 8 x 2048, k=8 open chunks, buffer {buffer_size:,} docs/source",
@@ -218,12 +169,7 @@ def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], b
     lines += [line for line, _, _ in rows.values()]
     lines += [f"    ratio path/bare (threads={t}): {r:.2f}  (target >= 0.8: {'ok' if r >= 0.8 else 'BELOW'})"
               for t, (_, r, _) in rows.items()]
-    threads = max(thread_counts)
-    bare, path = (measure_rss(corpus, c, threads, buffer_size, batches) for c in ("bare", "path"))
-    return lines + [f"    the consumer's shuffle buffers hold {rows[thread_counts[0]][2]}",
-                    f"    peak RSS (fresh process each, threads={threads}; 'base' = after loading tiktoken): "
-                    f"bare {bare['peak_mb']:.0f} MB (base {bare['base_mb']:.0f}), path {path['peak_mb']:.0f} MB "
-                    f"(base {path['base_mb']:.0f}, {path['tokens'] // (8 * 2048)} batches)"]
+    return lines + [f"    the consumer's shuffle buffers hold {rows[thread_counts[0]][2]}"]
 
 
 def throughput_row(corpus: Path, texts: list[str], threads: int, buffer_size: int, rounds: int,
@@ -310,58 +256,6 @@ def bench_mixing(corpus: Path, lengths: dict[str, np.ndarray], buffer_size: int,
 
 
 # ---------------------------------------------------------------------------------------------------
-# (c) long-run token shares per phase
-
-
-def phase_errors(corpus: Path, selector: str, scale: float,
-                 commit: str = "sequence") -> tuple[object, list[tuple[str, float, float, float]]]:
-    """Runs the demo schedule (budget x scale) to its end.
-
-    Per phase: (name, tokens, max |share error|, max |token error| in mean documents of the source).
-    """
-    cfg = load_data_config(DEMO_CONFIG, {"selector": selector, "commit": commit})
-    cfg.sources = corpus_sources(corpus, list(cfg.sources))
-    # a typed, frozen ScheduleConfig: a copy with the budget scaled
-    cfg.schedule = dataclasses.replace(cfg.schedule, train_tokens=int(cfg.schedule.train_tokens * scale))
-    schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
-    # One consumer whose micro-batch is the whole global batch, as a 1-rank, 1-worker run sees it.
-    cfg.batch_size = schedule.config.global_batch_size
-    manifest = build_manifest(cfg)
-    mean_doc = np.array([info.tokens / max(1, info.docs) for info in manifest.sources.values()])
-    sim = OrderSimulator(manifest, cfg, 1, 1, schedule=schedule)
-    starts = [first for _, first in schedule.phase_boundaries]
-    realised = np.zeros((len(starts), len(cfg.sources)))
-    target = np.zeros_like(realised)
-    for step, _, batch in sim.batches(schedule.total_steps):
-        i = int(np.searchsorted(starts, step, side="right")) - 1
-        realised[i] += batch["source_tokens"]
-        target[i] += batch["weights"] * batch["source_tokens"].sum()
-    out = []
-    for i, (name, _) in enumerate(schedule.phase_boundaries):
-        err = np.abs(realised[i] / realised[i].sum() - target[i] / target[i].sum()).max()
-        docs = (np.abs(realised[i] - target[i]) / mean_doc).max()  # in mean documents of that source
-        out.append((name, float(realised[i].sum()), float(err), float(docs)))
-    return schedule, out
-
-
-def bench_phases(corpus: Path, scales: list[float]) -> list[str]:
-    lines = ["(c) long-run token shares per phase: configs/demo.yaml schedule, one consumer, whole run;",
-             "    max over sources of |realised share - target share| (target <= 0.005);",
-             "    [the largest token error as a multiple of that source's mean document length]"]
-    for scale in scales:
-        for sel in ("deficit", "random"):
-            schedule, phases = phase_errors(corpus, sel, scale)
-            if sel == "deficit":
-                what = "demo.yaml as is" if scale == 1 else f"demo.yaml, budget x{scale:g}"
-                lines.append(f"    {what}: {schedule.total_steps:,} steps, {human(schedule.total_tokens)} tokens")
-            cells = "  ".join(f"{name} ({human(tokens)} tok) {err:.4f} [{docs:.1f} docs]"
-                              for name, tokens, err, docs in phases)
-            worst = max(err for _, _, err, _ in phases)
-            lines.append(f"      phase share error {sel:<8} {cells}  -> {'ok' if worst <= 0.005 else 'ABOVE'}")
-    return lines
-
-
-# ---------------------------------------------------------------------------------------------------
 # (d) cost of resume
 
 
@@ -425,6 +319,25 @@ def long_doc_corpus(demo: Path, out: Path) -> Path:
     return out
 
 
+def phase_errors(corpus: Path, commit: str) -> tuple[object, list[tuple[str, float]]]:
+    """The demo schedule (configs/demo.yaml) run to its end by one consumer whose micro-batch is the whole
+    global batch: per phase, (name, max over sources of |realised share - target share|)."""
+    cfg = load_data_config(DEMO_CONFIG, {"selector": "deficit", "commit": commit})
+    cfg.sources = corpus_sources(corpus, list(cfg.sources))
+    schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
+    cfg.batch_size = schedule.config.global_batch_size
+    sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1, schedule=schedule)
+    starts = [first for _, first in schedule.phase_boundaries]
+    realised = np.zeros((len(starts), len(cfg.sources)))
+    target = np.zeros_like(realised)
+    for step, _, batch in sim.batches(schedule.total_steps):
+        i = int(np.searchsorted(starts, step, side="right")) - 1
+        realised[i] += batch["source_tokens"]
+        target[i] += batch["weights"] * batch["source_tokens"].sum()
+    return schedule, [(name, float(np.abs(realised[i] / realised[i].sum() - target[i] / target[i].sum()).max()))
+                      for i, (name, _) in enumerate(schedule.phase_boundaries)]
+
+
 def commit_run(corpus: Path, commit: str, seed: int, steps: int, batch_size: int, seq_len: int) -> np.ndarray:
     """Tokens per source of each batch of one consumer, [steps, sources]."""
     cfg = stream_config(corpus, commit=commit, seed=seed, batch_size=batch_size, seq_len=seq_len,
@@ -451,8 +364,8 @@ def bench_long_docs(demo: Path, tmp: Path, steps: int, seeds: list[int], phases:
     lines.append(f"    ratios sequence/document: long-run err {out['sequence'][0] / out['document'][0]:.2f}, "
                  f"per-batch TV {out['sequence'][1] / out['document'][1]:.2f}")
     for commit in ("document", "sequence") if phases else ():
-        schedule, per_phase = phase_errors(corpus, "deficit", 1, commit)
-        cells = "  ".join(f"{name} {err:.4f}" for name, _, err, _ in per_phase)
+        schedule, per_phase = phase_errors(corpus, commit)
+        cells = "  ".join(f"{name} {err:.4f}" for name, err in per_phase)
         lines.append(f"    demo.yaml schedule ({schedule.total_steps} steps), commit {commit:<8}: "
                      f"phase share error {cells}")
     return lines
@@ -572,8 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buffer-size", type=int, default=None, help=f"shuffle buffer per source (default "
                    f"{DEFAULT_BUFFER:,}, or {DEMO_BUFFER} when the corpus has fewer docs)")
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds of (a) (default 5)")
-    p.add_argument("--part", default="abcd",
-                   help="which parts to run, e.g. 'a' or 'bd' (default abcd; e: book-length documents, old vs new "
+    p.add_argument("--part", default="abd",
+                   help="which parts to run, e.g. 'a' or 'bd' (default abd; e: book-length documents, old vs new "
                         "commitment side by side; f: a Dolma3-shaped corpus, this tree vs --before)")
     p.add_argument("--scale-corpus", type=Path, default=None,
                    help="part f: a corpus from scripts/make_scale_corpus.py (default: 2 files written to a temp dir)")
@@ -584,17 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="part f: a checkout of the code to compare with (e.g. git worktree of the base commit)")
     p.add_argument("--scale-small-pages", action="store_true",
                    help="part f: also this tree on the same corpus rewritten with the corpus tools' ~1 MiB pages")
-    p.add_argument("--rss-probe", choices=["bare", "path"], help=argparse.SUPPRESS)
-    p.add_argument("--probe-threads", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--probe-batches", type=int, default=10, help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.rss_probe:
-        rss_probe(args)
-        return 0
     with tempfile.TemporaryDirectory(prefix="wellmixed-bench-") as tmp:
         corpus = args.corpus
         if corpus is not None and not corpus.is_dir():
@@ -621,9 +528,9 @@ def run(args, corpus: Path) -> int:
     return 0
 
 
-QUICK = dict(buffer=64, threads=[1], rounds=1, batches=4, mixing=(4, 50), scales=[0.1], positions=(10, 300),
+QUICK = dict(buffer=64, threads=[1], rounds=1, batches=4, mixing=(4, 50), positions=(10, 300),
              repeats=3, long_steps=40, seeds=[1], scale_batches=3)
-FULL = dict(buffer=0, threads=[1, 4], rounds=5, batches=0, mixing=(48, 2000), scales=[1, 10], positions=(10, 10_000),
+FULL = dict(buffer=0, threads=[1, 4], rounds=5, batches=0, mixing=(48, 2000), positions=(10, 10_000),
             repeats=5, long_steps=400, seeds=[1, 2, 3], scale_batches=300)
 """The parts' sizes with ``--quick`` and without (0: from the corpus); the flags override some."""
 
@@ -639,7 +546,6 @@ def parts(args, corpus: Path, texts: list[str], lengths: dict) -> dict:
     return {
         "a": lambda tmp: bench_throughput(corpus, texts, threads, buffer_size, args.rounds or z["rounds"], batches),
         "b": lambda tmp: bench_mixing(corpus, lengths, buffer_size, *z["mixing"]),
-        "c": lambda tmp: bench_phases(corpus, z["scales"]),
         "d": lambda tmp: bench_resume(corpus, buffer_size, z["positions"], z["repeats"]),
         "e": lambda tmp: bench_long_docs(corpus, tmp, z["long_steps"], z["seeds"], phases=not args.quick),
         "f": lambda tmp: bench_scale(tmp, args.scale_corpus, args.before, corpus, rows=rows, buffer_size=scale_buffer,

@@ -3,36 +3,19 @@
     python scripts/evaluate.py runs/demo                          # = runs/demo/checkpoints/last.ckpt
     python scripts/evaluate.py runs/demo/checkpoints/step0000300.ckpt --tasks local,hellaswag
 
-Steps, each written under ``<run>/evals/`` (or ``--out``):
+Steps, each written under ``<run>/evals/`` (or ``--out``); docs/training.md ("Evaluation in one command")
+says what each does and where its results go:
 
-1. **Held-out loss per source** (``heldout``): the checkpoint's own model and data config
-   (``PretrainModule`` / ``WellMixedData.load_from_checkpoint``) on the held-out chunks that training
-   never reads (``data.val_tokens_per_source``), in nats/token with perplexities. Needs only the corpus.
-2. **Export** to the Hugging Face format (train/tools/export.py) into ``evals/hf``, with a logits check
-   against ``transformers`` when it is installed.
-3. **lm-evaluation-harness** (``lm_eval``), when importable, on the exported model, through
-   ``sys.executable -m lm_eval`` (never a PATH lookup) and offline by default (``HF_DATASETS_OFFLINE``,
-   ``HF_HUB_OFFLINE``):
-   - ``local`` (always works offline): tasks written into ``evals/tasks/`` from the run's held-out
-     chunks, per source -- ``wellmixed_cloze_<source>``, a 4-way multiple choice (a 64-token context,
-     its true 24-token continuation against three from other held-out text of the source; chance
-     0.25; ``acc``/``acc_norm``), and ``wellmixed_ppl_<source>``, rolling perplexity over held-out
-     documents (``bits_per_byte``, ``word_perplexity``: lm-eval's own units, a cross-check of step 1);
-   - any other name is an lm-eval task (the standard suite: hellaswag, arc_easy, piqa,
-     lambada_openai), run one at a time: a task whose dataset is not in the local HF cache is
-     recorded as skipped with lm-eval's reason (``--online`` lets it download).
-   Without lm-eval this step is skipped with the command that installs it (``pip install -e
-   '.[eval]'``) -- checked first, before anything is exported.
+0. :func:`plan_tasks`: which tasks will run and which are skipped, and why, before any compute.
+1. **Held-out loss per source** (:func:`heldout_loss`): the checkpoint's own model and data config on the
+   held-out chunks that training never reads (``data.val_tokens_per_source``).
+2. **Export** to the Hugging Face format (train/tools/export.py) into ``evals/hf``.
+3. **lm-evaluation-harness**, when importable, on the exported model (``sys.executable -m lm_eval``,
+   offline by default): ``local`` (:func:`write_local_tasks`, built from the held-out chunks), then each
+   other task one at a time (:func:`run_each_task`).
 
-Before any of it, :func:`plan_tasks` looks at what is installed and cached and prints which tasks will
-run and which are skipped, and why: offline, a standard task whose dataset (its lm-eval YAML's
-``dataset_path``) is in neither the HF hub cache nor the datasets cache is skipped without starting
-lm-eval (each start costs tens of seconds); a task this check cannot resolve is left to lm-eval.
-
-Everything lands in ``evals/results.json`` (lm-eval's logs in ``evals/lm_eval/``), is printed as a
-table and, unless ``--no-log``, goes to the loggers the run trained with at the checkpoint's step
-(:func:`metrics_of`: ``eval/loss/<source>``, ``eval/<task>/<metric>``; train/loggers.py
-``log_evaluation``: ``csv/eval_metrics.csv``, the run's own wandb run, ...).
+Everything lands in ``evals/results.json``, is printed as a table and, unless ``--no-log``, goes to the
+run's loggers at the checkpoint's step (:func:`metrics_of`; train/loggers.py ``log_evaluation``).
 """
 
 from __future__ import annotations
