@@ -123,16 +123,11 @@ def tv(shares: np.ndarray, weights: np.ndarray) -> np.ndarray:
 # (a) throughput
 
 
-def bare_encode(texts: list[str], threads: int) -> tuple[int, float]:
-    """(tokens, seconds) of bare tiktoken over ``texts``."""
+def bare_rate(texts: list[str], threads: int) -> float:
+    """Tokens/s of bare tiktoken over ``texts``."""
     t0 = time.perf_counter()
     out = get_encoding().encode_ordinary_batch(texts, num_threads=threads)
-    return sum(map(len, out)), time.perf_counter() - t0
-
-
-def bare_rate(texts: list[str], threads: int) -> float:
-    tokens, seconds = bare_encode(texts, threads)
-    return tokens / seconds
+    return sum(map(len, out)) / (time.perf_counter() - t0)
 
 
 class PathRunner:
@@ -146,17 +141,11 @@ class PathRunner:
         next(self.it)  # fills the k open chunks and the B-document buffer of every source
         self.first_batch_s = time.perf_counter() - t0
 
-    def run(self, batches: int) -> tuple[int, float]:
-        t0 = time.perf_counter()
-        tokens = 0
-        for _ in range(batches):
-            _, _, batch = next(self.it)
-            tokens += batch["input_ids"].size
-        return tokens, time.perf_counter() - t0
-
     def rate(self, batches: int) -> float:
-        tokens, seconds = self.run(batches)
-        return tokens / seconds
+        """Input tokens/s of the next ``batches`` batches."""
+        t0 = time.perf_counter()
+        tokens = sum(next(self.it)[2]["input_ids"].size for _ in range(batches))
+        return tokens / (time.perf_counter() - t0)
 
 
 def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], buffer_size: int,
@@ -198,14 +187,18 @@ def held_in_buffers(runner: PathRunner) -> str:
 # (b) per-batch mixing
 
 
-def stream_tv(corpus: Path, selector: str, buffer_size: int, batch_size: int, seq_len: int, batches: int) -> np.ndarray:
-    cfg = stream_config(corpus, selector=selector, buffer_size=buffer_size, batch_size=batch_size, seq_len=seq_len)
+def consumer_tokens(cfg: DataConfig, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """One consumer's tokens per source in each batch, [steps, sources], and each batch's target weights."""
     sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
-    out = []
-    for _, _, batch in sim.batches(batches):
-        counts = batch["source_tokens"].astype(np.float64)
-        out.append(tv(counts / counts.sum(), batch["weights"]))
-    return np.asarray(out)
+    rows = [(b["source_tokens"].astype(np.float64), np.array(b["weights"], dtype=np.float64))  # copies
+            for _, _, b in sim.batches(steps)]
+    return np.array([c for c, _ in rows]), np.array([w for _, w in rows])
+
+
+def stream_tv(corpus: Path, selector: str, buffer_size: int, batch_size: int, seq_len: int, batches: int) -> np.ndarray:
+    counts, weights = consumer_tokens(stream_config(corpus, selector=selector, buffer_size=buffer_size,
+                                                    batch_size=batch_size, seq_len=seq_len), batches)
+    return tv(counts / counts.sum(axis=1, keepdims=True), weights)
 
 
 def iid_docs(lengths: dict[str, np.ndarray], weights: np.ndarray, n_tokens: int, rng: np.random.Generator):
@@ -340,10 +333,8 @@ def phase_errors(corpus: Path, commit: str) -> tuple[object, list[tuple[str, flo
 
 def commit_run(corpus: Path, commit: str, seed: int, steps: int, batch_size: int, seq_len: int) -> np.ndarray:
     """Tokens per source of each batch of one consumer, [steps, sources]."""
-    cfg = stream_config(corpus, commit=commit, seed=seed, batch_size=batch_size, seq_len=seq_len,
-                        buffer_size=256, open_shards=4, weights=DEMO_WEIGHTS)
-    sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
-    return np.array([b["source_tokens"] for _, _, b in sim.batches(steps)], dtype=np.float64)
+    return consumer_tokens(stream_config(corpus, commit=commit, seed=seed, batch_size=batch_size, seq_len=seq_len,
+                                         buffer_size=256, open_shards=4, weights=DEMO_WEIGHTS), steps)[0]
 
 
 def bench_long_docs(demo: Path, tmp: Path, steps: int, seeds: list[int], phases: bool) -> list[str]:
