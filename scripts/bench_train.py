@@ -36,8 +36,16 @@ keep_freed_memory()  # the same allocator setting as python -m train
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
+from data.config import DataConfig, corpus_sources  # noqa: E402
+from data.corpus.demo import build_demo_corpus  # noqa: E402
+from data.manifest import build_manifest  # noqa: E402
+from data.schedules import build_schedule, fixed_schedule  # noqa: E402
+from data.simulate import OrderSimulator  # noqa: E402
+from data.steps import StepSchedule  # noqa: E402
 from data.types import TrainBatch, TrainingContext  # noqa: E402
+from train.datamodule import to_torch  # noqa: E402
 from train.model import GPT, load_model_config  # noqa: E402
+from train.module import PretrainModule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
@@ -47,14 +55,6 @@ def demo_data(n: int, batch: int, seq: int, corpus: Path | None) -> tuple[list[T
                                                                           TrainingContext]:
     """Real packed batches from the demo corpus (built into a temp dir unless given), and the prepared
     data the module reads, with :func:`lr_schedule`'s LR."""
-    from data.config import DataConfig, corpus_sources
-    from data.corpus.demo import build_demo_corpus
-    from data.manifest import build_manifest
-    from data.schedules import fixed_schedule
-    from data.simulate import OrderSimulator
-    from data.steps import StepSchedule
-    from train.datamodule import to_torch
-
     if corpus is None:
         corpus = Path(tempfile.mkdtemp()) / "demo_corpus"
         build_demo_corpus(corpus)
@@ -74,8 +74,6 @@ def demo_data(n: int, batch: int, seq: int, corpus: Path | None) -> tuple[list[T
 
 
 def lr_schedule(total: int):
-    from data.schedules import build_schedule
-
     return build_schedule({
         "train_tokens": max(total, 100) * 8 * 128, "global_batch_size": 8,  # >= 100 steps: a valid decay
         "seq_len": {"start": 128, "end": 128, "warmup_steps": 0, "multiple": 64},
@@ -115,8 +113,6 @@ class _Batches(L.LightningDataModule):
 
 
 def lightning_loop(model_cfg, batches: list[TrainBatch[torch.Tensor]], context: TrainingContext) -> float:
-    from train.module import PretrainModule
-
     module = PretrainModule(model=model_cfg)
     trainer = L.Trainer(max_steps=len(batches), accelerator="cpu", devices=1, precision="32-true", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -153,17 +149,10 @@ def bench_cpu(args) -> None:
         light_t.append(q)
         ratios.append(q / p)
     tok = sum(b["input_ids"].numel() for b in batches)
-    print(
-        f"(a) CPU, tiny model ({sum(p.numel() for p in GPT(cfg).parameters()) / 1e6:.1f}M), "
-        f"{args.steps} steps of 8 x 128, "
-        f"{args.rounds} alternating rounds"
-    )
-    print(
-        f"    plain PyTorch loop   {statistics.median(plain_t):7.2f} s  {tok / statistics.median(plain_t):9.0f} tok/s"
-    )
-    print(
-        f"    Lightning module     {statistics.median(light_t):7.2f} s  {tok / statistics.median(light_t):9.0f} tok/s"
-    )
+    print(f"(a) CPU, tiny model ({sum(p.numel() for p in GPT(cfg).parameters()) / 1e6:.1f}M), "
+          f"{args.steps} steps of 8 x 128, {args.rounds} alternating rounds")
+    for name, times in (("plain PyTorch loop", plain_t), ("Lightning module", light_t)):
+        print(f"    {name:<20} {statistics.median(times):7.2f} s  {tok / statistics.median(times):9.0f} tok/s")
     print(f"    per-round ratios     {' '.join(f'{x:.3f}' for x in ratios)}")
     print(f"    overhead ratio (median): {statistics.median(ratios):.3f}  (target <= 1.05)")
 
