@@ -41,6 +41,14 @@ import torch
 
 from data.errors import ConfigError
 from data.tokenizer import CL100K_PAT_STR, EOT_ID, SPECIAL_TOKENS, VOCAB_SIZE, bpe_file
+from train.checkpoint import (
+    CheckpointError,
+    checksum_problem,
+    file_problem,
+    load_problem,
+    read_checkpoint,
+    warn_unverified,
+)
 from train.model import GPT, ModelConfig, load_model_config
 
 # cl100k's split pattern for Oniguruma (the `tokenizers` regex engine): there `X{1,3}+` is not a
@@ -58,15 +66,6 @@ def read_weights(path: str | Path, trust: bool = False) -> dict:
     """The checkpoint (or bare state dict) at ``path``, verified as every reader does (train/checkpoint.py:
     format, sidecar checksum; a missing sidecar is a warning). Loaded with ``weights_only=True`` (no code
     runs) unless ``trust``; only a file refused for holding other objects is pointed at ``--trust-checkpoint``."""
-    from train.checkpoint import (
-        CheckpointError,
-        checksum_problem,
-        file_problem,
-        load_problem,
-        read_checkpoint,
-        warn_unverified,
-    )
-
     path = Path(path)
     if not trust or not path.is_file():
         try:
