@@ -466,12 +466,16 @@ def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path,
     return lines
 
 
+def comma_ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",")]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", type=Path, default=None,
                    help="corpus DIR/<source>/*.parquet (default: build the demo corpus in a temp dir)")
     p.add_argument("--quick", action="store_true", help="a fast smoke run (small counts, one round, one thread count)")
-    p.add_argument("--threads", default=None,
+    p.add_argument("--threads", default=None, type=comma_ints,
                    help="tokenizer thread counts for (a), comma-separated (default: 1 and the config default 4)")
     p.add_argument("--buffer-size", type=int, default=None, help=f"shuffle buffer per source (default "
                    f"{DEFAULT_BUFFER:,}, or {DEMO_BUFFER} when the corpus has fewer docs)")
@@ -529,8 +533,8 @@ FULL = dict(buffer=0, threads=[1, 4], rounds=5, batches=0, mixing=(48, 2000), po
 def parts(args, corpus: Path, texts: list[str], lengths: dict) -> dict:
     """``--part`` letter -> the part's report lines (given a scratch folder), run in this order."""
     z = QUICK if args.quick else FULL
-    buffer_size = args.buffer_size or z["buffer"] or (DEFAULT_BUFFER if len(texts) >= DEFAULT_BUFFER else DEMO_BUFFER)
-    threads = [int(t) for t in args.threads.split(",")] if args.threads else z["threads"]
+    buffer_size = args.buffer_size or z["buffer"] or (DEMO_BUFFER if len(texts) < DEFAULT_BUFFER else DEFAULT_BUFFER)
+    threads = args.threads or z["threads"]
     n_tokens = sum(int(v.sum()) - len(v) for v in lengths.values())
     batches = z["batches"] or -(-n_tokens // (8 * 2048))  # about one pass over the corpus per round
     rows, scale_buffer = (1000, 100) if args.quick else (args.scale_rows, args.scale_buffer)
