@@ -6,7 +6,7 @@ The report runs every evaluation of ``--suite`` on every arm and seed, takes the
 
 - ``heldout`` (default): the final held-out loss per source and overall, from the run's CSV log (no
   model needed; the held-out chunks are the same for every seed and arm). Lower is better.
-- ``local``: the offline downstream tasks built from the held-out chunks (train/evaluate.py: a 4-way
+- ``local``: the offline downstream tasks built from the held-out chunks (train/tools/evaluate.py: a 4-way
   cloze per source), through lm-evaluation-harness on the exported model; accuracy, higher is better.
 - ``lm_eval``: lm-evaluation-harness on the exported model (``scripts/export_hf.py``), opt-in: the
   standard suite, its datasets from the HF cache.
@@ -79,8 +79,8 @@ def heldout_loss(run_dir: Path) -> dict[str, float]:
 def _exported(run_dir: Path, evaluation: str) -> tuple[Path, Path]:
     """(final checkpoint, its Hugging Face export under ``<run>/evals/hf``, written once); lm-eval's
     presence is checked first, so nothing is exported for an evaluation that cannot run."""
-    from train.evaluate import INSTALL_HINT, find_checkpoint, lm_eval_available
-    from train.export import export
+    from train.tools.evaluate import INSTALL_HINT, find_checkpoint, lm_eval_available
+    from train.tools.export import export
 
     if not lm_eval_available():
         raise RuntimeError(f"the {evaluation} evaluation needs lm-evaluation-harness: {INSTALL_HINT}")
@@ -95,10 +95,10 @@ def _exported(run_dir: Path, evaluation: str) -> tuple[Path, Path]:
           description="4-way cloze accuracy per source on held-out text (offline lm-eval tasks; chance 0.25)")
 def local_tasks(run_dir: Path) -> dict[str, float]:
     """``cloze_<source>`` accuracy of the run's ``checkpoints/last.ckpt`` on the offline tasks built from
-    the held-out chunks (train/evaluate.py ``write_local_tasks``: the same items for every arm and seed
+    the held-out chunks (train/tools/evaluate.py ``write_local_tasks``: the same items for every arm and seed
     of one corpus and data seed); cached in ``<run>/evals/lm_eval/local/metrics.json``. Needs lm-eval,
     checked before anything is exported."""
-    from train.evaluate import LOCAL, load_data, run_local_tasks
+    from train.tools.evaluate import LOCAL, load_data, run_local_tasks
 
     run_dir = Path(run_dir)
     cached = RunDir(run_dir).evals / "lm_eval" / LOCAL / "metrics.json"
@@ -119,7 +119,7 @@ LM_EVAL_TASKS = os.environ.get("WELLMIXED_LM_EVAL_TASKS", "hellaswag,arc_easy,pi
           description=f"lm-evaluation-harness accuracy on the exported model ({LM_EVAL_TASKS})")
 def lm_eval_harness(run_dir: Path) -> dict[str, float]:
     """lm-evaluation-harness on the run's exported ``checkpoints/last.ckpt``, through the one-command
-    evaluation (train/evaluate.py: ``sys.executable -m lm_eval``, offline, datasets from the HF cache);
+    evaluation (train/tools/evaluate.py: ``sys.executable -m lm_eval``, offline, datasets from the HF cache);
     cached per run in ``<run>/evals/lm_eval/results.json``.
 
     Checked first: without lm-eval installed this raises, naming the install command, before anything
@@ -130,7 +130,7 @@ def lm_eval_harness(run_dir: Path) -> dict[str, float]:
     A 350M model at 2B tokens sits near chance on most of these: prefer tasks with signal at that scale,
     or use held-out loss alone.
     """
-    from train.evaluate import run_each_task
+    from train.tools.evaluate import run_each_task
 
     run_dir = Path(run_dir)
     out_dir = RunDir(run_dir).evals / "lm_eval"

@@ -153,7 +153,7 @@ def discover(out: Path) -> dict[str, dict[int, Path]]:
 def default_suite(out: Path) -> str:
     """``heldout,local`` where lm-eval is installed and every run has its final checkpoint (or the local
     tasks' cached results), else ``heldout`` with a note saying why."""
-    from train.evaluate import INSTALL_HINT, LOCAL, lm_eval_available
+    from train.tools.evaluate import INSTALL_HINT, LOCAL, lm_eval_available
 
     if not lm_eval_available():
         print(f"note: the offline downstream tasks (--suite heldout,local) need lm-eval: {INSTALL_HINT}",
@@ -678,7 +678,7 @@ def suite_from_args(args: argparse.Namespace) -> list[Evaluation]:
         raise ConfigError(f"--suite: unknown evaluation(s) {unknown}; registered: {sorted(EVALUATIONS)}")
     harness = [n for n in names if n in ("lm_eval", "local")]
     if harness:
-        from train.evaluate import INSTALL_HINT, lm_eval_available
+        from train.tools.evaluate import INSTALL_HINT, lm_eval_available
 
         if not lm_eval_available():
             raise ConfigError(f"--suite {','.join(harness)} needs lm-evaluation-harness, which is not "

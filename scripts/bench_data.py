@@ -9,21 +9,22 @@
     consumer (parquet reads, k open chunks, shuffle buffers, mixer, row-parallel packer, cursor),
     counting the input tokens of its batches. Same tokenizer thread count in both. The two
     alternate a few times in this process and the ratio is the median of the per-round ratios;
-    the first batch, which fills the buffers, is timed separately. Peak RSS comes from a fresh
-    subprocess per contender (``resource.getrusage``), next to its RSS once tiktoken is loaded.
+    the first batch, which fills the buffers, is timed separately (peak memory: part f).
 (b) Mixing. Mean over batches of the total-variation distance between a batch's token shares by
     source and the target weights, for the stream with ``selector: deficit`` and ``random``, and
     for an i.i.d. draw of documents by tokens (a perfect global shuffle: source s with probability
     proportional to w_s / mean document tokens of s, then a uniform document of s, packed linearly
     into the same batch shape). The 350M config's stable weights; its per-rank micro-batch shape.
-(c) Long-run token shares. The demo schedule (configs/demo.yaml, anneal included) for its whole
-    run, and the same schedule with a 10x token budget: per phase, the largest
-    |realised share - target share| over sources, for both selectors.
 (d) Cost of resume. The cursor of one consumer of the order dump (OrderSimulator, demo batch shape
     4 x 256) taken at step 10 and at step 10,000 (~10 epochs of the demo corpus), each restored into
     a fresh consumer a few times: the median restore time (re-reading the open chunks, buffered
     documents and rows' leftovers by address) must not grow with the position (target ratio <= 1.5),
     and the cursor's size per consumer, as JSON bytes.
+(e) Book-length documents: bounded commitment against the older whole-document rule (``--part e``).
+(f) A Dolma3-shaped corpus, one consumer in a fresh process: start-up, throughput, peak RSS, cursor,
+    restore; this tree against ``--before TREE`` (``--part f``).
+
+(Per-phase long-run shares under a schedule are tests/unit/test_mixing.py's.)
 
 Absolute times are noisy on a shared machine; read the ratios.
 """
@@ -36,33 +37,30 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
     pass
 
 import argparse
-import cProfile
-import dataclasses
-import gc
-import io
 import json
 import os
 import platform
-import pstats
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data.config import DataConfig, corpus_sources, load_data_config
+from data.corpus import PAGE_OPTIONS
+from data.corpus.demo import build_demo_corpus
+from data.corpus.scale import MIXTURE, make_scale_corpus
 from data.formatting import human
 from data.manifest import build_manifest
 from data.packer import ConsumerStream
 from data.schedules import build_schedule, fixed_schedule
 from data.simulate import OrderSimulator
-from data.tokenizer import get_encoding
+from data.tokenizer import count_tokens, get_encoding
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
@@ -75,31 +73,6 @@ DEMO_BUFFER = 256  # configs/demo.yaml: the demo corpus has fewer documents than
 
 # ---------------------------------------------------------------------------------------------------
 # helpers
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB.
-
-    Linux: VmHWM of /proc/self/status, which :func:`reset_peak_rss` can reset. getrusage's ru_maxrss
-    is not used there: after fork + exec it starts at the *parent's* peak, so a probe started from a
-    benchmark that already holds 250 MB would report at least that.
-    """
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb / 1024 / (1024 if sys.platform == "darwin" else 1)  # bytes on macOS, KB on Linux
-
-
-def reset_peak_rss() -> None:
-    """Sets the peak RSS to the current RSS (Linux >= 4.0; elsewhere a no-op)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
 
 
 def read_corpus(corpus: Path) -> tuple[list[str], dict[str, np.ndarray]]:
@@ -150,12 +123,11 @@ def tv(shares: np.ndarray, weights: np.ndarray) -> np.ndarray:
 # (a) throughput
 
 
-def bare_encode(texts: list[str], threads: int) -> tuple[int, float]:
-    enc = get_encoding()
+def bare_rate(texts: list[str], threads: int) -> float:
+    """Tokens/s of bare tiktoken over ``texts``."""
     t0 = time.perf_counter()
-    out = enc.encode_ordinary_batch(texts, num_threads=threads)
-    dt = time.perf_counter() - t0
-    return sum(map(len, out)), dt
+    out = get_encoding().encode_ordinary_batch(texts, num_threads=threads)
+    return sum(map(len, out)) / (time.perf_counter() - t0)
 
 
 class PathRunner:
@@ -169,182 +141,64 @@ class PathRunner:
         next(self.it)  # fills the k open chunks and the B-document buffer of every source
         self.first_batch_s = time.perf_counter() - t0
 
-    def run(self, batches: int) -> tuple[int, float]:
+    def rate(self, batches: int) -> float:
+        """Input tokens/s of the next ``batches`` batches."""
         t0 = time.perf_counter()
-        tokens = 0
-        for _ in range(batches):
-            _, _, batch = next(self.it)
-            tokens += batch["input_ids"].size
-        return tokens, time.perf_counter() - t0
-
-
-def rss_probe(args) -> None:
-    """Child process: one contender, then its peak RSS as one JSON line."""
-    get_encoding()  # the ranks table (~40 MB) is loaded by both contenders alike
-    gc.collect()
-    reset_peak_rss()
-    base = peak_rss_mb()
-    if args.rss_probe == "bare":
-        texts, _ = read_corpus(args.corpus)
-        tokens, _ = bare_encode(texts, args.probe_threads)
-    else:
-        runner = PathRunner(args.corpus, args.probe_threads, args.buffer_size)
-        tokens, _ = runner.run(args.probe_batches)
-    print(json.dumps({"contender": args.rss_probe, "tokens": tokens, "base_mb": base, "peak_mb": peak_rss_mb()}))
-
-
-def measure_rss(corpus: Path, contender: str, threads: int, buffer_size: int, batches: int) -> dict:
-    cmd = [sys.executable, __file__, "--corpus", str(corpus), "--rss-probe", contender, "--probe-threads", str(threads),
-           "--buffer-size", str(buffer_size), "--probe-batches", str(batches)]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def breakdown(corpus: Path, threads: int, buffer_size: int, batches: int, bare_rate: float) -> list[str]:
-    """Where the data path's time goes: tokenizer calls, parquet reads, the rest (Python)."""
-    import data.reader as reader
-
-    spent = {"encode": 0.0, "read": 0.0, "encode_tokens": 0, "encode_calls": 0, "read_calls": 0}
-    encode_docs, read = reader.encode_docs, reader.ShardReader._read_slice
-
-    def timed_encode(texts, num_threads=8):
-        t0 = time.perf_counter()
-        out = encode_docs(texts, num_threads)
-        spent["encode"] += time.perf_counter() - t0
-        spent["encode_tokens"] += sum(len(a) - 1 for a in out)
-        spent["encode_calls"] += 1
-        return out
-
-    def timed_read(self, scan):
-        t0 = time.perf_counter()
-        out = read(self, scan)
-        spent["read"] += time.perf_counter() - t0
-        spent["read_calls"] += 1
-        return out
-
-    runner = PathRunner(corpus, threads, buffer_size)
-    reader.encode_docs, reader.ShardReader._read_slice = timed_encode, timed_read
-    try:
-        tokens, total = runner.run(batches)
-    finally:
-        reader.encode_docs, reader.ShardReader._read_slice = encode_docs, read
-    rest = total - spent["encode"] - spent["read"]
-    ideal = spent["encode_tokens"] / bare_rate
-    consumer = runner.sim.consumers[0][0]
-    cursor_ms = time_cursor(consumer)
-    for src in consumer.sources:  # the same cursor with the default 10,000-document buffers
-        src.addrs = np.random.default_rng(0).integers(0, 100_000, size=(DEFAULT_BUFFER, 3)).astype(np.int32)
-    cursor_big_ms = time_cursor(consumer)
-    batch_ms = 1e3 * 8 * 2048 / bare_rate
-    return [
-        f"  where the path's time goes (threads={threads}, {batches} batches, {total:.2f} s, "
-        f"{human(tokens / total)} tok/s):",
-        f"    encode_docs   {spent['encode']:6.2f} s {spent['encode'] / total:6.1%}  {spent['encode_calls']} calls, "
-        f"{human(spent['encode_tokens'])} tokens (bare tiktoken at its rate: {ideal:.2f} s)",
-        f"    parquet read  {spent['read']:6.2f} s {spent['read'] / total:6.1%}  {spent['read_calls']} slice reads "
-        f"({reader.SLICE_ROWS} rows)",
-        f"    rest (Python) {rest:6.2f} s {rest / total:6.1%}  mixer, buffer, packer, per-batch cursor",
-        f"    per-batch cursor (next_batch calls state_dict every batch): {cursor_ms:.2f} ms "
-        f"at buffer {buffer_size:,}; "
-        f"{cursor_big_ms:.2f} ms at {DEFAULT_BUFFER:,} (bare tiktoken needs {batch_ms:.1f} ms per 8 x 2048 batch)",
-    ]
-
-
-def time_cursor(consumer, calls: int = 20) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        consumer.state_dict()
-    return 1e3 * (time.perf_counter() - t0) / calls
-
-
-def profile_path(corpus: Path, threads: int, buffer_size: int, batches: int, top: int = 15) -> list[str]:
-    """cProfile of the data path's steady state, functions by own time."""
-
-    runner = PathRunner(corpus, threads, buffer_size)
-    prof = cProfile.Profile()
-    prof.enable()
-    runner.run(batches)
-    prof.disable()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
-    body = text.getvalue().strip().splitlines()
-    start = next(i for i, line in enumerate(body) if line.lstrip().startswith("ncalls"))
-    return [f"  cProfile of the path (threads={threads}, {batches} batches), top {top} by own time:"] + [
-        "    " + line.replace(str(ROOT) + "/", "").replace(os.path.dirname(os.__file__) + "/", "")
-        for line in body[start:]
-    ]
+        tokens = sum(next(self.it)[2]["input_ids"].size for _ in range(batches))
+        return tokens / (time.perf_counter() - t0)
 
 
 def bench_throughput(corpus: Path, texts: list[str], thread_counts: list[int], buffer_size: int,
-                     rounds: int, batches: int, do_rss: bool, do_breakdown: bool) -> tuple[list[str], dict]:
-    per_batch = 8 * 2048
-    lines = [f"(a) throughput: one consumer, batch 8 x 2048, k=8 open chunks, buffer {buffer_size:,} docs/source"]
-    if buffer_size != DEFAULT_BUFFER:
-        lines.append(
-            f"    (buffer: the corpus has {len(texts):,} documents, fewer than the default {DEFAULT_BUFFER:,})"
-        )
-    lines.append(f"    timed: {batches} batches after the first vs all {len(texts):,} texts; "
-                 f"{rounds} alternating round(s), medians")
-    lines.append(
-        f"    {'threads':>7}  {'bare tok/s':>10}  {'path tok/s':>10}  {'ratio':>5}  {'rounds':<22} first batch"
-    )
-    results, buffered = {}, ""
-    for threads in thread_counts:
-        runner = PathRunner(corpus, threads, buffer_size)
-        bare_rates, path_rates, ratios = [], [], []
-        for _ in range(rounds):
-            n, dt = bare_encode(texts, threads)
-            bare_rates.append(n / dt)
-            n, dt = runner.run(batches)
-            path_rates.append(n / dt)
-            ratios.append(path_rates[-1] / bare_rates[-1])
-        ratio = statistics.median(ratios)
-        results[threads] = {
-            "bare": statistics.median(bare_rates),
-            "path": statistics.median(path_rates),
-            "ratio": ratio,
-        }
-        if not buffered:
-            docs = [d for src in runner.sim.consumers[0][0].sources for d in src.buffer]
-            held = sum(len(d.text.data) if d.tokens is None else d.tokens.nbytes for d in docs)
-            text = sum(d.text.size for d in docs if d.tokens is None)
-            buffered = (f"{len(docs):,} docs, {held / 2**20:.1f} MB held ({text / 2**20:.1f} MB of UTF-8 text, "
-                        "compressed until a document leaves the buffer)")
-        lines.append(f"    {threads:>7}  {human(results[threads]['bare']):>10}  {human(results[threads]['path']):>10}  "
-                     f"{ratio:>5.2f}  {' '.join(f'{r:.2f}' for r in ratios):<22} {runner.first_batch_s:.2f} s")
-        del runner
-    worst = min(results, key=lambda t: results[t]["ratio"])
-    for threads, r in results.items():
-        lines.append(f"    ratio path/bare (threads={threads}): {r['ratio']:.2f}  (target >= 0.8: "
-                     f"{'ok' if r['ratio'] >= 0.8 else 'BELOW'})")
-    lines.append(f"    the consumer's shuffle buffers hold {buffered}")
-    if do_rss:
-        threads = max(thread_counts)
-        bare = measure_rss(corpus, "bare", threads, buffer_size, batches)
-        path = measure_rss(corpus, "path", threads, buffer_size, batches)
-        lines.append(
-            f"    peak RSS (fresh process each, threads={threads}; 'base' = after loading tiktoken): "
-            f"bare {bare['peak_mb']:.0f} MB (base {bare['base_mb']:.0f}), "
-            f"path {path['peak_mb']:.0f} MB (base {path['base_mb']:.0f}, {path['tokens'] // per_batch} batches)"
-        )
-    if do_breakdown and results[worst]["ratio"] < 0.8:
-        for threads in thread_counts:
-            lines += breakdown(corpus, threads, buffer_size, batches, results[threads]["bare"])
-    return lines, results
+                     rounds: int, batches: int) -> list[str]:
+    lines = [f"(a) throughput: one consumer, batch 8 x 2048, k=8 open chunks, buffer {buffer_size:,} docs/source",
+             f"    timed: {batches} batches after the first vs all {len(texts):,} texts; "
+             f"{rounds} alternating round(s), medians",
+             f"    {'threads':>7}  {'bare tok/s':>10}  {'path tok/s':>10}  {'ratio':>5}  {'rounds':<22} first batch"]
+    rows = {t: throughput_row(corpus, texts, t, buffer_size, rounds, batches) for t in thread_counts}
+    lines += [line for line, _, _ in rows.values()]
+    lines += [f"    ratio path/bare (threads={t}): {r:.2f}  (target >= 0.8: {'ok' if r >= 0.8 else 'BELOW'})"
+              for t, (_, r, _) in rows.items()]
+    return lines + [f"    the consumer's shuffle buffers hold {rows[thread_counts[0]][2]}"]
+
+
+def throughput_row(corpus: Path, texts: list[str], threads: int, buffer_size: int, rounds: int,
+                   batches: int) -> tuple[str, float, str]:
+    """Bare tiktoken and one consumer alternating ``rounds`` times: the table's line, the median ratio,
+    and what the consumer's buffers hold."""
+    runner = PathRunner(corpus, threads, buffer_size)
+    rates = [(bare_rate(texts, threads), runner.rate(batches)) for _ in range(rounds)]
+    ratio = statistics.median(path / bare for bare, path in rates)
+    line = (f"    {threads:>7}  {human(statistics.median(b for b, _ in rates)):>10}  "
+            f"{human(statistics.median(p for _, p in rates)):>10}  {ratio:>5.2f}  "
+            f"{' '.join(f'{p / b:.2f}' for b, p in rates):<22} {runner.first_batch_s:.2f} s")
+    return line, ratio, held_in_buffers(runner)
+
+
+def held_in_buffers(runner: PathRunner) -> str:
+    """What the consumer's shuffle buffers hold: documents, bytes, and the text among them (compressed)."""
+    docs = [d for src in runner.sim.consumers[0][0].sources for d in src.buffer]
+    held = sum(len(d.text.data) if d.tokens is None else d.tokens.nbytes for d in docs)
+    text = sum(d.text.size for d in docs if d.tokens is None)
+    return (f"{len(docs):,} docs, {held / 2**20:.1f} MB held ({text / 2**20:.1f} MB of UTF-8 text, "
+            "compressed until a document leaves the buffer)")
 
 
 # ---------------------------------------------------------------------------------------------------
 # (b) per-batch mixing
 
 
-def stream_tv(corpus: Path, selector: str, buffer_size: int, batch_size: int, seq_len: int, batches: int) -> np.ndarray:
-    cfg = stream_config(corpus, selector=selector, buffer_size=buffer_size, batch_size=batch_size, seq_len=seq_len)
+def consumer_tokens(cfg: DataConfig, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """One consumer's tokens per source in each batch, [steps, sources], and each batch's target weights."""
     sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
-    out = []
-    for _, _, batch in sim.batches(batches):
-        counts = batch["source_tokens"].astype(np.float64)
-        out.append(tv(counts / counts.sum(), batch["weights"]))
-    return np.asarray(out)
+    rows = [(b["source_tokens"].astype(np.float64), np.array(b["weights"], dtype=np.float64))  # copies
+            for _, _, b in sim.batches(steps)]
+    return np.array([c for c, _ in rows]), np.array([w for _, w in rows])
+
+
+def stream_tv(corpus: Path, selector: str, buffer_size: int, batch_size: int, seq_len: int, batches: int) -> np.ndarray:
+    counts, weights = consumer_tokens(stream_config(corpus, selector=selector, buffer_size=buffer_size,
+                                                    batch_size=batch_size, seq_len=seq_len), batches)
+    return tv(counts / counts.sum(axis=1, keepdims=True), weights)
 
 
 def iid_docs(lengths: dict[str, np.ndarray], weights: np.ndarray, n_tokens: int, rng: np.random.Generator):
@@ -365,118 +219,40 @@ def iid_docs(lengths: dict[str, np.ndarray], weights: np.ndarray, n_tokens: int,
 
 
 def iid_tv(lengths: dict[str, np.ndarray], weights: np.ndarray, batch_size: int, seq_len: int, batches: int,
-           rows_parallel: bool, seed: int = 0) -> np.ndarray:
-    """Per-batch TV of i.i.d. documents, packed linearly (one stream cut into batches) or row-parallel."""
-    rng = np.random.default_rng(seed)
-    if rows_parallel:  # each row its own i.i.d. stream; batch t takes tokens [tL, (t+1)L) of every row
-        counts = np.zeros((batches, len(SOURCES)))
-        for _ in range(batch_size):
-            src, toks = iid_docs(lengths, weights, batches * seq_len, rng)
-            labels = np.repeat(src, toks)[: batches * seq_len].reshape(batches, seq_len)
-            counts += np.stack([(labels == i).sum(axis=1) for i in range(len(SOURCES))], axis=1)
-    else:
-        per_batch = batch_size * seq_len
-        src, toks = iid_docs(lengths, weights, batches * per_batch, rng)
-        labels = np.repeat(src, toks)[: batches * per_batch].reshape(batches, per_batch)
-        counts = np.stack([(labels == i).sum(axis=1) for i in range(len(SOURCES))], axis=1).astype(np.float64)
+           seed: int = 0) -> np.ndarray:
+    """Per-batch TV of i.i.d. documents, packed linearly (one stream cut into batches)."""
+    per_batch = batch_size * seq_len
+    src, toks = iid_docs(lengths, weights, batches * per_batch, np.random.default_rng(seed))
+    labels = np.repeat(src, toks)[: batches * per_batch].reshape(batches, per_batch)
+    counts = np.stack([(labels == i).sum(axis=1) for i in range(len(SOURCES))], axis=1).astype(np.float64)
     return tv(counts / counts.sum(axis=1, keepdims=True), weights)
 
 
 def bench_mixing(corpus: Path, lengths: dict[str, np.ndarray], buffer_size: int, batches: int,
-                 iid_batches: int) -> tuple[list[str], dict]:
+                 iid_batches: int) -> list[str]:
     batch_size, seq_len = big_batch_shape()
     w = big_weights()
     weights = np.array([w[s] for s in SOURCES])
-    rows = {
-        "deficit": stream_tv(corpus, "deficit", buffer_size, batch_size, seq_len, batches),
-        "random": stream_tv(corpus, "random", buffer_size, batch_size, seq_len, batches),
-        "iid": iid_tv(lengths, weights, batch_size, seq_len, iid_batches, rows_parallel=False),
-        "iid_rows": iid_tv(lengths, weights, batch_size, seq_len, iid_batches, rows_parallel=True),
-    }
-    labels = {
-        "deficit": f"stream, selector deficit ({batches} batches)",
-        "random": f"stream, selector random ({batches} batches)",
-        "iid": f"i.i.d. docs by tokens, linear packing ({iid_batches} batches)",
-        "iid_rows": f"i.i.d. docs by tokens, row-parallel packing ({iid_batches} batches)",
-    }
-    weights_text = ", ".join(f"{s} {w[s]:g}" for s in SOURCES)
-    lines = [
-        f"(b) per-batch mixing: {batch_size} x {seq_len} tokens per batch (the 350M config's per-rank micro-batch),",
-        f"    weights {weights_text}; buffer {buffer_size:,}; TV = 0.5 * sum_s |share_s - w_s|",
-        f"    {'':<58} {'mean TV':>8} {'p90':>6} {'max':>6}",
-    ]
-    for key, values in rows.items():
-        lines.append(
-            f"    {labels[key]:<58} {values.mean():>8.4f} {np.quantile(values, 0.9):>6.3f} {values.max():>6.3f}"
-        )
-    means = {k: float(v.mean()) for k, v in rows.items()}
-    ratio = means["deficit"] / means["iid"]
-    lines.append(f"    mixing ratio deficit/iid: {ratio:.2f}  (target <= 0.5: {'ok' if ratio <= 0.5 else 'ABOVE'})")
-    lines.append(f"    mixing ratio random/iid: {means['random'] / means['iid']:.2f}   "
-                 f"(deficit/random: {means['deficit'] / means['random']:.2f})")
-    return lines, means
-
-
-# ---------------------------------------------------------------------------------------------------
-# (c) long-run token shares per phase
-
-
-def phase_errors(corpus: Path, selector: str, scale: float,
-                 commit: str = "sequence") -> tuple[object, list[tuple[str, float, float, float]]]:
-    """Runs the demo schedule (budget x scale) to its end.
-
-    Per phase: (name, tokens, max |share error|, max |token error| in mean documents of the source).
-    """
-    cfg = load_data_config(DEMO_CONFIG, {"selector": selector, "commit": commit})
-    cfg.sources = corpus_sources(corpus, list(cfg.sources))
-    # a typed, frozen ScheduleConfig: a copy with the budget scaled
-    cfg.schedule = dataclasses.replace(cfg.schedule, train_tokens=int(cfg.schedule.train_tokens * scale))
-    schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
-    # One consumer whose micro-batch is the whole global batch, as a 1-rank, 1-worker run sees it.
-    cfg.batch_size = schedule.config.global_batch_size
-    manifest = build_manifest(cfg)
-    mean_doc = np.array([info.tokens / max(1, info.docs) for info in manifest.sources.values()])
-    sim = OrderSimulator(manifest, cfg, 1, 1, schedule=schedule)
-    starts = [first for _, first in schedule.phase_boundaries]
-    realised = np.zeros((len(starts), len(cfg.sources)))
-    target = np.zeros_like(realised)
-    for step, _, batch in sim.batches(schedule.total_steps):
-        i = int(np.searchsorted(starts, step, side="right")) - 1
-        realised[i] += batch["source_tokens"]
-        target[i] += batch["weights"] * batch["source_tokens"].sum()
-    out = []
-    for i, (name, _) in enumerate(schedule.phase_boundaries):
-        err = np.abs(realised[i] / realised[i].sum() - target[i] / target[i].sum()).max()
-        docs = (np.abs(realised[i] - target[i]) / mean_doc).max()  # in mean documents of that source
-        out.append((name, float(realised[i].sum()), float(err), float(docs)))
-    return schedule, out
-
-
-def bench_phases(corpus: Path, scales: list[float]) -> tuple[list[str], dict]:
-    lines = ["(c) long-run token shares per phase: configs/demo.yaml schedule, one consumer, whole run;",
-             "    max over sources of |realised share - target share| (target <= 0.005);",
-             "    [the largest token error as a multiple of that source's mean document length]"]
-    results = {}
-    for scale in scales:
-        per_selector = {sel: phase_errors(corpus, sel, scale) for sel in ("deficit", "random")}
-        schedule = per_selector["deficit"][0]
-        what = "demo.yaml as is" if scale == 1 else f"demo.yaml, budget x{scale:g}"
-        lines.append(f"    {what}: {schedule.total_steps:,} steps, {human(schedule.total_tokens)} tokens")
-        for sel, (_, phases) in per_selector.items():
-            cells = "  ".join(
-                f"{name} ({human(tokens)} tok) {err:.4f} [{docs:.1f} docs]" for name, tokens, err, docs in phases
-            )
-            worst = max(err for _, _, err, _ in phases)
-            results[(scale, sel)] = worst
-            lines.append(f"      phase share error {sel:<8} {cells}  -> {'ok' if worst <= 0.005 else 'ABOVE'}")
-    return lines, results
+    rows = {f"stream, selector {sel} ({batches} batches)": stream_tv(corpus, sel, buffer_size, batch_size, seq_len,
+                                                                      batches) for sel in ("deficit", "random")}
+    rows[f"i.i.d. docs by tokens, linear packing ({iid_batches} batches)"] = iid_tv(lengths, weights, batch_size,
+                                                                                    seq_len, iid_batches)
+    lines = [f"(b) per-batch mixing: {batch_size} x {seq_len} tokens per batch (the 350M config's per-rank "
+             f"micro-batch),", f"    weights {', '.join(f'{s} {w[s]:g}' for s in SOURCES)}; buffer {buffer_size:,}; "
+             "TV = 0.5 * sum_s |share_s - w_s|", f"    {'':<58} {'mean TV':>8} {'p90':>6} {'max':>6}"]
+    lines += [f"    {label:<58} {v.mean():>8.4f} {np.quantile(v, 0.9):>6.3f} {v.max():>6.3f}"
+              for label, v in rows.items()]
+    deficit, random, iid = (float(v.mean()) for v in rows.values())
+    return lines + [f"    mixing ratio deficit/iid: {deficit / iid:.2f}  (target <= 0.5: "
+                    f"{'ok' if deficit / iid <= 0.5 else 'ABOVE'})",
+                    f"    mixing ratio random/iid: {random / iid:.2f}   (deficit/random: {deficit / random:.2f})"]
 
 
 # ---------------------------------------------------------------------------------------------------
 # (d) cost of resume
 
 
-def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], repeats: int) -> tuple[list[str], dict]:
+def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], repeats: int) -> list[str]:
     cfg = stream_config(corpus, buffer_size=buffer_size, batch_size=4, seq_len=256, open_shards=4)
     manifest = build_manifest(cfg)
     sim = OrderSimulator(manifest, cfg, 1, 1)
@@ -511,10 +287,7 @@ def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], rep
         )
     lines.append(f"    restore ratio step {late:,} / step {early:,}: {ratio:.2f}  (target <= 1.5: "
                  f"{'ok' if ratio <= 1.5 else 'ABOVE'})")
-    return lines, {"ratio": ratio, "restore_s": restore, "bytes": size}
-
-
-# ---------------------------------------------------------------------------------------------------
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -524,10 +297,6 @@ def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], rep
 def long_doc_corpus(demo: Path, out: Path) -> Path:
     """The demo corpus with 4 extra books of 185k-234k tokens (demo book text, repeated): the shape on
     which whole-document commitment let one book pin a batch row for ~300 steps."""
-    import pyarrow as pa
-
-    from data.tokenizer import count_tokens
-
     for source in SOURCES:
         (out / source).mkdir(parents=True, exist_ok=True)
         for path in sorted((demo / source).glob("*.parquet")):
@@ -543,66 +312,54 @@ def long_doc_corpus(demo: Path, out: Path) -> Path:
     return out
 
 
+def phase_errors(corpus: Path, commit: str) -> tuple[object, list[tuple[str, float]]]:
+    """The demo schedule (configs/demo.yaml) run to its end by one consumer whose micro-batch is the whole
+    global batch: per phase, (name, max over sources of |realised share - target share|)."""
+    cfg = load_data_config(DEMO_CONFIG, {"selector": "deficit", "commit": commit})
+    cfg.sources = corpus_sources(corpus, list(cfg.sources))
+    schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
+    cfg.batch_size = schedule.config.global_batch_size
+    sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1, schedule=schedule)
+    starts = [first for _, first in schedule.phase_boundaries]
+    realised = np.zeros((len(starts), len(cfg.sources)))
+    target = np.zeros_like(realised)
+    for step, _, batch in sim.batches(schedule.total_steps):
+        i = int(np.searchsorted(starts, step, side="right")) - 1
+        realised[i] += batch["source_tokens"]
+        target[i] += batch["weights"] * batch["source_tokens"].sum()
+    return schedule, [(name, float(np.abs(realised[i] / realised[i].sum() - target[i] / target[i].sum()).max()))
+                      for i, (name, _) in enumerate(schedule.phase_boundaries)]
+
+
 def commit_run(corpus: Path, commit: str, seed: int, steps: int, batch_size: int, seq_len: int) -> np.ndarray:
     """Tokens per source of each batch of one consumer, [steps, sources]."""
-    cfg = stream_config(corpus, commit=commit, seed=seed, batch_size=batch_size, seq_len=seq_len,
-                        buffer_size=256, open_shards=4, weights=DEMO_WEIGHTS)
-    sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
-    return np.array([b["source_tokens"] for _, _, b in sim.batches(steps)], dtype=np.float64)
+    return consumer_tokens(stream_config(corpus, commit=commit, seed=seed, batch_size=batch_size, seq_len=seq_len,
+                                         buffer_size=256, open_shards=4, weights=DEMO_WEIGHTS), steps)[0]
 
 
-def linear_deficit(lengths: dict[str, np.ndarray], weights: np.ndarray, steps: int, per_batch: int,
-                   seed: int) -> np.ndarray:
-    """The deficit rule over a perfect shuffle (uniform documents of the chosen source), packed
-    linearly (one stream cut into batches): the reference the issue measured (0.034)."""
-    rng = np.random.default_rng(seed)
-    counts, done = np.zeros((steps, len(SOURCES))), np.zeros(len(SOURCES))
-    pos, total = 0, steps * per_batch
-    while pos < total:
-        s = int(np.argmax((weights * pos - done) / weights))
-        n = int(lengths[SOURCES[s]][rng.integers(len(lengths[SOURCES[s]]))])
-        n = min(n, total - pos)
-        first, last = pos // per_batch, (pos + n - 1) // per_batch
-        for b in range(first, last + 1):  # spread the document over the batches it covers
-            lo, hi = max(pos, b * per_batch), min(pos + n, (b + 1) * per_batch)
-            counts[b, s] += hi - lo
-        done[s] += n
-        pos += n
-    return counts
-
-
-def bench_long_docs(demo: Path, tmp: Path, steps: int, seeds: list[int], phases: bool) -> tuple[list[str], dict]:
+def bench_long_docs(demo: Path, tmp: Path, steps: int, seeds: list[int], phases: bool) -> list[str]:
     corpus = long_doc_corpus(demo, tmp / "long_docs")
-    _, lengths = read_corpus(corpus)
     w = np.array([DEMO_WEIGHTS[s] for s in SOURCES])
     batch_size, seq_len = 4, 2048
-    runs = {
-        "document": [commit_run(corpus, "document", seed, steps, batch_size, seq_len) for seed in seeds],
-        "sequence": [commit_run(corpus, "sequence", seed, steps, batch_size, seq_len) for seed in seeds],
-        "linear": [linear_deficit(lengths, w, steps, batch_size * seq_len, seed) for seed in seeds],
-    }
-    labels = {"document": "stream, commit: document (older rule)", "sequence": "stream, commit: sequence (bounded)",
-              "linear": "deficit over a perfect shuffle, linear packing"}
     lines = [f"(e) book-length documents: demo corpus + 4 books of 185k-234k tokens; one consumer, {batch_size} x "
              f"{seq_len} tokens, {steps} steps, seeds {seeds}; weights {DEMO_WEIGHTS}",
              f"    {'':<50} {'long-run err':>14} {'per-batch TV':>13}"]
     out = {}
-    for key, per_seed in runs.items():
+    for commit, label in (("document", "stream, commit: document (older rule)"),
+                          ("sequence", "stream, commit: sequence (bounded)")):
+        per_seed = [commit_run(corpus, commit, seed, steps, batch_size, seq_len) for seed in seeds]
         err = [float(np.abs(c.sum(0) / c.sum() - w).max()) for c in per_seed]
-        flat = [float(tv(c / c.sum(1, keepdims=True), w).mean()) for c in per_seed]
-        out[key] = (float(np.mean(err)), float(np.mean(flat)))
-        lines.append(f"    {labels[key]:<50} {np.mean(err):>7.4f} +-{np.std(err):.3f} {np.mean(flat):>13.3f}")
+        flat = [tv(c / c.sum(1, keepdims=True), w).mean() for c in per_seed]
+        out[commit] = (float(np.mean(err)), float(np.mean(flat)))
+        lines.append(f"    {label:<50} {out[commit][0]:>7.4f} +-{np.std(err):.3f} {out[commit][1]:>13.3f}")
     lines.append(f"    ratios sequence/document: long-run err {out['sequence'][0] / out['document'][0]:.2f}, "
-                 f"per-batch TV {out['sequence'][1] / out['document'][1]:.2f}; sequence/linear long-run err "
-                 f"{out['sequence'][0] / out['linear'][0]:.2f}")
-    if phases:
-        for commit in ("document", "sequence"):
-            schedule, per_phase = phase_errors(corpus, "deficit", 1, commit)
-            cells = "  ".join(f"{name} {err:.4f}" for name, _, err, _ in per_phase)
-            lines.append(f"    demo.yaml schedule ({schedule.total_steps} steps), commit {commit:<8}: "
-                         f"phase share error {cells}")
-            out[("phases", commit)] = {name: err for name, _, err, _ in per_phase}
-    return lines, out
+                 f"per-batch TV {out['sequence'][1] / out['document'][1]:.2f}")
+    for commit in ("document", "sequence") if phases else ():
+        schedule, per_phase = phase_errors(corpus, commit)
+        cells = "  ".join(f"{name} {err:.4f}" for name, err in per_phase)
+        lines.append(f"    demo.yaml schedule ({schedule.total_steps} steps), commit {commit:<8}: "
+                     f"phase share error {cells}")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -653,8 +410,6 @@ print(json.dumps({"manifest_cold": cold, "manifest_warm": warm, "first_batch": f
 
 def scale_probe(tree: Path, corpus: Path, cache: Path, buffer_size: int, batches: int) -> dict:
     """The probe above in a fresh process with ``tree`` first on the path (so peak RSS is its own)."""
-    from data.corpus.scale import MIXTURE
-
     args = {"pattern": str(corpus / "*.parquet"), "mixture": MIXTURE, "weights": DEMO_WEIGHTS, "cache": str(cache),
             "buffer": buffer_size, "open": 8, "rows": 4, "seq_len": 2048, "batches": batches}
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -667,8 +422,6 @@ def scale_probe(tree: Path, corpus: Path, cache: Path, buffer_size: int, batches
 
 def small_pages_copy(corpus: Path, out: Path) -> Path:
     """The same rows, row groups and codec, written with the corpus tools' ~1 MiB pages (PAGE_OPTIONS)."""
-    from data.corpus import PAGE_OPTIONS
-
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(corpus.glob("*.parquet")):
         f = pq.ParquetFile(path)
@@ -678,9 +431,7 @@ def small_pages_copy(corpus: Path, out: Path) -> Path:
 
 
 def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path, rows: int, buffer_size: int,
-                batches: int, small_pages: bool = False) -> tuple[list[str], dict]:
-    from data.corpus.scale import make_scale_corpus
-
+                batches: int, small_pages: bool = False) -> list[str]:
     if corpus is None:
         corpus = tmp / "scale_corpus"
         make_scale_corpus(corpus, files=2, rows=rows, row_group=rows, demo=demo)
@@ -712,7 +463,11 @@ def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path,
         lines.append(f"    {label}: first batch {a['first_batch'] / b['first_batch']:.2f}, tok/s steady "
                      f"{a['tok_s'] / b['tok_s']:.2f}, overall {a['tok_s_overall'] / b['tok_s_overall']:.2f}, "
                      f"peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}, restore {a['restore'] / b['restore']:.2f}")
-    return lines, results
+    return lines
+
+
+def comma_ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",")]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -720,18 +475,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", type=Path, default=None,
                    help="corpus DIR/<source>/*.parquet (default: build the demo corpus in a temp dir)")
     p.add_argument("--quick", action="store_true", help="a fast smoke run (small counts, one round, one thread count)")
-    p.add_argument("--threads", default=None,
+    p.add_argument("--threads", default=None, type=comma_ints,
                    help="tokenizer thread counts for (a), comma-separated (default: 1 and the config default 4)")
-    p.add_argument(
-        "--buffer-size",
-        type=int,
-        default=None,
-        help=f"shuffle buffer per source (default {DEFAULT_BUFFER:,}, or {DEMO_BUFFER} when the corpus has fewer docs)",
-    )
+    p.add_argument("--buffer-size", type=int, default=None, help=f"shuffle buffer per source (default "
+                   f"{DEFAULT_BUFFER:,}, or {DEMO_BUFFER} when the corpus has fewer docs)")
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds of (a) (default 5)")
-    p.add_argument("--profile", action="store_true", help="also print a cProfile of the data path (part a)")
-    p.add_argument("--part", default="abcd",
-                   help="which parts to run, e.g. 'a' or 'bd' (default abcd; e: book-length documents, old vs new "
+    p.add_argument("--part", default="abd",
+                   help="which parts to run, e.g. 'a' or 'bd' (default abd; e: book-length documents, old vs new "
                         "commitment side by side; f: a Dolma3-shaped corpus, this tree vs --before)")
     p.add_argument("--scale-corpus", type=Path, default=None,
                    help="part f: a corpus from scripts/make_scale_corpus.py (default: 2 files written to a temp dir)")
@@ -742,25 +492,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="part f: a checkout of the code to compare with (e.g. git worktree of the base commit)")
     p.add_argument("--scale-small-pages", action="store_true",
                    help="part f: also this tree on the same corpus rewritten with the corpus tools' ~1 MiB pages")
-    p.add_argument("--rss-probe", choices=["bare", "path"], help=argparse.SUPPRESS)
-    p.add_argument("--probe-threads", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--probe-batches", type=int, default=10, help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.rss_probe:
-        rss_probe(args)
-        return 0
     with tempfile.TemporaryDirectory(prefix="wellmixed-bench-") as tmp:
         corpus = args.corpus
         if corpus is not None and not corpus.is_dir():
             raise SystemExit(f"bench_data.py: --corpus {corpus}: not a directory "
                              "(give a corpus root with one folder of parquet shards per source, or omit the flag)")
         if corpus is None:
-            from data.corpus.demo import build_demo_corpus
-
             corpus = Path(tmp) / "demo_corpus"
             build_demo_corpus(corpus)
         return run(args, corpus.resolve())
@@ -770,75 +512,40 @@ def run(args, corpus: Path) -> int:
     """Print the header, then the report of each part of ``--part`` in the order a-f, then the total time."""
     texts, lengths = read_corpus(corpus)
     n_docs, n_tokens = len(texts), int(sum(int(v.sum()) - len(v) for v in lengths.values()))
-    sizes = bench_sizes(args, n_docs, n_tokens)
     print(f"wellmixed data benchmark: corpus {corpus} ({n_docs:,} docs, {human(n_tokens)} tokens); "
           f"python {platform.python_version()}, {os.cpu_count()} CPUs{'; --quick' if args.quick else ''}")
     t_start = time.perf_counter()
-    for part, bench in PARTS.items():
+    for part, bench in parts(args, corpus, texts, lengths).items():
         if part in args.part:
-            print("\n".join(bench(args, corpus, texts, lengths, sizes)), flush=True)
+            with tempfile.TemporaryDirectory(prefix="wellmixed-bench-") as tmp:
+                print("\n".join(bench(Path(tmp))), flush=True)
     print(f"done in {time.perf_counter() - t_start:.0f} s")
     return 0
 
 
-class Sizes(NamedTuple):
-    buffer_size: int
-    threads: list[int]  # tokenizer thread counts of part (a)
-    rounds: int  # alternating rounds of part (a)
-    batches: int  # batches per round of part (a)
+QUICK = dict(buffer=64, threads=[1], rounds=1, batches=4, mixing=(4, 50), positions=(10, 300),
+             repeats=3, long_steps=40, seeds=[1], scale_batches=3)
+FULL = dict(buffer=0, threads=[1, 4], rounds=5, batches=0, mixing=(48, 2000), positions=(10, 10_000),
+            repeats=5, long_steps=400, seeds=[1, 2, 3], scale_batches=300)
+"""The parts' sizes with ``--quick`` and without (0: from the corpus); the flags override some."""
 
 
-def bench_sizes(args, n_docs: int, n_tokens: int) -> Sizes:
-    """The flags' sizes, else defaults for the corpus (small ones with ``--quick``)."""
-    buffer_size = args.buffer_size or (DEFAULT_BUFFER if n_docs >= DEFAULT_BUFFER else DEMO_BUFFER)
-    if args.quick:
-        buffer_size = args.buffer_size or 64
-    threads = [int(t) for t in args.threads.split(",")] if args.threads else ([1] if args.quick else [1, 4])
-    rounds = args.rounds or (1 if args.quick else 5)
-    per_batch = 8 * 2048
-    batches = 4 if args.quick else -(-n_tokens // per_batch)  # about one pass over the corpus per round
-    return Sizes(buffer_size, threads, rounds, batches)
-
-
-def part_throughput(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
-    lines, _ = bench_throughput(corpus, texts, sizes.threads, sizes.buffer_size, sizes.rounds, sizes.batches,
-                                do_rss=True, do_breakdown=not args.quick)
-    if args.profile:
-        lines += profile_path(corpus, sizes.threads[0], sizes.buffer_size, sizes.batches)
-    return lines
-
-
-def part_mixing(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
-    return bench_mixing(corpus, lengths, sizes.buffer_size, batches=4 if args.quick else 48,
-                        iid_batches=50 if args.quick else 2000)[0]
-
-
-def part_phases(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
-    return bench_phases(corpus, [0.1] if args.quick else [1, 10])[0]
-
-
-def part_resume(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
-    return bench_resume(corpus, sizes.buffer_size, (10, 300) if args.quick else (10, 10_000),
-                        repeats=3 if args.quick else 5)[0]
-
-
-def part_long_docs(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
-    with tempfile.TemporaryDirectory(prefix="wellmixed-long-") as tmp:
-        return bench_long_docs(corpus, Path(tmp), steps=40 if args.quick else 400,
-                               seeds=[1] if args.quick else [1, 2, 3], phases=not args.quick)[0]
-
-
-def part_scale(args, corpus: Path, texts: list[str], lengths: dict, sizes: Sizes) -> list[str]:
-    with tempfile.TemporaryDirectory(prefix="wellmixed-scale-") as tmp:
-        return bench_scale(Path(tmp), args.scale_corpus, args.before, corpus,
-                           rows=1000 if args.quick else args.scale_rows,
-                           buffer_size=100 if args.quick else args.scale_buffer,
-                           batches=3 if args.quick else 300, small_pages=args.scale_small_pages)[0]
-
-
-PARTS = {"a": part_throughput, "b": part_mixing, "c": part_phases, "d": part_resume, "e": part_long_docs,
-         "f": part_scale}
-"""``--part`` letter -> the part's report lines, run in this order."""
+def parts(args, corpus: Path, texts: list[str], lengths: dict) -> dict:
+    """``--part`` letter -> the part's report lines (given a scratch folder), run in this order."""
+    z = QUICK if args.quick else FULL
+    buffer_size = args.buffer_size or z["buffer"] or (DEMO_BUFFER if len(texts) < DEFAULT_BUFFER else DEFAULT_BUFFER)
+    threads = args.threads or z["threads"]
+    n_tokens = sum(int(v.sum()) - len(v) for v in lengths.values())
+    batches = z["batches"] or -(-n_tokens // (8 * 2048))  # about one pass over the corpus per round
+    rows, scale_buffer = (1000, 100) if args.quick else (args.scale_rows, args.scale_buffer)
+    return {
+        "a": lambda tmp: bench_throughput(corpus, texts, threads, buffer_size, args.rounds or z["rounds"], batches),
+        "b": lambda tmp: bench_mixing(corpus, lengths, buffer_size, *z["mixing"]),
+        "d": lambda tmp: bench_resume(corpus, buffer_size, z["positions"], z["repeats"]),
+        "e": lambda tmp: bench_long_docs(corpus, tmp, z["long_steps"], z["seeds"], phases=not args.quick),
+        "f": lambda tmp: bench_scale(tmp, args.scale_corpus, args.before, corpus, rows=rows, buffer_size=scale_buffer,
+                                     batches=z["scale_batches"], small_pages=args.scale_small_pages),
+    }
 
 
 if __name__ == "__main__":

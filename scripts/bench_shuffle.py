@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data.config import arrow_schema
+from data.corpus.demo import build_demo_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "global_shuffle.py"
@@ -98,19 +99,8 @@ def run(args: list[str], rss: bool = False) -> tuple[float, int | None, str]:
 
 
 def shuffle_cmd(glob_: str, out: Path, buckets: int, workers: int, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        str(SCRIPT),
-        glob_,
-        "--out",
-        str(out),
-        "--buckets",
-        str(buckets),
-        "--workers",
-        str(workers),
-        "--quiet",
-        *extra,
-    ]
+    return [sys.executable, str(SCRIPT), glob_, "--out", str(out), "--buckets", str(buckets), "--workers", str(workers),
+            "--quiet", *extra]
 
 
 def throughput(name: str, glob_: str, size: dict, tmp: Path, buckets: int, repeats: int) -> None:
@@ -131,10 +121,8 @@ def throughput(name: str, glob_: str, size: dict, tmp: Path, buckets: int, repea
 def memory(glob_: str, tmp: Path, bucket_counts: list[int], buffer_mb: float) -> None:
     _, base, _ = run([sys.executable, "-c", "import data.corpus.shuffle"], rss=True)
     print(f"  RSS of a process that imported the tool: {base} MB; scatter buffer --buffer-mb {buffer_mb:g}")
-    print(
-        f"  {'buckets':>7} {'largest bucket':>15} {'scatter peak':>13} {'gather peak':>12} "
-        f"{'(gather - base) / bucket':>25}"
-    )
+    print(f"  {'buckets':>7} {'largest bucket':>15} {'scatter peak':>13} {'gather peak':>12} "
+          f"{'(gather - base) / bucket':>25}")
     points = []
     for n in bucket_counts:
         out = tmp / f"mem-{n}"
@@ -171,8 +159,6 @@ def main() -> None:
         tmp = Path(tmpdir)
         corpus = Path(args.corpus) if args.corpus else None
         if corpus is None:
-            from data.corpus.demo import build_demo_corpus
-
             corpus = tmp / "demo"
             build_demo_corpus(corpus)
         demo_glob = str(corpus / "*" / "*.parquet")

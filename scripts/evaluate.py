@@ -3,7 +3,7 @@
     python scripts/evaluate.py runs/demo
     python scripts/evaluate.py runs/demo/checkpoints/last.ckpt --tasks hellaswag --lm-eval-args "--limit 100"
 
-See train/evaluate.py for the steps and where the results go.
+See train/tools/evaluate.py for the steps and where the results go.
 """
 
 try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
@@ -14,8 +14,8 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
 import sys
 
 from data.errors import one_line_errors
-from train.evaluate import main as evaluate
 from train.model import ModelConfigError
+from train.tools.evaluate import main as evaluate
 
 main = one_line_errors(evaluate, also=(ModelConfigError,))
 

@@ -4,7 +4,7 @@
     python scripts/export_hf.py model_state.pt --model-config configs/model/350m.yaml --out hf/350m --dtype bfloat16
     python scripts/export_hf.py last.ckpt --out hf/demo --check     # also compare logits with transformers
 
-What it does, the options' meaning and the measurements: the library, ``train/export.py``.
+What it does, the options' meaning and the measurements: the library, ``train/tools/export.py``.
 """
 
 try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from data.errors import one_line_errors
-from train.export import DTYPES, compare_logits, export
 from train.model import ModelConfigError
+from train.tools.export import DTYPES, compare_logits, export
 
 
 @one_line_errors(also=(ModelConfigError,))

@@ -5,7 +5,7 @@
     python scripts/gpu_check.py --out DIR --dry-run             # the same steps on CPU: tiny model, gloo
     python scripts/gpu_check.py --out DIR --only train,mask     # some sections (a rerun)
 
-See train/gpu_check.py for the sections and what each measures.
+See train/tools/gpu_check.py for the sections and what each measures.
 """
 
 try:  # first: outside the environment, one line on how to set it up (scripts/_env.py)
@@ -16,7 +16,7 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
 import sys
 
 from data.errors import one_line_errors
-from train.gpu_check import main as gpu_check  # sets PYTORCH_NVML_BASED_CUDA_CHECK before torch is imported
+from train.tools.gpu_check import main as gpu_check  # sets PYTORCH_NVML_BASED_CUDA_CHECK before torch is imported
 
 main = one_line_errors(gpu_check)
 

@@ -18,7 +18,7 @@ Who reads what:
 - ``train/parallel.py`` (FSDP2) shards each of ``blocks``, then the root;
 - ``train/loggers.py`` records ``num_params()`` and ``num_params(non_embedding=True)``;
 - ``train/cli.py`` refuses a sequence length above ``config.max_seq_len`` and prints ``loss_impl``;
-  ``train/memory.py`` (the memory plan before compute) and ``train/export.py`` (the Hugging Face
+  ``train/memory.py`` (the memory plan before compute) and ``train/tools/export.py`` (the Hugging Face
   Llama export) are GPT's own: they read its shape fields and weight names.
 """
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.throughput import Throughput
+from lightning.fabric.utilities.throughput import Throughput, get_available_flops
 
 from data import files
 from data.formatting import duration
@@ -34,12 +34,12 @@ def default_peak_flops(trainer=None) -> float | None:
     if not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
         return None
     name = torch.cuda.get_device_name(device).lower()
-    for key, flops in PEAK_BF16_FLOPS.items():
-        if key in name:
-            return flops
-    from lightning.fabric.utilities.throughput import get_available_flops
+    ours = [flops for key, flops in PEAK_BF16_FLOPS.items() if key in name]
+    return ours[0] if ours else _lightning_peak_flops(device, str(getattr(trainer, "precision", "")))
 
-    precision = str(getattr(trainer, "precision", "")) if trainer is not None else ""
+
+def _lightning_peak_flops(device, precision: str) -> float | None:
+    """Lightning's table, at the trainer's precision."""
     dtype = torch.bfloat16 if "bf16" in precision else torch.float16 if "16" in precision else torch.float32
     return get_available_flops(device or torch.device("cuda"), dtype)
 
@@ -189,6 +189,11 @@ class ThroughputCallback(L.Callback):
         pl_module.log_dict(out, on_step=True, on_epoch=False, batch_size=B)
 
 
+PROGRESS_FIELDS = (("train/loss", "loss {:.3f}"), ("train/lr", "lr {:.2e}"), ("train/seq_len", "seq {:.0f}"),
+                   ("perf/tokens_per_sec", "{:,.0f} tok/s"), ("perf/mfu", "MFU {:.1%}"))
+"""The progress line's metrics (those logged so far) and their formats."""
+
+
 class ProgressLog(L.Callback):
     """One plain log line every N steps (batch jobs and pipes have no progress bar), with the percentage
     done and an ETA from the mean step time since this launch started training; a resume says where
@@ -207,16 +212,16 @@ class ProgressLog(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: TrainBatch[torch.Tensor], batch_idx: int) -> None:
         step = trainer.global_step
-        if self.every <= 0 or step % self.every or not trainer.is_global_zero:
-            return
+        if self.every > 0 and step % self.every == 0 and trainer.is_global_zero:
+            log.info(self.progress_line(trainer, step))
+
+    def progress_line(self, trainer, step: int) -> str:
+        """``step s/total (p%) | loss ... | ETA ...``: the metrics logged so far, the ETA from this launch's pace."""
         m = trainer.callback_metrics
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
         parts = [f"step {step}/{total} ({step / total:.0%})" if total else f"step {step}"]
-        for key, fmt in (("train/loss", "loss {:.3f}"), ("train/lr", "lr {:.2e}"), ("train/seq_len", "seq {:.0f}"),
-                         ("perf/tokens_per_sec", "{:,.0f} tok/s"), ("perf/mfu", "MFU {:.1%}")):
-            if key in m:
-                parts.append(fmt.format(float(m[key])))
+        parts += [fmt.format(float(m[key])) for key, fmt in PROGRESS_FIELDS if key in m]
         if total and self._t0 is not None and step > self._step0:
             per_step = (time.perf_counter() - self._t0) / (step - self._step0)
             parts.append(f"ETA {duration(per_step * max(0, total - step))}")
-        log.info(" | ".join(parts))
+        return " | ".join(parts)

@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = [
     "(a) throughput",
     "ratio path/bare (threads=1):",
-    "peak RSS",
     "shuffle buffers hold",
     "(b) per-batch mixing",
     "stream, selector deficit",
@@ -25,9 +24,6 @@ KEYS = [
     "i.i.d. docs by tokens, linear packing",
     "mixing ratio deficit/iid:",
     "mixing ratio random/iid:",
-    "(c) long-run token shares per phase",
-    "phase share error deficit",
-    "phase share error random",
     "(d) cost of resume",
     "cursor",
     "restore ratio step ",
@@ -48,8 +44,3 @@ def test_quick_run_prints_every_figure(demo_corpus, cache_dir):
     # restoring a cursor costs the same early and late in the order (the bench judges <= 1.5; a loose
     # bound here, as the quick run times three ~0.5 s restores on a shared machine)
     assert 0 < restore < 3
-    assert re.search(r"peak RSS .*bare \d+ MB .*path \d+ MB", r.stdout)
-    # Both phases of the demo schedule are reported for each selector.
-    for line in r.stdout.splitlines():
-        if "phase share error" in line:
-            assert "stable" in line and "anneal" in line, line

@@ -78,7 +78,7 @@ def _train(run_dir: Path, capsys, monkeypatch) -> str:
 
 
 def _evaluate(run_dir: Path, capsys, monkeypatch) -> str:
-    from train.evaluate import main
+    from train.tools.evaluate import main
 
     assert main([str(run_dir), "--tasks", "", "--no-log", "--out", str(run_dir / "evals")]) == 2
     return _one_error_line(capsys.readouterr().err)
@@ -126,8 +126,8 @@ def test_every_checkpoint_reader_uses_a_checkpoint_without_sidecar_and_names_it(
     is used, with a warning naming it, by every reader."""
     from ablations.outcomes import final_mixer_state
     from train import checkpoint
-    from train.evaluate import find_checkpoint
-    from train.export import export
+    from train.tools.evaluate import find_checkpoint
+    from train.tools.export import export
 
     run_dir = damaged["missing_sidecar"]
     last = run_dir / "checkpoints" / "last.ckpt"

@@ -155,7 +155,7 @@ def test_after_the_demo_the_readme_commands_work_in_order(demo_corpus, cache_dir
     from huggingface_hub import constants
 
     import train.cli
-    import train.evaluate
+    import train.tools.evaluate
 
     monkeypatch.chdir(tmp_path)  # a checkout's root as the README's commands see it, with a runs/ of its own
     (tmp_path / "demo_corpus").symlink_to(demo_corpus, target_is_directory=True)
@@ -172,7 +172,7 @@ def test_after_the_demo_the_readme_commands_work_in_order(demo_corpus, cache_dir
         lm_eval_calls.append(tasks)
         return {f"{t}/acc": 0.25 for t in tasks.split(",")}
 
-    monkeypatch.setattr(train.evaluate, "run_lm_eval", fake_lm_eval)
+    monkeypatch.setattr(train.tools.evaluate, "run_lm_eval", fake_lm_eval)
     demo_train = shlex.split((ROOT / "scripts" / "demo.sh").read_text().split("$PY -m train ")[1].splitlines()[0])
     assert train.cli.main(demo_train + TEST_SIZE) == 0  # the demo's step 4, its own flags
     run = tmp_path / "runs" / "demo"

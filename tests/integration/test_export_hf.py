@@ -15,8 +15,8 @@ import torch
 
 from data.errors import ConfigError
 from data.tokenizer import EOT_ID, VOCAB_SIZE, get_encoding
-from train import export as export_hf
 from train.model import GPT, ModelConfig, load_model_config
+from train.tools import export as export_hf
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")

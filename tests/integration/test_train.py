@@ -241,7 +241,7 @@ def test_wandb_offline_gets_the_canonical_names_and_the_whole_config(demo_corpus
 def test_evaluate_reproduces_the_final_held_out_loss(tiny_run, tmp_path, monkeypatch, capsys):
     """scripts/evaluate.py RUN: the checkpoint's model on its run's held-out chunks gives the loss the run
     logged at its last step; without lm-eval it says how to install it and exports nothing."""
-    from train import evaluate
+    from train.tools import evaluate
 
     rows = read_csv(tiny_run)
     last = max(int(r["step"]) for r in rows if r.get("val/loss"))
@@ -289,8 +289,8 @@ def test_evaluate_runs_the_offline_local_tasks_through_lm_eval(tiny_run, tmp_pat
     same items (so the export, the HF tokenizer and the harness agree with training's model); an
     unknown task is skipped with lm-eval's reason while the rest stand."""
     from data.tokenizer import get_encoding
-    from train import evaluate
     from train.module import PretrainModule
+    from train.tools import evaluate
 
     out = tmp_path / "evals"
     assert evaluate.main([str(tiny_run), "--out", str(out), "--tasks", "local,no_such_task_xyz"]) == 0
@@ -334,7 +334,7 @@ def test_evaluate_runs_the_offline_local_tasks_through_lm_eval(tiny_run, tmp_pat
 
 @pytest.mark.slow
 def test_export_writes_a_generation_config(tiny_run, tmp_path):
-    from train.export import export
+    from train.tools.export import export
 
     out = export(tiny_run / "checkpoints" / "last.ckpt", tmp_path / "hf", tokenizer_json=False)
     gen = json.loads((out / "generation_config.json").read_text())

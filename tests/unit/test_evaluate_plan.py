@@ -1,11 +1,11 @@
 """scripts/evaluate.py says up front which tasks will run and which are skipped offline, from what is
-installed and cached, before any minute is spent (train/evaluate.py ``plan_tasks``)."""
+installed and cached, before any minute is spent (train/tools/evaluate.py ``plan_tasks``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from train import evaluate as ev
+from train.tools import evaluate as ev
 
 pytest.importorskip("lm_eval")
 STANDARD = ev.STANDARD_TASKS.split(",")

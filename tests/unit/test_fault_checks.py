@@ -533,12 +533,12 @@ def test_export_suggests_trust_checkpoint_only_for_pickled_objects(tmp_path):
     (tmp_path / "truncated.ckpt").write_bytes(data[: len(data) // 2])
     for path in (cases["other_dir"][0], cases["empty_dir"][0], tmp_path / "truncated.ckpt"):
         with pytest.raises(ConfigError) as info:
-            from train.export import load_checkpoint
+            from train.tools.export import load_checkpoint
 
             load_checkpoint(path)
         assert "--trust-checkpoint" not in str(info.value) and str(path) in str(info.value), str(info.value)
     with pytest.raises(ConfigError, match=r"refused \(unpickling it could run code\).*--trust-checkpoint"):
-        from train.export import load_checkpoint
+        from train.tools.export import load_checkpoint
 
         load_checkpoint(cases["crafted_pickle"][0])
     assert main([str(tmp_path / "truncated.ckpt"), "--out", str(tmp_path / "hf")]) == 2

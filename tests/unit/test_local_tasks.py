@@ -1,4 +1,4 @@
-"""The offline lm-eval tasks of scripts/evaluate.py, built from the held-out chunks (train/evaluate.py)."""
+"""The offline lm-eval tasks of scripts/evaluate.py, built from the held-out chunks (train/tools/evaluate.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from data.manifest import build_manifest
 from data.tokenizer import get_encoding
-from train.evaluate import CLOZE_CHOICES, CLOZE_CONTEXT, CLOZE_CONTINUATION, held_out_documents, write_local_tasks
+from train.tools.evaluate import CLOZE_CHOICES, CLOZE_CONTEXT, CLOZE_CONTINUATION, held_out_documents, write_local_tasks
 
 
 def data_with_manifest(cfg):
@@ -50,7 +50,7 @@ def test_the_report_lm_eval_suite_skips_an_uncached_task_and_keeps_the_others(tm
     import pytest
 
     import ablations.evals as evals
-    import train.evaluate as ev
+    import train.tools.evaluate as ev
 
     def fake_run(hf_dir, task, out_dir, offline=True, extra=""):
         if task == "hellaswag":

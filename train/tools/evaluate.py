@@ -3,36 +3,19 @@
     python scripts/evaluate.py runs/demo                          # = runs/demo/checkpoints/last.ckpt
     python scripts/evaluate.py runs/demo/checkpoints/step0000300.ckpt --tasks local,hellaswag
 
-Steps, each written under ``<run>/evals/`` (or ``--out``):
+Steps, each written under ``<run>/evals/`` (or ``--out``); docs/training.md ("Evaluation in one command")
+says what each does and where its results go:
 
-1. **Held-out loss per source** (``heldout``): the checkpoint's own model and data config
-   (``PretrainModule`` / ``WellMixedData.load_from_checkpoint``) on the held-out chunks that training
-   never reads (``data.val_tokens_per_source``), in nats/token with perplexities. Needs only the corpus.
-2. **Export** to the Hugging Face format (train/export.py) into ``evals/hf``, with a logits check
-   against ``transformers`` when it is installed.
-3. **lm-evaluation-harness** (``lm_eval``), when importable, on the exported model, through
-   ``sys.executable -m lm_eval`` (never a PATH lookup) and offline by default (``HF_DATASETS_OFFLINE``,
-   ``HF_HUB_OFFLINE``):
-   - ``local`` (always works offline): tasks written into ``evals/tasks/`` from the run's held-out
-     chunks, per source -- ``wellmixed_cloze_<source>``, a 4-way multiple choice (a 64-token context,
-     its true 24-token continuation against three from other held-out text of the source; chance
-     0.25; ``acc``/``acc_norm``), and ``wellmixed_ppl_<source>``, rolling perplexity over held-out
-     documents (``bits_per_byte``, ``word_perplexity``: lm-eval's own units, a cross-check of step 1);
-   - any other name is an lm-eval task (the standard suite: hellaswag, arc_easy, piqa,
-     lambada_openai), run one at a time: a task whose dataset is not in the local HF cache is
-     recorded as skipped with lm-eval's reason (``--online`` lets it download).
-   Without lm-eval this step is skipped with the command that installs it (``pip install -e
-   '.[eval]'``) -- checked first, before anything is exported.
+0. :func:`plan_tasks`: which tasks will run and which are skipped, and why, before any compute.
+1. **Held-out loss per source** (:func:`heldout_loss`): the checkpoint's own model and data config on the
+   held-out chunks that training never reads (``data.val_tokens_per_source``).
+2. **Export** to the Hugging Face format (train/tools/export.py) into ``evals/hf``.
+3. **lm-evaluation-harness**, when importable, on the exported model (``sys.executable -m lm_eval``,
+   offline by default): ``local`` (:func:`write_local_tasks`, built from the held-out chunks), then each
+   other task one at a time (:func:`run_each_task`).
 
-Before any of it, :func:`plan_tasks` looks at what is installed and cached and prints which tasks will
-run and which are skipped, and why: offline, a standard task whose dataset (its lm-eval YAML's
-``dataset_path``) is in neither the HF hub cache nor the datasets cache is skipped without starting
-lm-eval (each start costs tens of seconds); a task this check cannot resolve is left to lm-eval.
-
-Everything lands in ``evals/results.json`` (lm-eval's logs in ``evals/lm_eval/``), is printed as a
-table and, unless ``--no-log``, goes to the loggers the run trained with at the checkpoint's step
-(:func:`metrics_of`: ``eval/loss/<source>``, ``eval/<task>/<metric>``; train/loggers.py
-``log_evaluation``: ``csv/eval_metrics.csv``, the run's own wandb run, ...).
+Everything lands in ``evals/results.json``, is printed as a table and, unless ``--no-log``, goes to the
+run's loggers at the checkpoint's step (:func:`metrics_of`; train/loggers.py ``log_evaluation``).
 """
 
 from __future__ import annotations
@@ -52,8 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
+from data.errors import ConfigError
 from data.files import write_json, write_text
+from data.order import source_key
+from data.reader import ShardReader
+from data.tokenizer import get_encoding
 from data.types import TrainingContext
 from train.rundir import RunDir
 
@@ -104,17 +92,22 @@ def task_dataset(task: str, tasks_dir: Path | None = None) -> str | None:
     named = re.compile(rf"^task:\s*['\"]?{re.escape(task)}['\"]?\s*$", re.M)
     files = _task_yamls(tasks_dir)
     for path in [p for p in files if p.stem == task] + files:  # a task's YAML is usually named after it
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
+        text = _read(path)
         if named.search(text):
-            for source in (text, _included(path, text)):
-                found = re.search(r"^dataset_path:\s*['\"]?([^'\"\s#]+)", source or "", re.M)
-                if found:
-                    return found.group(1)
-            return None
+            return _dataset_path(text) or _dataset_path(_read_included(path, text))
     return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _dataset_path(text: str) -> str | None:
+    found = re.search(r"^dataset_path:\s*['\"]?([^'\"\s#]+)", text, re.M)
+    return found.group(1) if found else None
 
 
 @functools.lru_cache(maxsize=4)
@@ -122,11 +115,10 @@ def _task_yamls(tasks_dir: Path) -> list[Path]:
     return sorted(tasks_dir.rglob("*.yaml"))  # ~14,000 files in lm-eval 0.4: walked once per process
 
 
-def _included(path: Path, text: str) -> str | None:
+def _read_included(path: Path, text: str) -> str:
+    """The YAML a task's ``include:`` names ("" without one)."""
     inc = re.search(r"^include:\s*['\"]?([^'\"\s#]+)", text, re.M)
-    if inc and (path.parent / inc.group(1)).is_file():
-        return (path.parent / inc.group(1)).read_text(errors="replace")
-    return None
+    return _read(path.parent / inc.group(1)) if inc else ""
 
 
 def dataset_cached(dataset_path: str) -> str | None:
@@ -146,33 +138,33 @@ def dataset_cached(dataset_path: str) -> str | None:
 def plan_tasks(names: list[str], offline: bool = True) -> TaskPlan:
     """Which of ``names`` will run, checked before anything is computed: lm-eval installed, and
     offline, each standard task's dataset in the local HF cache (module docstring)."""
-    run: list[str] = []
-    skipped: dict[str, str] = {}
-    notes: dict[str, str] = {}
     if names and not lm_eval_available():
         return TaskPlan([], {t: f"lm-eval is not installed: {INSTALL_HINT}" for t in names}, {})
+    plan = TaskPlan([], {}, {})
     for task in names:
-        if task == LOCAL:
-            run.append(task)
-            notes[task] = "built from the run's held-out chunks (offline)"
-            continue
-        dataset = task_dataset(task)
-        if dataset is None:
-            run.append(task)
-            notes[task] = "no dataset_path found for it here: lm-eval decides"
-        elif not offline:
-            run.append(task)
-            notes[task] = f"{dataset} (--online: downloaded if not cached)"
-        elif (Path(dataset).exists() or "/" not in dataset):  # a local folder or a builder such as json
-            run.append(task)
-            notes[task] = f"{dataset} (local)"
-        elif (where := dataset_cached(dataset)) is not None:
-            run.append(task)
-            notes[task] = f"{dataset} cached in {where}"
+        note = _task_note(task, offline)
+        if note is None:
+            plan.skipped[task] = (f"offline and its dataset {task_dataset(task)} is not in the HF cache (--online "
+                                  "downloads it; or leave the task out of --tasks)")
         else:
-            skipped[task] = (f"offline and its dataset {dataset} is not in the HF cache (--online downloads it; "
-                             "or leave the task out of --tasks)")
-    return TaskPlan(run, skipped, notes)
+            plan.run.append(task)
+            plan.notes[task] = note
+    return plan
+
+
+def _task_note(task: str, offline: bool) -> str | None:
+    """What was found for a task that runs; None for a task that cannot (offline, its dataset not cached)."""
+    if task == LOCAL:
+        return "built from the run's held-out chunks (offline)"
+    dataset = task_dataset(task)
+    if dataset is None:
+        return "no dataset_path found for it here: lm-eval decides"
+    if not offline:
+        return f"{dataset} (--online: downloaded if not cached)"
+    if Path(dataset).exists() or "/" not in dataset:  # a local folder or a builder such as json
+        return f"{dataset} (local)"
+    where = dataset_cached(dataset)
+    return None if where is None else f"{dataset} cached in {where}"
 
 
 EVALUATE_ANOTHER = "evaluate another checkpoint (e.g. a stepNNNNNNN.ckpt in the run's checkpoints/)"
@@ -243,8 +235,6 @@ def heldout_loss(ckpt: Path, device: str = "cpu", data: TrainingContext | None =
 
 def held_out_documents(data: TrainingContext) -> dict[str, list[np.ndarray]]:
     """Tokens (EOT dropped) of every held-out document, per source, in the manifest's order."""
-    from data.reader import ShardReader
-
     reader = ShardReader(data.manifest, data.config)
     return {name: [t[:-1] for chunk in info.val_chunks for t in reader.read_chunk(s, chunk)[1]]
             for s, (name, info) in enumerate(data.manifest.sources.items())}
@@ -255,43 +245,48 @@ def write_local_tasks(data: TrainingContext, tasks_dir: Path) -> list[str]:
     choice and a rolling perplexity (module docstring). Deterministic: the same files for the same
     corpus whatever the seed (the held-out chunks do not depend on it either), so every arm and seed of
     an ablation is scored on one item set. Returns the task names (a source too small for a task has none)."""
-    import yaml
-
-    from data.order import source_key
-    from data.tokenizer import get_encoding
-
     enc = get_encoding()
     tasks_dir.mkdir(parents=True, exist_ok=True)
     names = []
-    window = CLOZE_CONTEXT + CLOZE_CONTINUATION
     for source, docs in held_out_documents(data).items():
-        rng = np.random.default_rng([source_key(source), 17])  # not data.seed (see the docstring)
-        # windows round-robin over the documents: window 0 of each, then window 1, ...
-        spans = [(d, w * window) for w in range(max((len(t) // window for t in docs), default=0))
-                 for d, t in enumerate(docs) if (w + 1) * window <= len(t)][:CLOZE_ITEMS]
-        conts = [enc.decode(docs[d][o + CLOZE_CONTEXT:o + window].tolist()) for d, o in spans]
-        items = []
-        for i, (d, o) in enumerate(spans):
-            others = [j for j in range(len(spans)) if conts[j] != conts[i]]
-            if len(others) < CLOZE_CHOICES - 1:
-                continue
-            picks = [conts[j] for j in rng.choice(others, CLOZE_CHOICES - 1, replace=False)]
-            gold = int(rng.integers(CLOZE_CHOICES))
-            picks.insert(gold, conts[i])
-            items.append({"context": enc.decode(docs[d][o:o + CLOZE_CONTEXT].tolist()), "choices": picks, "gold": gold})
+        items = cloze_items(docs, np.random.default_rng([source_key(source), 17]), enc)  # not data.seed (above)
         if items:
             names.append(_write_task(tasks_dir, f"wellmixed_cloze_{source}", items, {
                 "output_type": "multiple_choice", "doc_to_text": "context", "doc_to_choice": "choices",
                 "doc_to_target": "gold", "target_delimiter": "",
                 "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
-                                for m in ("acc", "acc_norm")]}, yaml))
+                                for m in ("acc", "acc_norm")]}))
         texts = [{"text": enc.decode(t[:PPL_TOKENS].tolist())} for t in docs[:PPL_DOCS] if len(t)]
         if texts:
             names.append(_write_task(tasks_dir, f"wellmixed_ppl_{source}", texts, {
                 "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
-                "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]},
-                yaml))  # lm-eval's own (weighted) aggregations, as its wikitext task
+                "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]}))
+            # lm-eval's own (weighted) aggregations, as its wikitext task
     return names
+
+
+def cloze_items(docs: list[np.ndarray], rng: np.random.Generator, enc) -> list[dict]:
+    """One source's cloze items: a context window and its true continuation among other continuations of
+    the source (windows round-robin over the documents: window 0 of each, then window 1, ...)."""
+    window = CLOZE_CONTEXT + CLOZE_CONTINUATION
+    spans = _windows(docs, window)[:CLOZE_ITEMS]
+    conts = [enc.decode(docs[d][o + CLOZE_CONTEXT:o + window].tolist()) for d, o in spans]
+    items = []
+    for i, (d, o) in enumerate(spans):
+        others = [j for j in range(len(spans)) if conts[j] != conts[i]]
+        if len(others) < CLOZE_CHOICES - 1:
+            continue
+        picks = [conts[j] for j in rng.choice(others, CLOZE_CHOICES - 1, replace=False)]
+        gold = int(rng.integers(CLOZE_CHOICES))
+        picks.insert(gold, conts[i])
+        items.append({"context": enc.decode(docs[d][o:o + CLOZE_CONTEXT].tolist()), "choices": picks, "gold": gold})
+    return items
+
+
+def _windows(docs: list[np.ndarray], window: int) -> list[tuple[int, int]]:
+    """(document, offset) of every whole window, round-robin over the documents."""
+    return [(d, w * window) for w in range(max((len(t) // window for t in docs), default=0))
+            for d, t in enumerate(docs) if (w + 1) * window <= len(t)]
 
 
 def run_local_tasks(data: TrainingContext, hf_dir: Path, out_dir: Path, extra: str = "") -> dict[str, float]:
@@ -300,7 +295,7 @@ def run_local_tasks(data: TrainingContext, hf_dir: Path, out_dir: Path, extra: s
     return run_lm_eval(hf_dir, ",".join(names), out_dir / "lm_eval" / LOCAL, True, extra, out_dir / "tasks")
 
 
-def _write_task(tasks_dir: Path, name: str, rows: list[dict], spec: dict, yaml) -> str:
+def _write_task(tasks_dir: Path, name: str, rows: list[dict], spec: dict) -> str:
     data = tasks_dir / f"{name}.jsonl"
     write_text(data, "".join(json.dumps(r) + "\n" for r in rows))
     task = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data.resolve())}},
@@ -321,28 +316,31 @@ def run_lm_eval(hf_dir: Path, tasks: str, out_dir: Path, offline: bool = True, e
            "--tasks", tasks, "--output_path", str(raw), *shlex.split(extra)]
     if include_path is not None:
         cmd += ["--include_path", str(include_path)]
-    env = dict(os.environ)
-    if offline:
-        env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = {**os.environ, **(dict(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+                            if offline else {})}
     log_file = out_dir / "lm_eval.log"
     print(f"$ {shlex.join(cmd)}\n  (log: {log_file})", flush=True)
     with open(log_file, "w") as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
-        lines = [ln for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
-        reason = lines[-1].strip() if lines else "no output"
+        reason = ([ln.strip() for ln in _read(log_file).splitlines() if ln.strip()] or ["no output"])[-1]
         raise LmEvalFailed(f"lm_eval --tasks {tasks} exited {proc.returncode}: {reason} (log: {log_file})", reason)
     found = sorted(raw.rglob("results*.json"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise LmEvalFailed(f"lm_eval wrote no results*.json under {raw} (log: {log_file})", "no results")
-    metrics = {}
-    for task, values in json.loads(found[-1].read_text())["results"].items():
+    return _metrics(json.loads(found[-1].read_text())["results"])
+
+
+def _metrics(results: dict) -> dict[str, float]:
+    """``<task>/<metric>`` of every number lm-eval reports (not a standard error, not the sample length)."""
+    out = {}
+    for task, values in results.items():
         for key, value in values.items():
             name = key.split(",")[0]  # "acc,none" -> "acc"
-            if (isinstance(value, (int, float)) and not isinstance(value, bool) and not name.endswith("_stderr")
-                    and name != "sample_len"):
-                metrics[f"{task}/{name}"] = float(value)
-    return metrics
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not name.endswith("_stderr") \
+                    and name != "sample_len":
+                out[f"{task}/{name}"] = float(value)
+    return out
 
 
 def run_each_task(tasks: list[str], hf_dir: Path, out_dir: Path, offline: bool = True,
@@ -385,34 +383,41 @@ def evaluate(target: str | Path, out: str | Path | None = None, tasks: str | Non
     data = load_data(ckpt)
     results["heldout"] = heldout_loss(ckpt, device, data)
     if names:
-        if not lm_eval_available():  # checked before the export: nothing is written for nothing
-            results["lm_eval"] = {"skipped": f"lm-eval is not installed: {INSTALL_HINT}"}
-        elif plan.run:
-            from train.export import export
-
-            hf_dir = export(ckpt, out_dir / "hf")
-            lm: dict[str, float] = {}
-            if LOCAL in plan.run:
-                lm.update(run_local_tasks(data, hf_dir, out_dir, lm_eval_args))
-            found, skipped = run_each_task([n for n in plan.run if n != LOCAL], hf_dir, out_dir / "lm_eval",
-                                           offline, lm_eval_args)
-            lm.update(found)
-            results["lm_eval"] = lm
-            plan.skipped.update(skipped)
-        else:
-            results["lm_eval"] = {}
+        results["lm_eval"] = _lm_eval_step(plan, ckpt, data, out_dir, offline, lm_eval_args)
         if plan.skipped:
             results["lm_eval_skipped"] = plan.skipped
     write_json(out_dir / "results.json", results)
     if log:
-        if RunDir(run_dir).config.is_file():
-            from train.loggers import log_evaluation
-
-            results["logged_to"] = log_evaluation(run_dir, step, metrics_of(results))
-        else:
-            results["logged_to"] = [f"nothing: {RunDir(run_dir).config} not found (a checkpoint outside its run)"]
+        results["logged_to"] = _log(run_dir, step, results)
         write_json(out_dir / "results.json", results)  # written before too: a logger's failure loses nothing
     return results
+
+
+def _lm_eval_step(plan: TaskPlan, ckpt: Path, data: TrainingContext, out_dir: Path, offline: bool,
+                  lm_eval_args: str) -> dict:
+    """Step 3: the export, then the local tasks and each other task of the plan (the ones lm-eval could not
+    run join ``plan.skipped``); without lm-eval, nothing is exported."""
+    if not lm_eval_available():  # checked before the export: nothing is written for nothing
+        return {"skipped": f"lm-eval is not installed: {INSTALL_HINT}"}
+    if not plan.run:
+        return {}
+    from train.tools.export import export
+
+    hf_dir = export(ckpt, out_dir / "hf")
+    lm = run_local_tasks(data, hf_dir, out_dir, lm_eval_args) if LOCAL in plan.run else {}
+    found, skipped = run_each_task([n for n in plan.run if n != LOCAL], hf_dir, out_dir / "lm_eval", offline,
+                                   lm_eval_args)
+    plan.skipped.update(skipped)
+    return {**lm, **found}
+
+
+def _log(run_dir: Path, step: int, results: dict) -> list[str]:
+    """The results to the loggers the run trained with (train/loggers.py), where its config is found."""
+    if not RunDir(run_dir).config.is_file():
+        return [f"nothing: {RunDir(run_dir).config} not found (a checkpoint outside its run)"]
+    from train.loggers import log_evaluation
+
+    return log_evaluation(run_dir, step, metrics_of(results))
 
 
 def metrics_of(results: dict[str, Any]) -> dict[str, float]:
@@ -456,8 +461,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-log", action="store_true",
                    help="do not send the results to the run's loggers (csv/eval_metrics.csv, its wandb run, ...)")
     args = p.parse_args(argv)
-    from data.errors import ConfigError
-
     try:
         results = evaluate(args.target, args.out, args.tasks, args.device, not args.online, args.lm_eval_args,
                            log=not args.no_log)

@@ -1,4 +1,4 @@
-"""What the GPU check (train/gpu_check.py) measures inside a training run: the step clock and torch.compile's counts.
+"""What the GPU check (train/tools/gpu_check.py) measures inside a training run: its step clock, compile counts.
 
 :class:`StepClock` is a callback the check's training child adds right after the ThroughputCallback; it
 writes every optimizer step's start, end, shape and logged MFU, then peak memory, the memory estimate and
@@ -19,6 +19,8 @@ import lightning as L
 import torch
 
 from data.files import write_text
+from train.callbacks import ThroughputCallback, default_peak_flops
+from train.memory import estimate_peak_memory
 
 
 def watch_dynamo() -> dict:
@@ -103,13 +105,11 @@ class StepClock(L.Callback):
 
     def write(self, trainer, pl_module, final: bool = True):
         """The steps so far and the run's figures, to the JSON file."""
-        from train.callbacks import default_peak_flops
-
         cfg = pl_module.model_config
         self._estimate(cfg, final)
         self.info.update(
             peak_flops=next((c.peak_flops or default_peak_flops(trainer) for c in trainer.callbacks
-                             if type(c).__name__ == "ThroughputCallback"), None),
+                             if isinstance(c, ThroughputCallback)), None),
             loss_impl=cfg.loss_impl, compiled=hasattr(pl_module.model, "_orig_mod"),
             precision=str(trainer.precision), dynamo=dynamo_counts(self.counts),
         )
@@ -120,8 +120,6 @@ class StepClock(L.Callback):
     def _estimate(self, cfg, final: bool) -> None:
         """train/memory.py's estimate at the largest shape run so far (built on meta: at the end, or when
         the shape changed)."""
-        from train.memory import estimate_peak_memory
-
         seq = max([s["seq_len"] for s in self.steps] or [cfg.max_seq_len])
         batch = max([s["batch"] for s in self.steps] or [1])
         if final or (batch, seq) != self.info.get("estimate_shape"):

@@ -41,6 +41,14 @@ import torch
 
 from data.errors import ConfigError
 from data.tokenizer import CL100K_PAT_STR, EOT_ID, SPECIAL_TOKENS, VOCAB_SIZE, bpe_file
+from train.checkpoint import (
+    CheckpointError,
+    checksum_problem,
+    file_problem,
+    load_problem,
+    read_checkpoint,
+    warn_unverified,
+)
 from train.model import GPT, ModelConfig, load_model_config
 
 # cl100k's split pattern for Oniguruma (the `tokenizers` regex engine): there `X{1,3}+` is not a
@@ -58,15 +66,6 @@ def read_weights(path: str | Path, trust: bool = False) -> dict:
     """The checkpoint (or bare state dict) at ``path``, verified as every reader does (train/checkpoint.py:
     format, sidecar checksum; a missing sidecar is a warning). Loaded with ``weights_only=True`` (no code
     runs) unless ``trust``; only a file refused for holding other objects is pointed at ``--trust-checkpoint``."""
-    from train.checkpoint import (
-        CheckpointError,
-        checksum_problem,
-        file_problem,
-        load_problem,
-        read_checkpoint,
-        warn_unverified,
-    )
-
     path = Path(path)
     if not trust or not path.is_file():
         try:
@@ -96,23 +95,19 @@ def load_checkpoint(path: str | Path, model_config: str | Path | None = None,
     obj = read_weights(path, trust)
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: expected a dict (a Lightning checkpoint or a state dict), got {type(obj).__name__}")
-    hparams = None
-    if "state_dict" in obj:
-        state = obj["state_dict"]
-        hparams = (obj.get("hyper_parameters") or {}).get("model")
-    else:
-        state = obj
-    state = {_strip(k): v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    if model_config is not None:
-        cfg = load_model_config(model_config)
-    elif isinstance(hparams, dict):
-        known = {f.name for f in fields(ModelConfig)}
-        cfg = ModelConfig(**{k: v for k, v in hparams.items() if k in known})
-    else:
+    state = {_strip(k): v for k, v in obj.get("state_dict", obj).items() if isinstance(v, torch.Tensor)}
+    return (load_model_config(model_config) if model_config is not None else _saved_config(path, obj)), state
+
+
+def _saved_config(path: str | Path, obj: dict) -> ModelConfig:
+    """The model config a Lightning checkpoint holds in its hyper-parameters (a bare state dict has none)."""
+    hparams = (obj.get("hyper_parameters") or {}).get("model") if "state_dict" in obj else None
+    if not isinstance(hparams, dict):
         raise ConfigError(
             f"{path}: no model config inside (a bare state dict?): pass --model-config configs/model/<name>.yaml"
         )
-    return cfg, state
+    known = {f.name for f in fields(ModelConfig)}
+    return ModelConfig(**{k: v for k, v in hparams.items() if k in known})
 
 
 def _strip(key: str) -> str:
@@ -127,20 +122,16 @@ def check_state(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
     """Every GPT weight present with its shape (compared with a GPT built on the meta device)."""
     with torch.device("meta"):
         ref = GPT(cfg).state_dict()
-    missing = [k for k in ref if k not in state]
-    unexpected = [k for k in state if k not in ref]
-    bad = [
-        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
-        for k, v in ref.items()
-        if k in state and state[k].shape != v.shape
-    ]
-    problems = [
-        f"{what} {items[:5]}"
-        for what, items in (("missing", missing), ("unexpected", unexpected), ("shape", bad))
-        if items
-    ]
+    found = {"missing": [k for k in ref if k not in state], "unexpected": [k for k in state if k not in ref],
+             "shape": _shape_mismatches(ref, state)}
+    problems = [f"{what} {items[:5]}" for what, items in found.items() if items]
     if problems:
         raise ConfigError("checkpoint does not match the model config: " + "; ".join(problems))
+
+
+def _shape_mismatches(ref: dict, state: dict) -> list[str]:
+    return [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in ref.items()
+            if k in state and state[k].shape != v.shape]
 
 
 def hf_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -224,15 +215,9 @@ def write_tokenizer(out: Path, max_len: int) -> None:
         return "".join(byte_map[x] for x in b)
 
     vocab = {s(tok): rank for tok, rank in ranks.items()}
-    merges = []
-    for tok, rank in ranks.items():
-        for i in range(1, len(tok)):
-            left, right = tok[:i], tok[i:]
-            if left in ranks and right in ranks:
-                merges.append((rank, ranks[left], ranks[right], s(left), s(right)))
-    merges.sort()
     vocab.update(SPECIAL_TOKENS)  # the special ids are not contiguous with the ranks (100256 is unused)
-    model = models.BPE(vocab, [(m[3], m[4]) for m in merges], fuse_unk=False, ignore_merges=True)
+    merges = [(s(left), s(right)) for left, right in _merges(ranks)]
+    model = models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True)
     tok = Tokenizer(model)
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(HF_PAT_STR), behavior="isolated", invert=False),
@@ -249,6 +234,13 @@ def write_tokenizer(out: Path, max_len: int) -> None:
         "add_bos_token": False, "add_eos_token": False,
     }, indent=1) + "\n")
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": eot, "eos_token": eot}, indent=1) + "\n")
+
+
+def _merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """Every split of a token into two lower-ranked tokens, ordered by the token's rank, then the parts'."""
+    found = sorted((rank, ranks[tok[:i]], ranks[tok[i:]], i, tok) for tok, rank in ranks.items()
+                   for i in range(1, len(tok)) if tok[:i] in ranks and tok[i:] in ranks)
+    return [(tok[:i], tok[i:]) for *_, i, tok in found]
 
 
 def _bytes_to_unicode() -> dict[int, str]:
