@@ -246,7 +246,10 @@ def check_task(env: dict | None = None) -> str:
     if rank != node * per_node + local:
         raise ConfigError(f"{where}: SLURM_PROCID {rank} is not node {node} x {per_node} tasks per node + local "
                           f"rank {local}: tasks are not placed in blocks; use --distribution=block (the default)")
-    addr = env.get("MASTER_ADDR") or first_node(env.get("SLURM_JOB_NODELIST", ""), env.get("PATH"))
+    try:
+        addr = env.get("MASTER_ADDR") or first_node(env.get("SLURM_JOB_NODELIST", ""), env.get("PATH"))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
     try:
         ip = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]
     except (socket.gaierror, UnicodeError) as e:

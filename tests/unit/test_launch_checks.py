@@ -24,8 +24,8 @@ def test_master_addr_is_kept_and_the_line_names_rank_node_and_address():
 
 
 def test_without_scontrol_the_first_node_is_not_guessed():
-    with pytest.raises(ConfigError, match=r"^scontrol is not on PATH, so rank 0's node cannot be read from "
-                                          r"SLURM_JOB_NODELIST 'node\[00-01\]'"):
+    with pytest.raises(ConfigError, match=r"^rank 3 on .*: scontrol is not on PATH, so rank 0's node cannot be "
+                                          r"read from SLURM_JOB_NODELIST 'node\[00-01\]'"):
         check_task(_env())
 
 
