@@ -43,6 +43,12 @@ from pathlib import Path
 import pytest
 from training_runs import TINY, assert_same_order, checkpoint_steps, copy_checkpoint, make_workdir, order_log
 
+from data.config import SourceConfig
+from data.manifest import build_manifest
+from data.schedules import fixed_schedule
+from train.cursor_files import load_checkpoint_cursors
+from train.datamodule import WellMixedData
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -359,7 +365,23 @@ def test_jobs_sharing_nodes_get_distinct_master_ports(jobs):
     assert all(20000 <= p < 30000 for ps in ports.values() for p in ps), ports
 
 
-def test_restart_on_one_node_from_the_four_rank_checkpoint_reads_each_piece_once(jobs):
+def _in_flight(ckpt: Path, demo_corpus: Path, cache_dir: Path, pending: bool = False) -> set[tuple[str, int]]:
+    """(doc id, token offset) of every document a checkpoint's cursors hold in the middle: in a row of
+    the packer, handed back between steps, or (``pending``) waiting for its source's turn."""
+    import torch
+
+    names = ("web", "code", "books", "curated")
+    m = build_manifest(WellMixedData(sources={s: SourceConfig(paths=[str(demo_corpus / s / "*.parquet")])
+                                              for s in names},
+                                     schedule=fixed_schedule(dict.fromkeys(names, 0.25), 128),
+                                     manifest_cache=str(cache_dir)))
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["WellMixedData"]
+    keys = ("rows", "continuations") + (("pending",) if pending else ())
+    return {(m.doc_id(shard, row), off) for rank in load_checkpoint_cursors(ckpt, state) for cur in rank
+            for key in keys for (src, shard, row, epoch, off) in filter(None, cur.get(key, []))}
+
+
+def test_restart_on_one_node_from_the_four_rank_checkpoint_reads_each_piece_once(jobs, demo_corpus, cache_dir):
     _assert_completed(jobs, "elastic")
     out = _log(jobs, "elastic")
     assert "1 node(s) [node1] x 2 task(s) = world size 2" in out and f"elastic resume at step {ELASTIC_AT}" in out
@@ -380,6 +402,14 @@ def test_restart_on_one_node_from_the_four_rank_checkpoint_reads_each_piece_once
         for doc, off, n in ln["pieces"]:
             assert off == at.get(doc, 0), (ln["step"], ln["rank"], doc, off, at.get(doc, 0))
             at[doc] = off + n
+    # every document the 4 old consumers held in the middle is continued once, or still waits in the end
+    ckpts = jobs.run_dir("elastic") / "checkpoints"
+    leftovers = _in_flight(ckpts / f"step{ELASTIC_AT:07d}.ckpt", demo_corpus, cache_dir)
+    waiting = _in_flight(ckpts / "last.ckpt", demo_corpus, cache_dir, pending=True)
+    continued = Counter(_pieces(later))
+    assert len(leftovers) >= 4, leftovers
+    for piece in leftovers:
+        assert continued[piece] + (piece in waiting) == 1, f"{piece} of the 4-rank layout not continued exactly once"
 
 
 @pytest.mark.parametrize("name, line", [
