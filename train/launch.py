@@ -4,6 +4,8 @@
     python -m train.launch port                                  # a free MASTER_PORT for this job
     python -m train.launch dry-run [--simulate 4x8] -- --config CONFIG [overrides ...]
     srun python -m train.launch dry-run --task -- --config CONFIG [overrides ...]   # one line per task
+    srun python -m train.launch check                            # each task's layout and rendezvous, or why not
+    srun python -m train.launch fit --config CONFIG [overrides ...]   # check, then ``python -m train fit``
 
 **Master port.** Lightning's ``SLURMEnvironment`` takes ``MASTER_PORT`` if it is set, else
 ``15000 + the last 4 digits of the job id`` -- jobs 101234 and 201234 then collide when they share a
@@ -25,6 +27,15 @@ tests/unit/test_rank_arithmetic.py), and :func:`rank_info` reads them back throu
 source's infinite chunk sequence (data/stream.py), element ``g`` being chunk ``perm_epoch[g mod n]``
 of epoch ``g // n``. The dry run prints each rank's consumers and the first chunks they open.
 
+**Checked on every task before training** (:func:`check_task`, ``check`` and ``fit``): Lightning
+counts ``SLURM_NNODES x SLURM_NTASKS_PER_NODE`` ranks and takes the global rank from ``SLURM_PROCID``;
+a job with fewer tasks than that (``--ntasks`` below nodes x tasks per node, Lightning #20391) or a
+non-block distribution would wait forever or train with the wrong slices, so each task refuses it.
+The rendezvous address is rank 0's node: ``MASTER_ADDR`` when set, else the first host of
+``SLURM_JOB_NODELIST`` as ``scontrol show hostnames`` expands it -- never ``SLURM_LAUNCH_NODE_IPADDR``
+(the node srun was called from) and never a silent localhost: a missing ``scontrol``, an address that
+does not resolve, or a loopback address in a multi-node job is one ``error:`` line on every task.
+
 The dry run parses the config exactly as ``python -m train fit`` does (LightningCLI, overrides
 included) but instantiates only the data (no model, no trainer, no GPU needed) and builds the
 manifest (cached): it runs on a login node.
@@ -34,15 +45,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import logging
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
+
+from data.errors import ConfigError
+from train.early_signals import install_early_handlers
 
 if TYPE_CHECKING:
     from data.types import TrainingContext
@@ -192,6 +208,83 @@ def consumer_ids(rank: int, num_workers: int) -> list[int]:
     return [rank * workers + w for w in range(workers)]
 
 
+# -- every task's layout and rendezvous, checked before training -----------------------------------
+def first_node(nodelist: str, path: str | None = None) -> str:
+    """Rank 0's node: the first host of the job's node list, as ``scontrol show hostnames`` expands it
+    (``scontrol`` looked up on ``path``, default PATH)."""
+    scontrol = shutil.which("scontrol", path=path)
+    if scontrol is None:
+        raise ConfigError(f"scontrol is not on PATH, so rank 0's node cannot be read from SLURM_JOB_NODELIST "
+                          f"{nodelist!r}: put Slurm's bin directory on PATH, or export MASTER_ADDR=<first node>")
+    out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0 or not out.stdout.split():
+        raise ConfigError(f"`scontrol show hostnames {nodelist}` failed ({out.returncode}: {out.stderr.strip()}): "
+                          "export MASTER_ADDR=<first node> or fix the Slurm client configuration")
+    return out.stdout.split()[0]
+
+
+def _slurm_ints(env, *names: str) -> list[int]:
+    missing = [n for n in names if not env.get(n, "").isdigit()]
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} not set: run under srun in a job submitted with --nodes and "
+                          "--ntasks-per-node")
+    return [int(env[n]) for n in names]
+
+
+def check_task(env: dict | None = None) -> str:
+    """This task's one-line layout, after setting ``MASTER_ADDR`` in ``env`` (default os.environ);
+    ConfigError, naming the host and rank, for a layout Lightning would get wrong or a rendezvous
+    address the other nodes cannot reach."""
+    env = os.environ if env is None else env
+    nodes, per_node, tasks, rank, node, local = _slurm_ints(
+        env, "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID")
+    where = f"rank {rank} on {socket.gethostname()}"
+    if tasks != nodes * per_node:
+        raise ConfigError(f"{where}: world size disagrees: SLURM_NTASKS is {tasks}, but Lightning counts "
+                          f"SLURM_NNODES {nodes} x SLURM_NTASKS_PER_NODE {per_node} = {nodes * per_node} ranks and "
+                          "would wait for the missing ones; submit --nodes N --ntasks-per-node G without --ntasks")
+    if rank != node * per_node + local:
+        raise ConfigError(f"{where}: SLURM_PROCID {rank} is not node {node} x {per_node} tasks per node + local "
+                          f"rank {local}: tasks are not placed in blocks; use --distribution=block (the default)")
+    try:
+        addr = env.get("MASTER_ADDR") or first_node(env.get("SLURM_JOB_NODELIST", ""), env.get("PATH"))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    try:
+        ip = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise ConfigError(f"{where}: the rendezvous address {addr!r} (MASTER_ADDR, default: the job's first node) "
+                          f"does not resolve here ({e}): fix the node's name resolution or export MASTER_ADDR "
+                          "as an address every node reaches") from None
+    if nodes > 1 and ipaddress.ip_address(ip.split("%")[0]).is_loopback:
+        raise ConfigError(f"{where}: the rendezvous address {addr} is loopback ({ip}) in a {nodes}-node job: each "
+                          "node would form its own world; export MASTER_ADDR as an address every node reaches")
+    env["MASTER_ADDR"] = addr
+    return (f"rank {rank} of {tasks}: node {node} local {local} on {socket.gethostname()}; "
+            f"rendezvous {addr} ({ip}):{env.get('MASTER_PORT', '?')}")
+
+
+def print_check() -> bool:
+    """:func:`check_task`'s line on stdout, or its refusal as one ``error:`` line on stderr (False)."""
+    try:
+        print(check_task(), flush=True)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def checked_fit(argv: list[str]) -> int:
+    """``python -m train fit ARGV`` in this process, after :func:`check_task` passed."""
+    install_early_handlers()  # a signal during the check is a flag, as in `python -m train`
+    if not print_check():
+        return 2
+    from train.__main__ import main as train_main
+
+    sys.argv = [sys.argv[0], "fit", *argv]  # exactly `python -m train fit ARGV` from here on
+    return train_main()
+
+
 # -- the config, parsed as `python -m train fit` parses it --------------------------------------
 def parse_run_config(args: list[str]):
     """(data module, trainer namespace, run config) from CLI arguments, instantiating only the data:
@@ -316,7 +409,6 @@ def dry_run(argv: list[str]) -> int:
         return 2
     hosts = expand_nodelist(job.nodelist)
 
-    from data.errors import ConfigError
     from train.model import ModelConfigError
 
     try:
@@ -330,7 +422,9 @@ def dry_run(argv: list[str]) -> int:
     table = SliceTable(data.manifest, data.config, job.world * workers)
     chunks = max(1, a.chunks)
 
-    if a.task:  # this srun task, as Lightning sees it
+    if a.task:  # this srun task: its host and rendezvous, then its rank and slice as Lightning sees them
+        if not print_check():
+            return 2
         info = rank_info()
         print("\n".join(rank_lines(info, hosts, workers, table, chunks)), flush=True)
         return 0 if info.world_size == job.world else 1
@@ -405,10 +499,14 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "port":
         print(master_port())
         return 0
+    if cmd == "fit":
+        return checked_fit(rest)
+    if cmd == "check":
+        return 0 if print_check() else 2
     if cmd == "dry-run":
         logging.basicConfig(level=logging.WARNING)
         return dry_run(rest)
-    print(f"unknown command {cmd!r} (port, dry-run)", file=sys.stderr)
+    print(f"unknown command {cmd!r} (port, check, fit, dry-run)", file=sys.stderr)
     return 2
 
 
