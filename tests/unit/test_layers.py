@@ -132,10 +132,13 @@ def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
         outer = {id(n) for stmt in tree.body if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef,
                                                                        ast.ClassDef))
                  for n in ast.walk(stmt)}
+        typing_only = {id(n) for stmt in tree.body if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(
+            stmt.test) for n in ast.walk(stmt)}  # never run: no import at run time
         top_level[name], nested[name] = set(), set()
         for node in ast.walk(tree):
             targets = repo_targets(node, known) - {name}
-            (top_level if id(node) in outer else nested)[name].update(targets)
+            if id(node) not in typing_only:
+                (top_level if id(node) in outer else nested)[name].update(targets)
     return top_level, nested
 
 
