@@ -23,6 +23,7 @@ relations between fields are checked in :meth:`DataConfig.validate`.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import glob
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
 from data.errors import ConfigError
 from data.schedules import ScheduleConfig
@@ -240,21 +242,92 @@ def removed_key_error(key: str) -> str:
     return f"data.{key}: no longer a key; {REMOVED_KEYS[key]}"
 
 
+RUN_SECTIONS = ("seed_everything", "trainer", "model", "run", "ckpt_path", "weights_only")
+"""The top-level keys of a run config besides ``data:`` (a run's saved config.yaml and ``fit --print_config``
+hold them): a tool that reads only the data section accepts them unread."""
+
+
+def data_parser() -> ArgumentParser:
+    """The ``data:`` part of ``python -m train fit``'s parser, without torch or Lightning: ``--config`` files
+    stacked in order, the same DataConfig group added the same way (``--data.KEY V`` overrides, unknown keys
+    and wrong types refused, a mixture given as a file read relative to the config that names it), and the
+    other sections of a run config accepted unread (train/config.py builds the full parser)."""
+    parser = ArgumentParser(prog="python -m train fit", exit_on_error=False, allow_abbrev=False)
+    parser.add_argument("-c", "--config", action=ActionConfigFile)
+    parser.add_class_arguments(DataConfig, "data", fail_untyped=False, sub_configs=True)
+    for key in RUN_SECTIONS:
+        parser.add_argument(f"--{key}", type=Any, default=None)
+    return parser
+
+
+def resolve_data_config(argv: list[str]) -> DataConfig:
+    """The :class:`DataConfig` that ``python -m train fit ARGV`` builds (``--config`` files, ``--data.*``
+    overrides), resolved without importing torch or Lightning; a bad key or value is a ConfigError."""
+    argv = [a for a in argv if a != "fit"]
+    removed = [k for k in REMOVED_KEYS for a in argv if re.match(rf"--data\.{k}([.=]|$)", a)]
+    if removed:
+        raise ConfigError(removed_key_error(removed[0]))
+    parser = data_parser()
+    return _instantiated(parser, lambda: parser.parse_args(argv))
+
+
 def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataConfig:
     """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types."""
-    from jsonargparse import ArgumentParser
-
     removed = [key for key in REMOVED_KEYS if key in section]
     if removed:
         raise ConfigError(f"{origin}: {removed_key_error(removed[0])}")
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--data", type=DataConfig, sub_configs=True)  # `mixture: FILE.yaml` as train fit reads it
     try:
-        return parser.instantiate(parser.parse_object({"data": section})).data
+        parser = data_parser()
+        return _instantiated(parser, lambda: parser.parse_object({"data": section}))
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
-    except Exception as e:  # jsonargparse's ArgumentError names the key; keep its text
-        raise ConfigError(f"{origin}: invalid data section:\n{e}") from None
+
+
+def _instantiated(parser: ArgumentParser, parse) -> DataConfig:
+    """The DataConfig that ``parse()`` gives ``parser``; jsonargparse's refusal as one ConfigError."""
+    try:
+        return parser.instantiate_classes(parse()).data
+    except ArgumentError as e:
+        raise ConfigError(parse_error(str(e))) from None
+
+
+def parse_error(message: str) -> str:
+    """jsonargparse's refusal of a data config in a few words: a removed key names its replacement."""
+    for key in REMOVED_KEYS:
+        if re.search(rf"(does not accept (nested key|option) '|'data\.){key}[.']", message):
+            return removed_key_error(key)
+    missing = re.search(r'Parser key "([\w.]+)": File does not exist: \'?([^\'\n]+)', message)
+    if missing:
+        return f"--{missing.group(1)} {missing.group(2)}: file not found"
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    return re.sub(r'^Parser key "([\w.]+)":?\s*', r"--\1: ", " ".join(lines[:4]))
+
+
+def split_tool_args(own: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """A tool's command line split into its own flags (``own``'s options, with their values) and the rest,
+    for the configuration parser (``--config``, ``--data.*``, ...): a configuration flag keeps the word after it
+    as its value, and a bare word no flag took is one of the tool's positional arguments. The tool then parses
+    its own part with ``own.parse_args`` (an unknown flag is the configuration parser's to name, with a "did
+    you mean")."""
+    takes_value = {o: a.nargs != 0 for a in own._actions for o in a.option_strings}
+    mine, rest = [], []
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name = token.split("=", 1)[0]
+        takes_next = "=" not in token and i + 1 < len(tokens)
+        if name in takes_value:
+            take = 2 if takes_value[name] and takes_next else 1
+            mine += tokens[i:i + take]
+        elif token.startswith("-"):  # a configuration flag; its value (if any) follows it
+            take = 2 if takes_next and not tokens[i + 1].startswith("--") else 1
+            rest += tokens[i:i + take]
+        else:  # a bare word no flag took: one of the tool's positional arguments
+            take = 1
+            mine.append(token)
+        i += take
+    return mine, rest
 
 
 def load_data_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> DataConfig:

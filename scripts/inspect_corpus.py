@@ -14,8 +14,8 @@ except the sampled texts. Library: data/corpus/inspect.py.
 
 Exit status 0; 1 when the config's mapping has errors (``train fit`` would refuse it); 2 with
 ``error: ...`` when the folder holds no parquet file, is an incomplete global-shuffle output, or the
-config is unreadable. The configuration is resolved as ``python -m train fit`` resolves it
-(train/config.py): stacked ``--config`` files and ``--data.*`` overrides.
+config is unreadable. The data section is resolved as ``python -m train fit`` resolves it, without torch
+(data/config.py resolve_data_config): stacked ``--config`` files and ``--data.*`` overrides.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import sys
 
+from data.config import resolve_data_config, split_tool_args
 from data.corpus.inspect import (
     duplicate_counts,
     filters_of,
@@ -38,6 +39,7 @@ from data.corpus.inspect import (
     propose_sources,
 )
 from data.errors import ConfigError, one_line_errors
+from data.shuffled import shuffle_problems
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,15 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _data_config(config_args: list[str]):
-    """The run's data config as ``train fit`` resolves it, or None without ``--config``."""
-    if not config_args:
-        return None
-    from train.config import data_config, resolve_config
-
-    return data_config(resolve_config(config_args))
-
-
 def _mapping(cfg, summary):
     """The start-up mapping report of the config's filters over every file of the folder."""
     from data.mapping import build_mapping
@@ -71,14 +64,10 @@ def _mapping(cfg, summary):
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    from train.config import split_tool_args
-
     parser = build_parser()
     own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(own)
-    from data.shuffled import shuffle_problems
-
-    cfg = _data_config(rest)
+    cfg = resolve_data_config(rest) if rest else None  # the run's data config, as train fit resolves it
     filters = filters_of({n: dataclasses.asdict(s) for n, s in cfg.sources.items()}) if cfg else None
     try:
         summary = inspect_corpus(args.dir, args.pattern)

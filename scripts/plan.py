@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from data.config import corpus_sources
+from data.config import corpus_sources, split_tool_args
 from data.errors import ConfigError, error_lines, one_line_errors
 
 
@@ -167,7 +167,7 @@ def print_streams(cfg, consumers: int) -> None:
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     from data.plan import plot_schedule
-    from train.config import resolve_config, split_tool_args
+    from train.config import resolve_config  # the model section too (the memory plan): torch is needed here
     from train.model import ModelConfigError
 
     parser = build_parser()

@@ -58,7 +58,7 @@ def _trainer(rank: int, world: int, ckpt_dir: Path, strategy: Broadcast, ckpt_pa
 
 def _datamodule(make_cfg, **kw) -> WellMixedData:
     cfg = make_cfg(**kw)
-    dm = WellMixedData(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
+    dm = WellMixedData(cfg)
     dm.prepare()
     return dm
 
