@@ -286,7 +286,7 @@ def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataCo
 def _instantiated(parser: ArgumentParser, parse) -> DataConfig:
     """The DataConfig that ``parse()`` gives ``parser``; jsonargparse's refusal as one ConfigError."""
     try:
-        return parser.instantiate_classes(parse()).data
+        return parser.instantiate(parse()).data
     except ArgumentError as e:
         raise ConfigError(parse_error(str(e))) from None
 
