@@ -36,7 +36,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
 from data.errors import ConfigError
-from data.schedules import ScheduleConfig
+from data.schedules import ScheduleConfig, validate_sources
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
 """Dolma3 columns every shard must have, with their Arrow types (large_string also accepted): the one place
@@ -169,31 +169,32 @@ class DataConfig:
         validate itself while jsonargparse parses it), so ``train fit``, dump_order and the tests
         report the same lines.
         """
-        out: list[str] = []
-        if not self.sources:
-            out.append("data.sources: no sources configured; name at least one mixture source")
-        for key in ("batch_size", "open_shards", "buffer_size", "min_chunks_per_source"):
-            if getattr(self, key) < 1:
-                out.append(f"data.{key}: {getattr(self, key)} must be >= 1")
+        out = _source_problems(self.sources)
+        positive = ("batch_size", "open_shards", "buffer_size", "min_chunks_per_source")
+        out += [f"data.{key}: {getattr(self, key)} must be >= 1" for key in positive if getattr(self, key) < 1]
         if not 0.0 <= self.unclaimed <= 1.0:
             out.append(f"data.unclaimed: {self.unclaimed} must be a share of tokens in [0, 1]")
         if self.num_workers < 0:
             out.append(f"data.num_workers: {self.num_workers} must be >= 0 (0 reads in the main process)")
-        for name, src in self.sources.items():
-            if not src.paths:
-                out.append(f"data.sources.{name}.paths is empty: give at least one parquet glob")
-            if src.filter is not None and not src.filter.patterns:
-                out.append(f"data.sources.{name}.filter.values is empty: give patterns to keep")
         out += _schedule_problems(self.schedule, self.source_names)
         if out:
             raise ConfigError("\n".join(out))
 
 
+def _source_problems(sources: dict[str, SourceConfig]) -> list[str]:
+    """No source, or a source without globs or filter patterns."""
+    out = [] if sources else ["data.sources: no sources configured; name at least one mixture source"]
+    for name, src in sources.items():
+        if not src.paths:
+            out.append(f"data.sources.{name}.paths is empty: give at least one parquet glob")
+        if src.filter is not None and not src.filter.patterns:
+            out.append(f"data.sources.{name}.filter.values is empty: give patterns to keep")
+    return out
+
+
 def _schedule_problems(schedule: ScheduleConfig, sources: list[str]) -> list[str]:
     """The schedule's own problems, prefixed ``data.``; if there are none, the ones of its build
     (budget vs warmups) and of its sources against ``data.sources``."""
-    from data.schedules import validate_sources
-
     out = [f"data.{p}" for p in schedule.problems()]
     if out:
         return out
@@ -205,28 +206,26 @@ def _schedule_problems(schedule: ScheduleConfig, sources: list[str]) -> list[str
 
 
 def check_weights(weights: dict[str, float], sources: list[str], key: str) -> None:
-    """Weights are token shares: non-negative, summing to 1, one per configured source."""
-    problems = weight_problems(weights, sources, key)
-    if problems:
-        raise ConfigError("\n".join(problems))
-
-
-def weight_problems(weights: dict[str, float], sources: list[str], key: str) -> list[str]:
-    """What is wrong with a fixed mixture, one line per independent problem."""
-    out = []
-    missing = [s for s in sources if s not in weights]
+    """Weights are token shares: non-negative, summing to 1, one per configured source; one line per
+    independent problem."""
     unknown = [s for s in weights if s not in sources]
-    if unknown:
-        out.append(f"{key}: unknown source(s) {unknown}; the corpus has {sources}")
-    if missing and not unknown:  # with an unknown name, a misspelling is the likely cause of both
-        out.append(f"{key}: no weight for source(s) {missing}; give every source a weight (0 is allowed)")
+    missing = [s for s in sources if s not in weights]
+    out = _share_problems(weights, key)
+    if unknown:  # with an unknown name, a misspelling is the likely cause of a missing one too
+        out.insert(0, f"{key}: unknown source(s) {unknown}; the corpus has {sources}")
+    elif missing:
+        out.insert(0, f"{key}: no weight for source(s) {missing}; give every source a weight (0 is allowed)")
+    if out:
+        raise ConfigError("\n".join(out))
+
+
+def _share_problems(weights: dict[str, float], key: str) -> list[str]:
+    """Negative weights, or (none negative) weights that do not sum to 1."""
     negative = {s: w for s, w in weights.items() if w < 0}
     if negative:
-        out.append(f"{key}: negative weight(s) {negative}; weights are token shares (0 leaves a source out)")
+        return [f"{key}: negative weight(s) {negative}; weights are token shares (0 leaves a source out)"]
     total = sum(weights.values())
-    if not negative and abs(total - 1.0) > 1e-6:
-        out.append(f"{key}: weights sum to {total:.6g}, must sum to 1; rescale them")
-    return out
+    return [f"{key}: weights sum to {total:.6g}, must sum to 1; rescale them"] if abs(total - 1.0) > 1e-6 else []
 
 
 REMOVED_KEYS = {
@@ -310,24 +309,22 @@ def split_tool_args(own: argparse.ArgumentParser, argv: list[str]) -> tuple[list
     its own part with ``own.parse_args`` (an unknown flag is the configuration parser's to name, with a "did
     you mean")."""
     takes_value = {o: a.nargs != 0 for a in own._actions for o in a.option_strings}
-    mine, rest = [], []
-    tokens = list(argv)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
+    mine, rest, tokens = [], [], list(argv)
+    while tokens:
+        token = tokens.pop(0)
         name = token.split("=", 1)[0]
-        takes_next = "=" not in token and i + 1 < len(tokens)
         if name in takes_value:
-            take = 2 if takes_value[name] and takes_next else 1
-            mine += tokens[i:i + take]
+            mine += _with_value(token, tokens, takes_value[name])
         elif token.startswith("-"):  # a configuration flag; its value (if any) follows it
-            take = 2 if takes_next and not tokens[i + 1].startswith("--") else 1
-            rest += tokens[i:i + take]
+            rest += _with_value(token, tokens, bool(tokens) and not tokens[0].startswith("--"))
         else:  # a bare word no flag took: one of the tool's positional arguments
-            take = 1
             mine.append(token)
-        i += take
     return mine, rest
+
+
+def _with_value(token: str, tokens: list[str], wanted: bool) -> list[str]:
+    """``token`` and, when ``wanted`` and not written ``--flag=value``, the next word (taken off ``tokens``)."""
+    return [token] + ([tokens.pop(0)] if wanted and "=" not in token and tokens else [])
 
 
 def load_data_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> DataConfig:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from data import files
 from data.config import DataConfig, check_weights, corpus_sources, resolve_data_config, split_tool_args
-from data.errors import ConfigError, error_lines, one_line_errors
+from data.errors import ConfigError, one_line_errors
 from data.manifest import build_manifest
 from data.plan import stream_table
 from data.simulate import OrderSimulator, dumps
@@ -107,49 +107,54 @@ def resolve(args: argparse.Namespace, rest: list[str]) -> DataConfig:
     return resolve_data_config(rest + mapped) if mapped else written
 
 
-@one_line_errors
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
-    if "-h" in own or "--help" in own:
-        parser.parse_args(own)  # prints the help and exits
+def load_cursor(sim: OrderSimulator, path: str) -> None:
+    """Continue ``sim`` from the cursor file ``path`` (written with --save-cursor-at); ConfigError naming it."""
     try:
-        args = parser.parse_args(own)
-        cfg = resolve(args, rest)
-        if args.corpus:
-            cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
-        manifest = build_manifest(cfg)
-        workers = cfg.num_workers if args.num_workers is None else args.num_workers
-        sim = OrderSimulator(manifest, cfg, args.world_size, workers)
-        steps = sim.steps.total_steps if args.steps is None else args.steps
-        if args.resume_from:
-            try:
-                state = json.loads(Path(args.resume_from).read_text())
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"--resume-from {args.resume_from}: unreadable cursor file: {e}") from None
-            try:
-                sim.load_state_dict(state)
-            except ConfigError as e:  # a damaged or edited cursor: say which file
-                raise ConfigError(f"--resume-from {args.resume_from}: {e}") from None
-            except Exception as e:  # valid JSON, but not a cursor (wrong keys, types, or packed buffers)
-                raise ConfigError(f"--resume-from {args.resume_from}: not a cursor written by dump_order "
-                                  f"({type(e).__name__}: {e})") from None
-        stop = steps if args.save_cursor_at is None else min(steps, args.save_cursor_at + 1)
-    except ConfigError as e:
-        print(error_lines(e), file=sys.stderr)
-        return 2
+        state = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume-from {path}: unreadable cursor file: {e}") from None
+    try:
+        sim.load_state_dict(state)
+    except ConfigError as e:  # a damaged or edited cursor: say which file
+        raise ConfigError(f"--resume-from {path}: {e}") from None
+    except Exception as e:  # valid JSON, but not a cursor (wrong keys, types, or packed buffers)
+        raise ConfigError(f"--resume-from {path}: not a cursor written by dump_order "
+                          f"({type(e).__name__}: {e})") from None
 
-    print("effective streams (per consumer):\n" + stream_table(manifest, cfg, args.world_size * sim.workers),
-          file=sys.stderr)
-    t0 = time.perf_counter()
+
+def write_lines(sim: OrderSimulator, stop: int, out_path: str) -> int:
+    """The order lines up to step ``stop`` into ``out_path`` (atomically; '-': stdout); how many."""
+    lines = 0
     with contextlib.ExitStack() as stack:
-        out = sys.stdout if args.out == "-" else open(stack.enter_context(files.atomic_path(args.out)), "w")
-        lines = 0
+        out = sys.stdout if out_path == "-" else open(stack.enter_context(files.atomic_path(out_path)), "w")
         for line in sim.order_lines(stop):
             out.write(dumps(line) + "\n")
             lines += 1
         if out is not sys.stdout:
             out.close()
+    return lines
+
+
+@one_line_errors
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)  # -h prints the help and exits
+    cfg = resolve(args, rest)
+    if args.corpus:
+        cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
+    manifest = build_manifest(cfg)
+    workers = cfg.num_workers if args.num_workers is None else args.num_workers
+    sim = OrderSimulator(manifest, cfg, args.world_size, workers)
+    if args.resume_from:
+        load_cursor(sim, args.resume_from)
+    steps = sim.steps.total_steps if args.steps is None else args.steps
+    stop = steps if args.save_cursor_at is None else min(steps, args.save_cursor_at + 1)
+
+    print("effective streams (per consumer):\n" + stream_table(manifest, cfg, args.world_size * sim.workers),
+          file=sys.stderr)
+    t0 = time.perf_counter()
+    lines = write_lines(sim, stop, args.out)
     if args.save_cursor_at is not None:
         cursor = Path(args.out + ".cursor.json")
         files.write_json(cursor, sim.state_dict(), indent=None)

@@ -39,6 +39,7 @@ from data.corpus.inspect import (
     propose_sources,
 )
 from data.errors import ConfigError, one_line_errors
+from data.mapping import build_mapping
 from data.shuffled import shuffle_problems
 
 
@@ -54,12 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _mapping(cfg, summary):
-    """The start-up mapping report of the config's filters over every file of the folder."""
-    from data.mapping import build_mapping
-
-    files = {name: list(summary.paths) for name in cfg.sources}
-    return build_mapping(cfg, files, summary.per_file)
+def scanned(folder: str, pattern: str):
+    """The folder's summary (data/corpus/inspect.py); ConfigError for no parquet file or an incomplete shuffle."""
+    try:
+        summary = inspect_corpus(folder, pattern)
+    except FileNotFoundError as e:  # no parquet file in the folder
+        raise ConfigError(str(e)) from None
+    incomplete = shuffle_problems(summary.paths)
+    if incomplete:
+        raise ConfigError("\n".join(incomplete))
+    return summary
 
 
 @one_line_errors
@@ -68,17 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(own)
     cfg = resolve_data_config(rest) if rest else None  # the run's data config, as train fit resolves it
-    filters = filters_of({n: dataclasses.asdict(s) for n, s in cfg.sources.items()}) if cfg else None
-    try:
-        summary = inspect_corpus(args.dir, args.pattern)
-    except FileNotFoundError as e:  # no parquet file in the folder
-        raise ConfigError(str(e)) from None
-    incomplete = shuffle_problems(summary.paths)
-    if incomplete:
-        raise ConfigError("\n".join(incomplete))
-    mapping = _mapping(cfg, summary) if cfg else None
-    print(format_report(summary, filters))
-    if mapping is not None:
+    summary = scanned(args.dir, args.pattern)
+    mapping = None
+    if cfg is None:
+        print(format_report(summary, None))
+    else:  # the config's filters over every file of the folder: the start-up mapping report
+        mapping = build_mapping(cfg, {name: list(summary.paths) for name in cfg.sources}, summary.per_file)
+        print(format_report(summary, filters_of({n: dataclasses.asdict(s) for n, s in cfg.sources.items()})))
         print("\n" + mapping.text())
     if summary.values["source"]:
         print("\n" + propose_sources(summary, args.paths))

@@ -307,7 +307,7 @@ class ConfigCLI(LightningCLI):
         LightningCLI adds a DataModule's arguments (the DataModule is built around it: instantiate_classes)."""
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.set_defaults({f"trainer.{k}": v for k, v in self.trainer_defaults.items() if k != "callbacks"})
-        parser.add_lightning_class_args(self._model_class, "model")
+        parser.add_lightning_class_args(self.model_class, "model")
         parser.add_class_arguments(DataConfig, "data", fail_untyped=False, sub_configs=True)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -319,7 +319,7 @@ class ConfigCLI(LightningCLI):
         """As LightningCLI, then the DataModule built around the ``data:`` section's DataConfig and the
         resume policy of ``run:``."""
         super().instantiate_classes()
-        run = self._get(self.config_init, "run")
+        run = (self.config_init[self.subcommand] if self.subcommand else self.config_init).run
         self.datamodule = WellMixedData(self.datamodule, **{key: getattr(run, key) for key in RESUME_POLICY})
 
     def _section(self):

@@ -269,25 +269,13 @@ class WellMixedData(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The data state of a checkpoint, on every rank: this rank's cursors go to its own file (see
         train/cursor_files.py), the returned state (rank 0's is the one saved) names their folder."""
-        workers = max(1, self.config.num_workers)
-        mine = [self._trained.get(w) for w in range(workers)]
+        mine = [self._trained.get(w) for w in range(max(1, self.config.num_workers))]
         resumed = self._resumed_cursors()
         if resumed is not None:  # workers idle since the resume keep the cursors they resumed with
             mine = [m if m is not None else o for m, o in zip(mine, resumed)]
         saved = [None if c is None else c.to_dict() for c in mine]  # buffers packed
         step = self.trainer.global_step if self.trainer else 0
-        ctx = self._context
-        state = {
-            "next_step": step * (ctx.accumulate if ctx else 1),
-            "world_size": self.world_size,
-            "num_workers": workers,
-            "batch_size": self.config.batch_size,
-            "accumulate": ctx.accumulate if ctx else 1,
-            "seed": self.config.seed,
-            "fingerprint": ctx.manifest.fingerprint() if ctx else None,
-            "corpus_files": ctx.manifest.file_digests() if ctx else None,
-            "schedule": schedule_fingerprint(self.config.schedule),
-        }
+        state = self._layout(step)
         ckpt_dir = self._checkpoint_dir()
         if ckpt_dir is None:
             if self.world_size > 1:
@@ -300,6 +288,22 @@ class WellMixedData(L.LightningDataModule):
         digests = gather_digests(strategy, digest, self.world_size)  # the checkpoint records every rank's
         strategy.barrier("WellMixedData.state_dict")  # every rank's file is in place before the checkpoint names it
         return {**state, "cursor_dir": cursor_dir, "cursor_sha256": digests}
+
+    def _layout(self, step: int) -> dict[str, Any]:
+        """What a resume compares at optimizer step ``step``: the layout, seed, corpus and schedule."""
+        ctx = self._context
+        accumulate = ctx.accumulate if ctx else 1
+        return {
+            "next_step": step * accumulate,
+            "world_size": self.world_size,
+            "num_workers": max(1, self.config.num_workers),
+            "batch_size": self.config.batch_size,
+            "accumulate": accumulate,
+            "seed": self.config.seed,
+            "fingerprint": ctx.manifest.fingerprint() if ctx else None,
+            "corpus_files": ctx.manifest.file_digests() if ctx else None,
+            "schedule": schedule_fingerprint(self.config.schedule),
+        }
 
     def _checkpoint_dir(self) -> Path | None:
         """Where the cursor files go: the folder of the trainer's ModelCheckpoint (the CLI's
