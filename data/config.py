@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
 from data.errors import ConfigError
@@ -262,19 +261,12 @@ def data_parser() -> ArgumentParser:
 def resolve_data_config(argv: list[str]) -> DataConfig:
     """The :class:`DataConfig` that ``python -m train fit ARGV`` builds (``--config`` files, ``--data.*``
     overrides), resolved without importing torch or Lightning; a bad key or value is a ConfigError."""
-    argv = [a for a in argv if a != "fit"]
-    removed = [k for k in REMOVED_KEYS for a in argv if re.match(rf"--data\.{k}([.=]|$)", a)]
-    if removed:
-        raise ConfigError(removed_key_error(removed[0]))
     parser = data_parser()
-    return _instantiated(parser, lambda: parser.parse_args(argv))
+    return _instantiated(parser, lambda: parser.parse_args([a for a in argv if a != "fit"]))
 
 
 def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataConfig:
     """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types."""
-    removed = [key for key in REMOVED_KEYS if key in section]
-    if removed:
-        raise ConfigError(f"{origin}: {removed_key_error(removed[0])}")
     try:
         parser = data_parser()
         return _instantiated(parser, lambda: parser.parse_object({"data": section}))
@@ -293,7 +285,7 @@ def _instantiated(parser: ArgumentParser, parse) -> DataConfig:
 def parse_error(message: str) -> str:
     """jsonargparse's refusal of a data config in a few words: a removed key names its replacement."""
     for key in REMOVED_KEYS:
-        if re.search(rf"(does not accept (nested key|option) '|'data\.){key}[.']", message):
+        if re.search(rf"(does not accept (nested key|option) '|'data\.|--data\.){key}\b", message):
             return removed_key_error(key)
     missing = re.search(r'Parser key "([\w.]+)": File does not exist: \'?([^\'\n]+)', message)
     if missing:
@@ -327,20 +319,10 @@ def _with_value(token: str, tokens: list[str], wanted: bool) -> list[str]:
     return [token] + ([tokens.pop(0)] if wanted and "=" not in token and tokens else [])
 
 
-def load_data_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> DataConfig:
-    """Read the ``data:`` section of a run config (or a bare data config) from YAML."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--config {path}: file not found")
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    section = doc.get("data", doc) if isinstance(doc, dict) else None
-    if not isinstance(section, dict):
-        raise ConfigError(f"{path}: expected a mapping with a `data:` section")
-    section = {**section, **(overrides or {})}
-    return parse_data_config(section, origin=str(path))
+def load_data_config(path: str | Path, overrides: Optional[dict[str, str]] = None) -> DataConfig:
+    """The data section of the run config ``path`` (``--config PATH``), with ``data.KEY: value`` overrides."""
+    return resolve_data_config(["--config", str(path), *[a for k, v in (overrides or {}).items()
+                                                         for a in (f"--data.{k}", str(v))]])
 
 
 def corpus_sources(corpus_dir: str | Path, names: Optional[list[str]] = None) -> dict[str, SourceConfig]:

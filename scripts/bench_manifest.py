@@ -71,22 +71,18 @@ def consumer_config(corpus: str, folder: str) -> Path:
     return path
 
 
-def consumer_run(config: Path, cache: str, heavy: bool) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MB) of dump_order's first 3 steps of one consumer, in a fresh process."""
-    argv = [str(DUMP_ORDER), "--config", str(DEMO_CONFIG), "--config", str(config), "--steps", "3",
-            "--world-size", "1", "--num-workers", "1", "--out", os.devnull]
-    command = [sys.executable, *(["-c", HEAVY] if heavy else []), *argv]
-    with tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(command, env={**os.environ, "WELLMIXED_CACHE": cache}, stdout=subprocess.DEVNULL,
-                                stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            err.seek(0)
-            raise SystemExit(f"dump_order failed ({proc.returncode}): {err.read().decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024  # KiB on Linux
+def consumer_run(config: Path, cache: str, heavy: bool) -> tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS MB) of dump_order's first 3 steps of one consumer, in a fresh process."""
+    command = [sys.executable, *(["-c", HEAVY] if heavy else []), str(DUMP_ORDER), "--config", str(DEMO_CONFIG),
+               "--config", str(config), "--steps", "3", "--world-size", "1", "--num-workers", "1", "--out", os.devnull]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command, env={**os.environ, "WELLMIXED_CACHE": cache}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"exit {proc.returncode}: {' '.join(command)}")
+    return time.perf_counter() - t0, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # KiB on Linux
 
 
 def consumer_figures(corpus: str, rounds: int) -> None:
@@ -94,16 +90,12 @@ def consumer_figures(corpus: str, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         config, cache = consumer_config(corpus, folder), str(Path(folder) / "cache")
         consumer_run(config, cache, heavy=False)  # builds the manifest cache
-        runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-        for _ in range(rounds):
-            for heavy in (False, True):
-                runs[heavy].append(consumer_run(config, cache, heavy))
+        runs = [[consumer_run(config, cache, heavy) for heavy in (False, True)] for _ in range(rounds)]
     print(f"first 3 steps of one consumer (dump_order --config configs/demo.yaml + the scale corpus's sources, "
           f"1 rank x 1 worker), {rounds} alternating rounds, warm manifest cache (medians)")
-    for heavy, label in ((False, "light (data/config.py)"), (True, "after import train.config")):
-        wall = statistics.median(w for w, _ in runs[heavy])
-        rss = statistics.median(r for _, r in runs[heavy])
-        print(f"  {label:<27} {wall:7.2f} s  {rss:8.0f} MB peak RSS")
+    for i, label in enumerate(("light (data/config.py)", "after import train.config")):
+        wall, cpu, rss = (statistics.median(run[i][k] for run in runs) for k in range(3))
+        print(f"  {label:<27} {wall:7.2f} s wall  {cpu:7.2f} s CPU  {rss:6.0f} MB peak RSS")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,6 @@ import re
 import sys
 import tomllib
 import typing
-import warnings
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed
@@ -406,22 +405,10 @@ def resolve_config(argv: list[str]) -> Namespace:
     quiet.setLevel(logging.WARNING)
     try:
         cli = _Resolve(args=argv, run=False, prog="python -m train fit")
-        _PARSER[0] = cli.parser
         return cli.config
     finally:
         sys.argv = saved
         quiet.setLevel(level)
-
-
-_PARSER: list = [None]
-
-
-def dump_config(cfg: Namespace) -> str:
-    """A config from :func:`resolve_config` as YAML, as ``--print_config`` writes it."""
-
-    with warnings.catch_warnings():  # jsonargparse 4.49+ names it skip_unset; Lightning 2.6 still says skip_none
-        warnings.simplefilter("ignore")
-        return _PARSER[0].dump(cfg, skip_none=False)
 
 
 def model_config(cfg: Namespace) -> ModelConfig:
@@ -431,10 +418,8 @@ def model_config(cfg: Namespace) -> ModelConfig:
 
 
 def data_config(cfg: Namespace) -> DataConfig:
-    """The :class:`DataConfig` a resolved config builds (its ``data:`` section, without the resume policy)."""
-    fields = {f.name for f in dataclasses.fields(DataConfig)}
-    section = {k: v for k, v in cfg.data.as_dict().items() if k in fields}
-    return parse_data_config(section, origin=config_sources(cfg))
+    """The :class:`DataConfig` a resolved config builds (its ``data:`` section)."""
+    return parse_data_config(cfg.data.as_dict(), origin=config_sources(cfg))
 
 
 def model_source(cfg: Namespace) -> str:

@@ -61,18 +61,25 @@ def test_plan_sees_what_fit_print_config_shows(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("DOLMA3_DIR", raising=False)
     assert script("plan").main([*args, "--out", str(tmp_path / "plan.png")]) == 0
     stdout = capsys.readouterr().out
-    assert sections(config.dump_config(seen[-1])) == sections(out)
+    assert resolved_sections(seen[-1]) == sections(out)
     assert "data.batch_size 4 x 2048 tokens" in stdout  # the 64-GPU preset's micro-batch
     assert printed["data"]["batch_size"] == 4 and printed["model"]["model"]["n_layers"] == 3
     (tmp_path / "printed.yaml").write_text(out)  # as a run's saved config.yaml: ckpt_path, weights_only too
     assert script("plan").main(["--config", str(tmp_path / "printed.yaml"), "--out", str(tmp_path / "p.png")]) == 0
-    assert sections(config.dump_config(seen[-1])) == sections(out)
+    assert resolved_sections(seen[-1]) == sections(out)
 
 
 def sections(text: str) -> dict:
     """The data and model sections of a printed config."""
     cfg = yaml.safe_load(text)
-    return {"data": cfg["data"], "model": cfg["model"]}
+    return {"data": cfg["data"], "model": cfg["model"]["model"]}
+
+
+def resolved_sections(resolved) -> dict:
+    """What a tool builds of a resolved config's data and model sections, as plain mappings."""
+    from train.config import data_config, model_config
+
+    return {"data": plain(data_config(resolved)), "model": dataclasses.asdict(model_config(resolved))}
 
 
 def plain(cfg) -> dict:
