@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import glob
 import os
 import re
@@ -279,11 +280,16 @@ def _instantiated(parser: ArgumentParser, parse) -> DataConfig:
     try:
         return parser.instantiate(parse()).data
     except ArgumentError as e:
-        raise ConfigError(parse_error(str(e))) from None
+        raise ConfigError(parse_error(str(e), ["--" + key for key in parser.get_defaults().keys()])) from None
 
 
-def parse_error(message: str) -> str:
-    """jsonargparse's refusal of a data config in a few words: a removed key names its replacement."""
+def parse_error(message: str, known: list[str]) -> str:
+    """jsonargparse's refusal of a data config in a few words: a removed key names its replacement, an
+    unknown flag the ``known`` ones closest to it."""
+    unknown = re.match(r"unrecognized arguments: (--[\w.]+)", message)
+    close = difflib.get_close_matches(unknown.group(1), known, n=3, cutoff=0.75) if unknown else []
+    if close:
+        return f"{message.splitlines()[0]} (did you mean {' or '.join(close)}?)"
     for key in REMOVED_KEYS:
         if re.search(rf"(does not accept (nested key|option) '|'data\.|--data\.){key}\b", message):
             return removed_key_error(key)
@@ -320,9 +326,15 @@ def _with_value(token: str, tokens: list[str], wanted: bool) -> list[str]:
 
 
 def load_data_config(path: str | Path, overrides: Optional[dict[str, str]] = None) -> DataConfig:
-    """The data section of the run config ``path`` (``--config PATH``), with ``data.KEY: value`` overrides."""
-    return resolve_data_config(["--config", str(path), *[a for k, v in (overrides or {}).items()
-                                                         for a in (f"--data.{k}", str(v))]])
+    """The data section of the run config ``path`` (``--config PATH``), with ``data.KEY: value`` overrides;
+    a refusal names the file."""
+    if not Path(path).is_file():
+        raise ConfigError(f"--config {path}: file not found")
+    try:
+        return resolve_data_config(["--config", str(path), *[a for k, v in (overrides or {}).items()
+                                                             for a in (f"--data.{k}", str(v))]])
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def corpus_sources(corpus_dir: str | Path, names: Optional[list[str]] = None) -> dict[str, SourceConfig]:

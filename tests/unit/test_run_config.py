@@ -9,8 +9,7 @@ written nothing into it.
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import copy
 import os
 import re
 import subprocess
@@ -20,6 +19,8 @@ from pathlib import Path
 import yaml
 from scripts_in_process import load_script
 from training_runs import fit_in_process as fit
+
+from data.config import parse_data_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -70,21 +71,18 @@ def test_plan_sees_what_fit_print_config_shows(capsys, monkeypatch, tmp_path):
 
 
 def sections(text: str) -> dict:
-    """The data and model sections of a printed config."""
+    """The DataConfig and ModelConfig that a printed config's data and model sections build."""
+    from train.model import ModelConfig
+
     cfg = yaml.safe_load(text)
-    return {"data": cfg["data"], "model": cfg["model"]["model"]}
+    return {"data": parse_data_config(cfg["data"]), "model": ModelConfig(**cfg["model"]["model"])}
 
 
 def resolved_sections(resolved) -> dict:
-    """What a tool builds of a resolved config's data and model sections, as plain mappings."""
+    """The DataConfig and ModelConfig a tool builds of a resolved config."""
     from train.config import data_config, model_config
 
-    return {"data": plain(data_config(resolved)), "model": dataclasses.asdict(model_config(resolved))}
-
-
-def plain(cfg) -> dict:
-    """A DataConfig as the plain mapping ``--print_config`` writes (tuples as lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+    return {"data": data_config(resolved), "model": model_config(resolved)}
 
 
 def test_data_tools_resolve_the_data_section_as_fit_print_config_shows(capsys, monkeypatch, tmp_path, demo_corpus):
@@ -100,14 +98,15 @@ def test_data_tools_resolve_the_data_section_as_fit_print_config_shows(capsys, m
     (tmp_path / "sub" / "over.yaml").write_text("data:\n  seed: 9\n  schedule:\n    mixture: mix.yaml\n")
     args = ["--config", DEMO, "--config", str(tmp_path / "sub" / "over.yaml"), "--data.buffer_size", "32"]
     rc, out, _ = fit([*args, "--print_config"], capsys)
-    printed = yaml.safe_load(out)["data"]
-    assert rc == 0 and printed["seed"] == 9 and printed["schedule"]["mixture"]["phases"][0]["weights"]["curated"] == 0.1
+    printed = parse_data_config(yaml.safe_load(out)["data"])
+    assert rc == 0 and printed.seed == 9 and printed.buffer_size == 32
+    assert printed.schedule.mixture.phases[0].weights["curated"] == 0.1  # the mixture file beside over.yaml
     monkeypatch.chdir(tmp_path)  # another working directory: the mixture file is found beside over.yaml
     seen = []
 
     def noted(argv: list[str]):
         cfg = resolve_data_config(argv)
-        seen.append(plain(cfg))  # as resolved (dump_order's --corpus then replaces the sources' globs)
+        seen.append(copy.deepcopy(cfg))  # as resolved (dump_order's --corpus then replaces the sources' globs)
         return cfg
 
     for name, extra in (("dump_order", ["--corpus", str(demo_corpus), "--steps", "1", "--out", "o.jsonl"]),
@@ -117,7 +116,7 @@ def test_data_tools_resolve_the_data_section_as_fit_print_config_shows(capsys, m
         assert tool.main([*args, *extra]) == 0
         assert seen[-1] == printed, name
     (tmp_path / "printed.yaml").write_text(out)  # ckpt_path, trainer, model, run: accepted unread
-    assert plain(resolve_data_config(["--config", str(tmp_path / "printed.yaml")])) == printed
+    assert resolve_data_config(["--config", str(tmp_path / "printed.yaml")]) == printed
     (tmp_path / "typo.yaml").write_text(out.replace("\ndata:\n", "\ndata:\n  buffer_sise: 8\n"))
     capsys.readouterr()
     assert script("dump_order").main(["--config", str(tmp_path / "typo.yaml"), "--out", "t.jsonl"]) == 2
