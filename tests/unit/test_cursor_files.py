@@ -67,7 +67,7 @@ def _datamodule(make_cfg, **kw) -> WellMixedData:
 def trained(make_cfg):
     """Packed cursors [rank][worker] after 4 steps of 2 ranks x 2 workers."""
     dm = _datamodule(make_cfg)
-    sim = OrderSimulator(dm.context().manifest, dm, 2, 2)
+    sim = OrderSimulator(dm.context().manifest, dm.config, 2, 2)
     list(sim.batches(STEP))
     return [[c.state_dict() for c in rank] for rank in sim.consumers]
 
