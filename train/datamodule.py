@@ -269,11 +269,7 @@ class WellMixedData(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The data state of a checkpoint, on every rank: this rank's cursors go to its own file (see
         train/cursor_files.py), the returned state (rank 0's is the one saved) names their folder."""
-        mine = [self._trained.get(w) for w in range(max(1, self.config.num_workers))]
-        resumed = self._resumed_cursors()
-        if resumed is not None:  # workers idle since the resume keep the cursors they resumed with
-            mine = [m if m is not None else o for m, o in zip(mine, resumed)]
-        saved = [None if c is None else c.to_dict() for c in mine]  # buffers packed
+        saved = [None if c is None else c.to_dict() for c in self._cursors_to_save()]  # buffers packed
         step = self.trainer.global_step if self.trainer else 0
         state = self._layout(step)
         ckpt_dir = self._checkpoint_dir()
@@ -288,6 +284,13 @@ class WellMixedData(L.LightningDataModule):
         digests = gather_digests(strategy, digest, self.world_size)  # the checkpoint records every rank's
         strategy.barrier("WellMixedData.state_dict")  # every rank's file is in place before the checkpoint names it
         return {**state, "cursor_dir": cursor_dir, "cursor_sha256": digests}
+
+    def _cursors_to_save(self) -> list[ConsumerCursor | None]:
+        """Per worker, the cursor after its last trained batch; a worker idle since the resume keeps the
+        cursor it resumed with."""
+        mine = [self._trained.get(w) for w in range(max(1, self.config.num_workers))]
+        resumed = self._resumed_cursors()
+        return mine if resumed is None else [m if m is not None else o for m, o in zip(mine, resumed)]
 
     def _layout(self, step: int) -> dict[str, Any]:
         """What a resume compares at optimizer step ``step``: the layout, seed, corpus and schedule."""
