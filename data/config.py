@@ -286,13 +286,13 @@ def _instantiated(parser: ArgumentParser, parse) -> DataConfig:
 def parse_error(message: str, known: list[str]) -> str:
     """jsonargparse's refusal of a data config in a few words: a removed key names its replacement, an
     unknown flag the ``known`` ones closest to it."""
+    for key in REMOVED_KEYS:
+        if re.search(rf"(does not accept (nested key|option) '|'data\.|--data\.){key}\b", message):
+            return removed_key_error(key)
     unknown = re.match(r"unrecognized arguments: (--[\w.]+)", message)
     close = difflib.get_close_matches(unknown.group(1), known, n=3, cutoff=0.75) if unknown else []
     if close:
         return f"{message.splitlines()[0]} (did you mean {' or '.join(close)}?)"
-    for key in REMOVED_KEYS:
-        if re.search(rf"(does not accept (nested key|option) '|'data\.|--data\.){key}\b", message):
-            return removed_key_error(key)
     missing = re.search(r'Parser key "([\w.]+)": File does not exist: \'?([^\'\n]+)', message)
     if missing:
         return f"--{missing.group(1)} {missing.group(2)}: file not found"
