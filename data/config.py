@@ -23,7 +23,9 @@ relations between fields are checked in :meth:`DataConfig.validate`.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
 import glob
 import os
 import re
@@ -31,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import yaml
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
 from data.errors import ConfigError
-from data.schedules import ScheduleConfig
+from data.schedules import ScheduleConfig, validate_sources
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
 """Dolma3 columns every shard must have, with their Arrow types (large_string also accepted): the one place
@@ -167,31 +169,32 @@ class DataConfig:
         validate itself while jsonargparse parses it), so ``train fit``, dump_order and the tests
         report the same lines.
         """
-        out: list[str] = []
-        if not self.sources:
-            out.append("data.sources: no sources configured; name at least one mixture source")
-        for key in ("batch_size", "open_shards", "buffer_size", "min_chunks_per_source"):
-            if getattr(self, key) < 1:
-                out.append(f"data.{key}: {getattr(self, key)} must be >= 1")
+        out = _source_problems(self.sources)
+        positive = ("batch_size", "open_shards", "buffer_size", "min_chunks_per_source")
+        out += [f"data.{key}: {getattr(self, key)} must be >= 1" for key in positive if getattr(self, key) < 1]
         if not 0.0 <= self.unclaimed <= 1.0:
             out.append(f"data.unclaimed: {self.unclaimed} must be a share of tokens in [0, 1]")
         if self.num_workers < 0:
             out.append(f"data.num_workers: {self.num_workers} must be >= 0 (0 reads in the main process)")
-        for name, src in self.sources.items():
-            if not src.paths:
-                out.append(f"data.sources.{name}.paths is empty: give at least one parquet glob")
-            if src.filter is not None and not src.filter.patterns:
-                out.append(f"data.sources.{name}.filter.values is empty: give patterns to keep")
         out += _schedule_problems(self.schedule, self.source_names)
         if out:
             raise ConfigError("\n".join(out))
 
 
+def _source_problems(sources: dict[str, SourceConfig]) -> list[str]:
+    """No source, or a source without globs or filter patterns."""
+    out = [] if sources else ["data.sources: no sources configured; name at least one mixture source"]
+    for name, src in sources.items():
+        if not src.paths:
+            out.append(f"data.sources.{name}.paths is empty: give at least one parquet glob")
+        if src.filter is not None and not src.filter.patterns:
+            out.append(f"data.sources.{name}.filter.values is empty: give patterns to keep")
+    return out
+
+
 def _schedule_problems(schedule: ScheduleConfig, sources: list[str]) -> list[str]:
     """The schedule's own problems, prefixed ``data.``; if there are none, the ones of its build
     (budget vs warmups) and of its sources against ``data.sources``."""
-    from data.schedules import validate_sources
-
     out = [f"data.{p}" for p in schedule.problems()]
     if out:
         return out
@@ -203,28 +206,26 @@ def _schedule_problems(schedule: ScheduleConfig, sources: list[str]) -> list[str
 
 
 def check_weights(weights: dict[str, float], sources: list[str], key: str) -> None:
-    """Weights are token shares: non-negative, summing to 1, one per configured source."""
-    problems = weight_problems(weights, sources, key)
-    if problems:
-        raise ConfigError("\n".join(problems))
-
-
-def weight_problems(weights: dict[str, float], sources: list[str], key: str) -> list[str]:
-    """What is wrong with a fixed mixture, one line per independent problem."""
-    out = []
-    missing = [s for s in sources if s not in weights]
+    """Weights are token shares: non-negative, summing to 1, one per configured source; one line per
+    independent problem."""
     unknown = [s for s in weights if s not in sources]
-    if unknown:
-        out.append(f"{key}: unknown source(s) {unknown}; the corpus has {sources}")
-    if missing and not unknown:  # with an unknown name, a misspelling is the likely cause of both
-        out.append(f"{key}: no weight for source(s) {missing}; give every source a weight (0 is allowed)")
+    missing = [s for s in sources if s not in weights]
+    out = _share_problems(weights, key)
+    if unknown:  # with an unknown name, a misspelling is the likely cause of a missing one too
+        out.insert(0, f"{key}: unknown source(s) {unknown}; the corpus has {sources}")
+    elif missing:
+        out.insert(0, f"{key}: no weight for source(s) {missing}; give every source a weight (0 is allowed)")
+    if out:
+        raise ConfigError("\n".join(out))
+
+
+def _share_problems(weights: dict[str, float], key: str) -> list[str]:
+    """Negative weights, or (none negative) weights that do not sum to 1."""
     negative = {s: w for s, w in weights.items() if w < 0}
     if negative:
-        out.append(f"{key}: negative weight(s) {negative}; weights are token shares (0 leaves a source out)")
+        return [f"{key}: negative weight(s) {negative}; weights are token shares (0 leaves a source out)"]
     total = sum(weights.values())
-    if not negative and abs(total - 1.0) > 1e-6:
-        out.append(f"{key}: weights sum to {total:.6g}, must sum to 1; rescale them")
-    return out
+    return [f"{key}: weights sum to {total:.6g}, must sum to 1; rescale them"] if abs(total - 1.0) > 1e-6 else []
 
 
 REMOVED_KEYS = {
@@ -240,37 +241,100 @@ def removed_key_error(key: str) -> str:
     return f"data.{key}: no longer a key; {REMOVED_KEYS[key]}"
 
 
+RUN_SECTIONS = ("seed_everything", "trainer", "model", "run", "ckpt_path", "weights_only")
+"""The top-level keys of a run config besides ``data:`` (a run's saved config.yaml and ``fit --print_config``
+hold them): a tool that reads only the data section accepts them unread."""
+
+
+def data_parser() -> ArgumentParser:
+    """The ``data:`` part of ``python -m train fit``'s parser, without torch or Lightning: ``--config`` files
+    stacked in order, the same DataConfig group added the same way (``--data.KEY V`` overrides, unknown keys
+    and wrong types refused, a mixture given as a file read relative to the config that names it), and the
+    other sections of a run config accepted unread (train/config.py builds the full parser)."""
+    parser = ArgumentParser(prog="python -m train fit", exit_on_error=False, allow_abbrev=False)
+    parser.add_argument("-c", "--config", action=ActionConfigFile)
+    parser.add_class_arguments(DataConfig, "data", fail_untyped=False, sub_configs=True)
+    for key in RUN_SECTIONS:
+        parser.add_argument(f"--{key}", type=Any, default=None)
+    return parser
+
+
+def resolve_data_config(argv: list[str]) -> DataConfig:
+    """The :class:`DataConfig` that ``python -m train fit ARGV`` builds (``--config`` files, ``--data.*``
+    overrides), resolved without importing torch or Lightning; a bad key or value is a ConfigError."""
+    parser = data_parser()
+    return _instantiated(parser, lambda: parser.parse_args([a for a in argv if a != "fit"]))
+
+
 def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataConfig:
     """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types."""
-    from jsonargparse import ArgumentParser
-
-    removed = [key for key in REMOVED_KEYS if key in section]
-    if removed:
-        raise ConfigError(f"{origin}: {removed_key_error(removed[0])}")
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--data", type=DataConfig, sub_configs=True)  # `mixture: FILE.yaml` as train fit reads it
     try:
-        return parser.instantiate(parser.parse_object({"data": section})).data
+        parser = data_parser()
+        return _instantiated(parser, lambda: parser.parse_object({"data": section}))
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
-    except Exception as e:  # jsonargparse's ArgumentError names the key; keep its text
-        raise ConfigError(f"{origin}: invalid data section:\n{e}") from None
 
 
-def load_data_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> DataConfig:
-    """Read the ``data:`` section of a run config (or a bare data config) from YAML."""
-    path = Path(path)
-    if not path.is_file():
+def _instantiated(parser: ArgumentParser, parse) -> DataConfig:
+    """The DataConfig that ``parse()`` gives ``parser``; jsonargparse's refusal as one ConfigError."""
+    try:
+        return parser.instantiate(parse()).data
+    except ArgumentError as e:
+        raise ConfigError(parse_error(str(e), ["--" + key for key in parser.get_defaults().keys()])) from None
+
+
+def parse_error(message: str, known: list[str]) -> str:
+    """jsonargparse's refusal of a data config in a few words: a removed key names its replacement, an
+    unknown flag the ``known`` ones closest to it."""
+    for key in REMOVED_KEYS:
+        if re.search(rf"(does not accept (nested key|option) '|'data\.|--data\.){key}\b", message):
+            return removed_key_error(key)
+    unknown = re.match(r"unrecognized arguments: (--[\w.]+)", message)
+    close = difflib.get_close_matches(unknown.group(1), known, n=3, cutoff=0.75) if unknown else []
+    if close:
+        return f"{message.splitlines()[0]} (did you mean {' or '.join(close)}?)"
+    missing = re.search(r'Parser key "([\w.]+)": File does not exist: \'?([^\'\n]+)', message)
+    if missing:
+        return f"--{missing.group(1)} {missing.group(2)}: file not found"
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    return re.sub(r'^Parser key "([\w.]+)":?\s*', r"--\1: ", " ".join(lines[:4]))
+
+
+def split_tool_args(own: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """A tool's command line split into its own flags (``own``'s options, with their values) and the rest,
+    for the configuration parser (``--config``, ``--data.*``, ...): a configuration flag keeps the word after it
+    as its value, and a bare word no flag took is one of the tool's positional arguments. The tool then parses
+    its own part with ``own.parse_args`` (an unknown flag is the configuration parser's to name, with a "did
+    you mean")."""
+    takes_value = {o: a.nargs != 0 for a in own._actions for o in a.option_strings}
+    mine, rest, tokens = [], [], list(argv)
+    while tokens:
+        token = tokens.pop(0)
+        name = token.split("=", 1)[0]
+        if name in takes_value:
+            mine += _with_value(token, tokens, takes_value[name])
+        elif token.startswith("-"):  # a configuration flag; its value (if any) follows it
+            rest += _with_value(token, tokens, bool(tokens) and not tokens[0].startswith("--"))
+        else:  # a bare word no flag took: one of the tool's positional arguments
+            mine.append(token)
+    return mine, rest
+
+
+def _with_value(token: str, tokens: list[str], wanted: bool) -> list[str]:
+    """``token`` and, when ``wanted`` and not written ``--flag=value``, the next word (taken off ``tokens``)."""
+    return [token] + ([tokens.pop(0)] if wanted and "=" not in token and tokens else [])
+
+
+def load_data_config(path: str | Path, overrides: Optional[dict[str, str]] = None) -> DataConfig:
+    """The data section of the run config ``path`` (``--config PATH``), with ``data.KEY: value`` overrides;
+    a refusal names the file."""
+    if not Path(path).is_file():
         raise ConfigError(f"--config {path}: file not found")
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    section = doc.get("data", doc) if isinstance(doc, dict) else None
-    if not isinstance(section, dict):
-        raise ConfigError(f"{path}: expected a mapping with a `data:` section")
-    section = {**section, **(overrides or {})}
-    return parse_data_config(section, origin=str(path))
+        return resolve_data_config(["--config", str(path), *[a for k, v in (overrides or {}).items()
+                                                             for a in (f"--data.{k}", str(v))]])
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def corpus_sources(corpus_dir: str | Path, names: Optional[list[str]] = None) -> dict[str, SourceConfig]:

@@ -24,6 +24,7 @@ import numpy as np
 from data import files
 from data.errors import ConfigError
 from data.formatting import human
+from data.manifest import build_manifest
 from data.schedules import Schedule, tokens_per_phase, tokens_per_source
 
 
@@ -85,10 +86,15 @@ def plan_table(schedule: Schedule, available_tokens: dict[str, int]) -> str:
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines + [""] + [f"{name:<20}{value}" for name, value in _plan_facts(schedule)]) + "\n"
+
+
+def _plan_facts(schedule: Schedule) -> list[tuple[str, str]]:
+    """The plan's totals, decay start, phase boundaries, sequence-length warmup and LR, as (name, value)."""
     config, seq = schedule.config, schedule.config.seq_len
     boundaries = ", ".join(f"{name} @ {step:,}" for name, step in schedule.phase_boundaries)
     warmup_end = f"step {seq.warmup_steps:,} ({seq.start} -> {seq.end})" if seq.warmup_steps else f"none ({seq.end})"
-    facts = [
+    return [
         ("total steps", f"{schedule.total_steps:,} x {config.global_batch_size} sequences"),
         ("total tokens", f"{human(schedule.total_tokens)} (budget {human(config.train_tokens)})"),
         ("decay start", f"step {schedule.decay_start:,} (schedule.anneal_start = {config.anneal_start:g})"),
@@ -97,7 +103,6 @@ def plan_table(schedule: Schedule, available_tokens: dict[str, int]) -> str:
         ("seq-len warmup end", warmup_end),
         ("lr", f"peak {config.lr.peak:.2e} after {config.lr.warmup_steps:,} steps, {config.lr.min:.2e} at the end"),
     ]
-    return "\n".join(lines + [""] + [f"{name:<20}{value}" for name, value in facts]) + "\n"
 
 
 def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
@@ -213,23 +218,18 @@ def available_tokens(cfg, tokens_flag: dict[str, int] | None) -> tuple[dict[str,
     """Tokens per source and where they came from: --tokens, the manifest, or data.expected_tokens."""
     names = list(cfg.sources)
     if tokens_flag is not None:
-        unknown = sorted(set(tokens_flag) - set(names))
-        if unknown:
-            raise ConfigError(f"--tokens: unknown source(s) {unknown}; the config has {names}")
-        fallback = cfg.expected_tokens or {}
-        missing = [n for n in names if n not in tokens_flag and n not in fallback]
-        if missing:
-            raise ConfigError(f"--tokens: no count for source(s) {missing} (and none in data.expected_tokens)")
-        return {n: int(tokens_flag.get(n, fallback.get(n, 0))) for n in names}, "--tokens"
-
+        return _flag_tokens(names, tokens_flag, cfg.expected_tokens or {}), "--tokens"
     absent = [n for n in names if not cfg.sources[n].files()]
     if not absent:
-        from data.manifest import build_manifest
-
         manifest = build_manifest(cfg)  # validates every file; a bad one is an error, not a fallback
         skipped = f", {len(manifest.skipped)} bad file(s) skipped" if manifest.skipped else ""
         return ({n: manifest.sources[n].stream_tokens for n in names},
                 f"corpus manifest (token_count + one EOT per training document{skipped})")
+    return _expected_tokens(cfg, names, absent)
+
+
+def _expected_tokens(cfg, names: list[str], absent: list[str]) -> tuple[dict[str, int], str]:
+    """data.expected_tokens, when the corpus files of ``absent`` sources are not on this machine."""
     if cfg.expected_tokens is None:
         raise ConfigError(
             f"no corpus files for source(s) {absent} (globs: "
@@ -240,3 +240,14 @@ def available_tokens(cfg, tokens_flag: dict[str, int] | None) -> tuple[dict[str,
         raise ConfigError(f"data.expected_tokens: no count for source(s) {missing}; give one per source")
     return ({n: int(cfg.expected_tokens[n]) for n in names},
             f"data.expected_tokens (published counts; no corpus files for {', '.join(absent)} here)")
+
+
+def _flag_tokens(names: list[str], tokens_flag: dict[str, int], fallback: dict[str, int]) -> dict[str, int]:
+    """--tokens per source, data.expected_tokens for a source it leaves out."""
+    unknown = sorted(set(tokens_flag) - set(names))
+    if unknown:
+        raise ConfigError(f"--tokens: unknown source(s) {unknown}; the config has {names}")
+    missing = [n for n in names if n not in tokens_flag and n not in fallback]
+    if missing:
+        raise ConfigError(f"--tokens: no count for source(s) {missing} (and none in data.expected_tokens)")
+    return {n: int(tokens_flag.get(n, fallback.get(n, 0))) for n in names}

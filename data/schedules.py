@@ -237,32 +237,21 @@ class Schedule:
     def from_config(cls, config: ScheduleConfig, mixture_key: str = "schedule.mixture") -> Schedule:
         """Computes the step counts and resolves the mixture; ``mixture_key`` names it in errors."""
         config.validate()
-        seq, lr, mixture = config.seq_len, config.lr, config.mixture
-        one_batch = config.global_batch_size * seq.start
-        if config.train_tokens < one_batch:
-            raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens is below one batch "
-                              f"(schedule.global_batch_size x seq_len.start = {one_batch}); raise the budget")
-        segments = _seq_len_segments(seq)
-        warm_tokens = sum(config.global_batch_size * length * (stop - first)
-                          for (first, length), (stop, _) in zip(segments, segments[1:]))
-        if warm_tokens >= config.train_tokens:
-            raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens end within the "
-                              f"{seq.warmup_steps} steps of schedule.seq_len.warmup_steps")
-        after = -(-(config.train_tokens - warm_tokens) // (config.global_batch_size * seq.end))
-        total_steps = seq.warmup_steps + after
-        total_tokens = warm_tokens + after * config.global_batch_size * seq.end
-        if total_steps <= lr.warmup_steps:
-            raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} is not below the "
-                              f"{total_steps} total steps of schedule.train_tokens")
-        decay_start = round(config.anneal_start * total_steps)
-        if config.anneal_start < 1 and decay_start > total_steps - 2:
-            raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under 2 of the "
-                              f"{total_steps} steps of schedule.train_tokens ({config.train_tokens}); raise the "
-                              "budget or lower anneal_start")
-        if lr.warmup_steps > decay_start:
-            raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} reaches into the LR decay, "
-                              f"which starts at step {decay_start} (schedule.anneal_start)")
+        total_steps, total_tokens, decay_start = _step_counts(config)
+        phases, boundaries = cls._phases(config, mixture_key, decay_start, total_steps)
+        sources = list(phases[0].weights)
+        matrix = np.array([[p.weights[s] for s in sources] for p in phases], dtype=np.float64)
+        matrix /= matrix.sum(axis=1, keepdims=True)
+        matrix.flags.writeable = False
+        return cls(config=config, sources=sources, total_steps=total_steps, total_tokens=total_tokens,
+                   decay_start=decay_start, phase_weights=matrix,
+                   phase_boundaries=[(p.name, b) for p, b in zip(phases, boundaries)])
 
+    @classmethod
+    def _phases(cls, config: ScheduleConfig, mixture_key: str, decay_start: int,
+                total_steps: int) -> tuple[list[PhaseConfig], list[int]]:
+        """The mixture's phases (a fixed mixture, or a fixed equivalent, as one) and their first steps."""
+        mixture = config.mixture
         if mixture.fixed_equivalent_of is not None:
             inner = dataclasses.replace(config, mixture=mixture.fixed_equivalent_of)
             weights = fixed_equivalent_weights(cls.from_config(inner, f"{mixture_key}.fixed_equivalent_of"))
@@ -278,13 +267,7 @@ class Schedule:
                 raise ConfigError(
                     f"{mixture_key}.phases[{i}].start: phase {phases[i].name!r} spans steps [{first}, {stop}) "
                     f"of {total_steps}, too few for itself and its {ramp} {mixture_key}.ramp_steps")
-        sources = list(phases[0].weights)
-        matrix = np.array([[p.weights[s] for s in sources] for p in phases], dtype=np.float64)
-        matrix /= matrix.sum(axis=1, keepdims=True)
-        matrix.flags.writeable = False
-        return cls(config=config, sources=sources, total_steps=total_steps, total_tokens=total_tokens,
-                   decay_start=decay_start, phase_weights=matrix,
-                   phase_boundaries=[(p.name, b) for p, b in zip(phases, boundaries)])
+        return phases, boundaries
 
     def max_seq_len(self, step: int) -> int:
         """Tokens per sequence at ``step``: the warmup line rounded down to ``multiple``, then ``end``."""
@@ -394,6 +377,37 @@ def tokens_per_phase(schedule: Schedule) -> dict[str, dict[str, float]]:
     by_phase = schedule._tokens_by_phase()
     return {name: dict(zip(schedule.sources, row.tolist()))
             for (name, _), row in zip(schedule.phase_boundaries, by_phase)}
+
+
+def _step_counts(config: ScheduleConfig) -> tuple[int, int, int]:
+    """Total steps and tokens of the budget (the warmup's shorter sequences counted) and the decay start;
+    a budget that cannot hold the warmups or the decay is refused naming the key."""
+    seq, lr = config.seq_len, config.lr
+    one_batch = config.global_batch_size * seq.start
+    if config.train_tokens < one_batch:
+        raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens is below one batch "
+                          f"(schedule.global_batch_size x seq_len.start = {one_batch}); raise the budget")
+    segments = _seq_len_segments(seq)
+    warm_tokens = sum(config.global_batch_size * length * (stop - first)
+                      for (first, length), (stop, _) in zip(segments, segments[1:]))
+    if warm_tokens >= config.train_tokens:
+        raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens end within the "
+                          f"{seq.warmup_steps} steps of schedule.seq_len.warmup_steps")
+    after = -(-(config.train_tokens - warm_tokens) // (config.global_batch_size * seq.end))
+    total_steps = seq.warmup_steps + after
+    total_tokens = warm_tokens + after * config.global_batch_size * seq.end
+    if total_steps <= lr.warmup_steps:
+        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} is not below the "
+                          f"{total_steps} total steps of schedule.train_tokens")
+    decay_start = round(config.anneal_start * total_steps)
+    if config.anneal_start < 1 and decay_start > total_steps - 2:
+        raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under 2 of the "
+                          f"{total_steps} steps of schedule.train_tokens ({config.train_tokens}); raise the "
+                          "budget or lower anneal_start")
+    if lr.warmup_steps > decay_start:
+        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} reaches into the LR decay, "
+                          f"which starts at step {decay_start} (schedule.anneal_start)")
+    return total_steps, total_tokens, decay_start
 
 
 def validate_sources(schedule: Schedule, corpus_sources: list[str]) -> None:

@@ -8,7 +8,8 @@ process, no model, and writes one JSON line per (step, rank) -- the format is in
     python scripts/dump_order.py --config configs/demo.yaml --steps 100 --resume-from a.jsonl.cursor.json --out b.jsonl
     # a.jsonl + b.jsonl == the uninterrupted dump
 
-The configuration is resolved as ``python -m train fit`` resolves it (train/config.py): stacked
+The configuration is resolved as ``python -m train fit`` resolves its data section, without importing torch
+or Lightning (data/config.py's resolve_data_config; a run's config.yaml is accepted): stacked
 ``--config`` files and ``--data.<key>`` overrides (``--data.seed 7``, ``--data.batch_size 2``,
 ``--data.schedule.seq_len.end 512``). ``--corpus DIR`` reads DIR/<source>/*.parquet instead of the
 config's globs. The older spellings map onto those keys: ``--seed`` (data.seed), ``--batch-size``
@@ -34,8 +35,8 @@ import time
 from pathlib import Path
 
 from data import files
-from data.config import check_weights, corpus_sources
-from data.errors import ConfigError, error_lines, one_line_errors
+from data.config import DataConfig, check_weights, corpus_sources, resolve_data_config, split_tool_args
+from data.errors import ConfigError, one_line_errors
 from data.manifest import build_manifest
 from data.plan import stream_table
 from data.simulate import OrderSimulator, dumps
@@ -88,15 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve(args: argparse.Namespace, rest: list[str], resolved):
-    """The data config of ``--config ... --data.* ...`` (``resolved``: train/config.py's resolution of
-    ``rest``) with the older flags mapped onto their keys (after the user's, so that they win as they
-    did); ``--weights`` checked against the configured sources first, so an error names the flag at fault."""
-    from train.config import data_config, resolve_config
-
+def resolve(args: argparse.Namespace, rest: list[str]) -> DataConfig:
+    """The data config of ``--config ... --data.* ...`` (``rest``) with the older flags mapped onto their keys
+    (after the user's, so that they win as they did); ``--weights`` checked against the configured sources
+    first, so an error names the flag at fault."""
     mapped = [a for flag, key in OLD_FLAGS.items() if getattr(args, flag) is not None
               for a in (f"--{key}", str(getattr(args, flag)))]
-    written = data_config(resolved)
+    written = resolve_data_config(rest)
     if args.weights is not None:
         weights = parse_weights(args.weights)
         check_weights(weights, list(written.sources), "--weights")
@@ -105,55 +104,57 @@ def resolve(args: argparse.Namespace, rest: list[str], resolved):
     if args.seq_len is not None:
         one_length = {"start": args.seq_len, "end": args.seq_len, "warmup_steps": 0, "multiple": 1}
         mapped += ["--data.schedule.seq_len", json.dumps(one_length)]
-    return data_config(resolve_config(rest + mapped)) if mapped else written
+    return resolve_data_config(rest + mapped) if mapped else written
 
 
-@one_line_errors
-def main(argv: list[str] | None = None) -> int:
-    from train.config import resolve_config, split_tool_args
-
-    parser = build_parser()
-    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
-    if "-h" in own or "--help" in own:
-        parser.parse_args(own)  # prints the help and exits
+def load_cursor(sim: OrderSimulator, path: str) -> None:
+    """Continue ``sim`` from the cursor file ``path`` (written with --save-cursor-at); ConfigError naming it."""
     try:
-        resolved = resolve_config(rest)
-        args = parser.parse_args(own)
-        cfg = resolve(args, rest, resolved)
-        if args.corpus:
-            cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
-        manifest = build_manifest(cfg)
-        workers = cfg.num_workers if args.num_workers is None else args.num_workers
-        sim = OrderSimulator(manifest, cfg, args.world_size, workers)
-        steps = sim.steps.total_steps if args.steps is None else args.steps
-        if args.resume_from:
-            try:
-                state = json.loads(Path(args.resume_from).read_text())
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"--resume-from {args.resume_from}: unreadable cursor file: {e}") from None
-            try:
-                sim.load_state_dict(state)
-            except ConfigError as e:  # a damaged or edited cursor: say which file
-                raise ConfigError(f"--resume-from {args.resume_from}: {e}") from None
-            except Exception as e:  # valid JSON, but not a cursor (wrong keys, types, or packed buffers)
-                raise ConfigError(f"--resume-from {args.resume_from}: not a cursor written by dump_order "
-                                  f"({type(e).__name__}: {e})") from None
-        stop = steps if args.save_cursor_at is None else min(steps, args.save_cursor_at + 1)
-    except ConfigError as e:
-        print(error_lines(e), file=sys.stderr)
-        return 2
+        state = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume-from {path}: unreadable cursor file: {e}") from None
+    try:
+        sim.load_state_dict(state)
+    except ConfigError as e:  # a damaged or edited cursor: say which file
+        raise ConfigError(f"--resume-from {path}: {e}") from None
+    except Exception as e:  # valid JSON, but not a cursor (wrong keys, types, or packed buffers)
+        raise ConfigError(f"--resume-from {path}: not a cursor written by dump_order "
+                          f"({type(e).__name__}: {e})") from None
 
-    print("effective streams (per consumer):\n" + stream_table(manifest, cfg, args.world_size * sim.workers),
-          file=sys.stderr)
-    t0 = time.perf_counter()
+
+def write_lines(sim: OrderSimulator, stop: int, out_path: str) -> int:
+    """The order lines up to step ``stop`` into ``out_path`` (atomically; '-': stdout); how many."""
+    lines = 0
     with contextlib.ExitStack() as stack:
-        out = sys.stdout if args.out == "-" else open(stack.enter_context(files.atomic_path(args.out)), "w")
-        lines = 0
+        out = sys.stdout if out_path == "-" else open(stack.enter_context(files.atomic_path(out_path)), "w")
         for line in sim.order_lines(stop):
             out.write(dumps(line) + "\n")
             lines += 1
         if out is not sys.stdout:
             out.close()
+    return lines
+
+
+@one_line_errors
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)  # -h prints the help and exits
+    cfg = resolve(args, rest)
+    if args.corpus:
+        cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
+    manifest = build_manifest(cfg)
+    workers = cfg.num_workers if args.num_workers is None else args.num_workers
+    sim = OrderSimulator(manifest, cfg, args.world_size, workers)
+    if args.resume_from:
+        load_cursor(sim, args.resume_from)
+    steps = sim.steps.total_steps if args.steps is None else args.steps
+    stop = steps if args.save_cursor_at is None else min(steps, args.save_cursor_at + 1)
+
+    print("effective streams (per consumer):\n" + stream_table(manifest, cfg, args.world_size * sim.workers),
+          file=sys.stderr)
+    t0 = time.perf_counter()
+    lines = write_lines(sim, stop, args.out)
     if args.save_cursor_at is not None:
         cursor = Path(args.out + ".cursor.json")
         files.write_json(cursor, sim.state_dict(), indent=None)

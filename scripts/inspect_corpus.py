@@ -14,8 +14,8 @@ except the sampled texts. Library: data/corpus/inspect.py.
 
 Exit status 0; 1 when the config's mapping has errors (``train fit`` would refuse it); 2 with
 ``error: ...`` when the folder holds no parquet file, is an incomplete global-shuffle output, or the
-config is unreadable. The configuration is resolved as ``python -m train fit`` resolves it
-(train/config.py): stacked ``--config`` files and ``--data.*`` overrides.
+config is unreadable. The data section is resolved as ``python -m train fit`` resolves it, without torch
+(data/config.py resolve_data_config): stacked ``--config`` files and ``--data.*`` overrides.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
 import argparse
 import sys
 
+from data.config import resolve_data_config, split_tool_args
 from data.corpus.inspect import (
     duplicate_counts,
     format_duplicates,
@@ -36,6 +37,8 @@ from data.corpus.inspect import (
     propose_sources,
 )
 from data.errors import ConfigError, one_line_errors
+from data.mapping import build_mapping
+from data.shuffled import shuffle_problems
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,41 +53,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _data_config(config_args: list[str]):
-    """The run's data config as ``train fit`` resolves it, or None without ``--config``."""
-    if not config_args:
-        return None
-    from train.config import data_config, resolve_config
-
-    return data_config(resolve_config(config_args))
-
-
-def _mapping(cfg, summary):
-    """The start-up mapping report of the config's filters over every file of the folder."""
-    from data.mapping import build_mapping
-
-    files = {name: list(summary.paths) for name in cfg.sources}
-    return build_mapping(cfg, files, summary.per_file)
-
-
-@one_line_errors
-def main(argv: list[str] | None = None) -> int:
-    from train.config import split_tool_args
-
-    parser = build_parser()
-    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(own)
-    from data.shuffled import shuffle_problems
-
-    cfg = _data_config(rest)
+def scanned(folder: str, pattern: str):
+    """The folder's summary (data/corpus/inspect.py); ConfigError for no parquet file or an incomplete shuffle."""
     try:
-        summary = inspect_corpus(args.dir, args.pattern)
+        summary = inspect_corpus(folder, pattern)
     except FileNotFoundError as e:  # no parquet file in the folder
         raise ConfigError(str(e)) from None
     incomplete = shuffle_problems(summary.paths)
     if incomplete:
         raise ConfigError("\n".join(incomplete))
-    mapping = _mapping(cfg, summary) if cfg else None
+    return summary
+
+
+@one_line_errors
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
+    cfg = resolve_data_config(rest) if rest else None  # the run's data config, as train fit resolves it
+    summary = scanned(args.dir, args.pattern)
+    mapping = None  # the config's filters over every file of the folder: the start-up mapping report
+    if cfg is not None:
+        mapping = build_mapping(cfg, {name: list(summary.paths) for name in cfg.sources}, summary.per_file)
     print(format_report(summary, mapping))
     if mapping is not None:
         print("\n" + mapping.text())

@@ -34,8 +34,11 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from data.config import corpus_sources
+from data.config import corpus_sources, split_tool_args
 from data.errors import ConfigError, error_lines, one_line_errors
+from data.manifest import build_manifest
+from data.plan import available_tokens, check_epochs, parse_tokens, plan_table, plot_schedule, stream_table
+from data.schedules import build_schedule
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,35 +69,24 @@ def config_ranks(trainer) -> int:
 
 
 class Plan(NamedTuple):
-    """What the plan prints and draws, resolved from the config before anything is printed."""
+    """What the plan prints and draws, resolved from the config before anything is printed: the config
+    files (for the header), the run's DataConfig (``--corpus`` applied) and ModelConfig, the built schedule,
+    where the available tokens came from, the plan table, the epoch limit and its warnings, the PNG."""
 
     name: str
-    """The config files, for the header line."""
     cfg: Any
-    """The run's DataConfig (``--corpus`` applied)."""
     model: Any
-    """The run's ModelConfig, for the memory plan."""
     schedule: Any
-    """The built Schedule of ``data.schedule``."""
-    tokens: dict[str, float]
-    """Available tokens per source."""
     origin: str
-    """Where ``tokens`` came from (the manifest, data.expected_tokens, --tokens)."""
     table: str
-    """The plan table: tokens drawn, epochs and phase shares per source."""
     max_epochs: float
-    """The epoch limit the warnings were checked against."""
     caught: list
-    """Implied-epoch warnings."""
     out: Path
-    """The PNG to write."""
 
 
 def make_plan(args: argparse.Namespace, resolved) -> Plan:
     """The schedule, available tokens, plan table and epoch warnings of a resolved config; ConfigError
     for an invalid config, corpus or ``--out``."""
-    from data.plan import available_tokens, parse_tokens, plan_table
-    from data.schedules import build_schedule
     from train.config import config_sources, data_config, model_config
 
     cfg, model = data_config(resolved), model_config(resolved)
@@ -105,15 +97,13 @@ def make_plan(args: argparse.Namespace, resolved) -> Plan:
     table = plan_table(schedule, tokens)
     max_epochs = cfg.max_epochs if args.max_epochs is None else args.max_epochs
     caught = epoch_warnings(schedule, tokens, max_epochs, strict=args.strict or cfg.max_epochs_error)
-    return Plan(name=config_sources(resolved), cfg=cfg, model=model, schedule=schedule, tokens=tokens, origin=origin,
+    return Plan(name=config_sources(resolved), cfg=cfg, model=model, schedule=schedule, origin=origin,
                 table=table, max_epochs=max_epochs, caught=caught, out=out_path(args, resolved))
 
 
 def epoch_warnings(schedule, tokens: dict[str, float], max_epochs: float, strict: bool) -> list:
     """The implied-epoch warnings (data/plan.py check_epochs), caught to print after the table; with
     ``strict`` an epoch count above the limit raises ConfigError instead."""
-    from data.plan import check_epochs
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         check_epochs(schedule, tokens, max_epochs=max_epochs, error=strict)
@@ -154,9 +144,6 @@ def print_plan(plan: Plan, args: argparse.Namespace, resolved) -> None:
 
 def print_streams(cfg, consumers: int) -> None:
     """The corpus mapping (filtered sources) and the effective streams per consumer, from the manifest."""
-    from data.manifest import build_manifest
-    from data.plan import stream_table
-
     manifest = build_manifest(cfg)
     if manifest.mapping is not None:
         print("\n" + manifest.mapping.text())
@@ -166,8 +153,7 @@ def print_streams(cfg, consumers: int) -> None:
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    from data.plan import plot_schedule
-    from train.config import resolve_config, split_tool_args
+    from train.config import resolve_config  # the model section too (the memory plan): torch is needed here
     from train.model import ModelConfigError
 
     parser = build_parser()

@@ -1,17 +1,18 @@
 """One configuration path: the parser ``python -m train fit`` uses, for every tool.
 
-``train fit``, ``scripts/plan.py``, ``scripts/dump_order.py`` and the ablation runner all resolve their
-configuration with :func:`resolve_config`: the same LightningCLI/jsonargparse parser, so stacked
-``--config`` files (later ones override earlier ones) and ``--data.*`` / ``--model.*`` / ``--run.*`` /
-``--trainer.*`` overrides mean the same everywhere, and what ``fit --print_config`` shows is what each
-tool sees.
+``train fit``, ``scripts/plan.py``, launch's dry run and the ablation runner resolve their configuration
+with :func:`resolve_config`: the same LightningCLI/jsonargparse parser, so stacked ``--config`` files (later
+ones override earlier ones) and ``--data.*`` / ``--model.*`` / ``--run.*`` / ``--trainer.*`` overrides mean
+the same everywhere, and what ``fit --print_config`` shows is what each tool sees. Tools that read only the
+data section (dump_order, inspect_corpus) resolve it with data/config.py's :func:`~data.config.data_parser`,
+the same ``data:`` group without torch or Lightning.
 
 What this module owns:
 
 - the typed sections: ``model:`` (train/module.py's init arguments; ``model.model`` is a
   :class:`~train.model.ModelConfig` group, so ``--model.model configs/model/tiny.yaml`` loads a model
   file and ``--model.model.d_model 64`` changes one field of the model the config names), ``data:``
-  (data/config.py's :class:`~data.config.DataConfig`, the DataModule's init arguments), ``run:``
+  (data/config.py's :class:`~data.config.DataConfig`, which the DataModule holds), ``run:``
   (:class:`RunConfig`) and ``trainer:`` (Lightning's Trainer);
 - the parser itself (:class:`WellMixedParser`): no abbreviated flags, a typo answered with one line and
   a "did you mean", and a ``--help`` that shows the options users set (data, schedule, model, run) and
@@ -30,7 +31,6 @@ import re
 import sys
 import tomllib
 import typing
-import warnings
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed
@@ -102,7 +102,7 @@ class RunConfig:
 
 
 RESUME_POLICY = ("elastic", "allow_changed_data", "allow_changed_schedule")
-"""run.* keys passed on to WellMixedData's init (jsonargparse links): `--data.<key>` is refused by the parser."""
+"""run.* keys the DataModule is built with besides the ``data:`` section (not ``data:`` keys: refused there)."""
 
 # -- the Trainer options: what this CLI sets itself, what --help shows ---------------------------------
 
@@ -215,11 +215,14 @@ class WellMixedParser(LightningArgumentParser):
 
 
 def removed_key_hint(message: str, argv: list[str]) -> str | None:
-    """The replacement of a removed ``data:`` key (data/config.py) that a config file or flag still sets."""
-    for key in REMOVED_KEYS:
+    """The replacement of a removed ``data:`` key (data/config.py), or the ``run:`` key of a resume setting,
+    that a config file or flag still sets under ``data``."""
+    moved = {key: f"data.{key} is a resume setting: write it as run.{key} (or --run.{key})" for key in RESUME_POLICY}
+    moved.update({key: removed_key_error(key) for key in REMOVED_KEYS})
+    for key, line in moved.items():
         in_file = re.search(rf"(Group 'data' does not accept option '|accept option 'data\.){key}[.']", message)
         if in_file or any(re.match(rf"--data\.{key}([.=]|$)", word) for word in argv):
-            return removed_key_error(key)
+            return line
     return None
 
 
@@ -275,7 +278,7 @@ class ConfigCLI(LightningCLI):
 
         super().__init__(
             model_class or PretrainModule,
-            WellMixedData,
+            None,  # the data: section is a DataConfig (add_arguments_to_parser); the DataModule holds it
             save_config_callback=run_loggers.RunConfigSaver,
             seed_everything_default=1234,
             # AdamW + schedule.lr(step) are the module's; LightningCLI's --optimizer/--lr_scheduler would
@@ -298,12 +301,25 @@ class ConfigCLI(LightningCLI):
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         self.parser.add_argument("--version", action="version", version=f"wellmixed {version()}")
 
+    def add_core_arguments_to_parser(self, parser) -> None:
+        """LightningCLI's ``trainer:`` and ``model:`` sections; ``data:`` is a :class:`DataConfig`, added as
+        LightningCLI adds a DataModule's arguments (the DataModule is built around it: instantiate_classes)."""
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.set_defaults({f"trainer.{k}": v for k, v in self.trainer_defaults.items() if k != "callbacks"})
+        parser.add_lightning_class_args(self.model_class, "model")
+        parser.add_class_arguments(DataConfig, "data", fail_untyped=False, sub_configs=True)
+
     def add_arguments_to_parser(self, parser) -> None:
         model = next(a for a in parser._actions if a.dest == "model.model")
         model._load_config = _find_model_file(model._load_config)
         parser.add_argument("--run", type=RunConfig, default=RunConfig(), help="Run directory, logging, checkpoints.")
-        for key in RESUME_POLICY:  # the DataModule's resume policy, an init argument set from run.*
-            parser.link_arguments(f"run.{key}", f"data.{key}")
+
+    def instantiate_classes(self) -> None:
+        """As LightningCLI, then the DataModule built around the ``data:`` section's DataConfig and the
+        resume policy of ``run:``."""
+        super().instantiate_classes()
+        run = (self.config_init[self.subcommand] if self.subcommand else self.config_init).run
+        self.datamodule = WellMixedData(self.datamodule, **{key: getattr(run, key) for key in RESUME_POLICY})
 
     def _section(self):
         return self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
@@ -314,9 +330,7 @@ class ConfigCLI(LightningCLI):
         WellMixedParser._argv = list(sys.argv[1:] if args is None else args) \
             if not isinstance(args, (dict, Namespace)) else []
         super().parse_arguments(parser, args)
-        section = self._section()
-        refuse_linked_keys_in_files(section.get("config") or [])
-        refuse_set_by_cli(section)
+        refuse_set_by_cli(self._section())
 
 
 _LAUNCH_DIR = os.getcwd()
@@ -333,24 +347,6 @@ def _find_model_file(load):
             value = str(found[0]) if found else value
         return load(value, parser)
     return load_model_group
-
-
-def refuse_linked_keys_in_files(paths) -> None:
-    """A config file's ``data.elastic`` (etc.) would be overwritten by the link from ``run.elastic``
-    without a word (the parser refuses only the command-line form): refuse it, naming the file."""
-    import yaml
-
-    for path in paths:
-        name = str(getattr(path, "absolute", path))
-        try:
-            with open(name) as f:
-                section = (yaml.safe_load(f) or {}).get("data") or {}
-        except (OSError, yaml.YAMLError, AttributeError):
-            continue  # jsonargparse read it already; only a linked key is looked for here
-        found = [k for k in RESUME_POLICY if isinstance(section, dict) and k in section]
-        if found:
-            raise ConfigError(f"{name}: data.{found[0]} is a resume setting: write it as run.{found[0]} "
-                              f"(or --run.{found[0]})")
 
 
 def refuse_set_by_cli(section: Namespace) -> None:
@@ -387,6 +383,13 @@ def version() -> str:
 
 
 class _Resolve(ConfigCLI):
+    """The parser of ``fit`` without its subcommand: its own arguments (``ckpt_path``, ``weights_only``)
+    added as the subcommand adds them, so a run's saved config.yaml and ``--print_config`` are accepted."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
+        parser.add_method_arguments(self.trainer_class, "fit", skip=set(self.subcommands()["fit"]))
+
     def instantiate_classes(self) -> None:  # parse only: nothing is built
         pass
 
@@ -402,22 +405,10 @@ def resolve_config(argv: list[str]) -> Namespace:
     quiet.setLevel(logging.WARNING)
     try:
         cli = _Resolve(args=argv, run=False, prog="python -m train fit")
-        _PARSER[0] = cli.parser
         return cli.config
     finally:
         sys.argv = saved
         quiet.setLevel(level)
-
-
-_PARSER: list = [None]
-
-
-def dump_config(cfg: Namespace) -> str:
-    """A config from :func:`resolve_config` as YAML, as ``--print_config`` writes it."""
-
-    with warnings.catch_warnings():  # jsonargparse 4.49+ names it skip_unset; Lightning 2.6 still says skip_none
-        warnings.simplefilter("ignore")
-        return _PARSER[0].dump(cfg, skip_none=False)
 
 
 def model_config(cfg: Namespace) -> ModelConfig:
@@ -427,10 +418,8 @@ def model_config(cfg: Namespace) -> ModelConfig:
 
 
 def data_config(cfg: Namespace) -> DataConfig:
-    """The :class:`DataConfig` a resolved config builds (its ``data:`` section, without the resume policy)."""
-    fields = {f.name for f in dataclasses.fields(DataConfig)}
-    section = {k: v for k, v in cfg.data.as_dict().items() if k in fields}
-    return parse_data_config(section, origin=config_sources(cfg))
+    """The :class:`DataConfig` a resolved config builds (its ``data:`` section)."""
+    return parse_data_config(cfg.data.as_dict(), origin=config_sources(cfg))
 
 
 def model_source(cfg: Namespace) -> str:
@@ -446,30 +435,3 @@ def config_sources(cfg: Namespace) -> str:
     """The ``--config`` files of a resolved config, for messages: ``a.yaml + b.yaml``."""
     names = [str(getattr(p, "relative", p)) for p in (cfg.get("config") or [])]
     return " + ".join(names) or "(defaults)"
-
-
-def split_tool_args(own: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
-    """A tool's command line split into its own flags (``own``'s options, with their values) and the rest,
-    for :func:`resolve_config` (``--config``, ``--data.*``, ...): a configuration flag keeps the word after it
-    as its value, and a bare word no flag took is one of the tool's positional arguments. The tool then parses
-    its own part with ``own.parse_args`` (an unknown flag is the configuration parser's to name, with a "did
-    you mean")."""
-    takes_value = {o: a.nargs != 0 for a in own._actions for o in a.option_strings}
-    mine, rest = [], []
-    tokens = list(argv)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        name = token.split("=", 1)[0]
-        takes_next = "=" not in token and i + 1 < len(tokens)
-        if name in takes_value:
-            take = 2 if takes_value[name] and takes_next else 1
-            mine += tokens[i:i + take]
-        elif token.startswith("-"):  # a configuration flag; its value (if any) follows it
-            take = 2 if takes_next and not tokens[i + 1].startswith("--") else 1
-            rest += tokens[i:i + take]
-        else:  # a bare word no flag took: one of the tool's positional arguments
-            take = 1
-            mine.append(token)
-        i += take
-    return mine, rest

@@ -1,7 +1,9 @@
 """The Lightning DataModule: the stream of data/stream.py behind DataLoader workers, with its cursor.
 
-The DataModule *is* the data config (a dataclass over :class:`DataConfig`), so LightningCLI's
-``data:`` section, ``scripts/dump_order.py`` and the tests read one schema.
+The DataModule holds the data config (a :class:`DataConfig`, LightningCLI's ``data:`` section, the
+schema ``scripts/dump_order.py`` and the tests read) and passes it, with the rank facts (rank, world size,
+workers), down to the framework-free data path: a DataLoader worker receives those, never the DataModule
+or the Trainer behind it.
 
 Resume (docs/checkpoints.md):
 
@@ -47,6 +49,7 @@ from data.elastic import redistribute
 from data.errors import ConfigError
 from data.manifest import Manifest, build_manifest
 from data.packer import ConsumerStream
+from data.plan import effective_streams, stream_table
 from data.reader import ShardReader
 from data.steps import StepSchedule
 from data.tokenizer import EOT_ID
@@ -58,6 +61,7 @@ from train.cursor_files import (
     save_rank_cursors,
     way_out_on_several_ranks,
 )
+from train.parallel import check_global_batch
 from train.resume import check_schedule_unchanged, schedule_fingerprint
 
 log = logging.getLogger(__name__)
@@ -162,29 +166,27 @@ class _Resume:
     """This rank's cursors, one per worker, once read."""
 
 
-@dataclass(eq=False)
-class WellMixedData(DataConfig, L.LightningDataModule):
-    """LightningDataModule over the two-level stream; its init arguments are the ``data:`` config and
-    the resume policy below, which the CLI links from ``run.*`` (they say how to treat a checkpoint,
-    not what the data is, so they are not ``data:`` keys: ``--data.elastic`` is refused)."""
+class WellMixedData(L.LightningDataModule):
+    """LightningDataModule over the two-level stream. It holds the ``data:`` config (:attr:`config`, a
+    :class:`DataConfig`: what the data path and every DataLoader worker receive, with the rank facts) and
+    the resume policy below, which the CLI passes from ``run.*`` (they say how to treat a checkpoint, not
+    what the data is, so they are not ``data:`` keys)."""
 
-    elastic: bool = True
-    """run.elastic: a resume with another layout re-cuts the cursors (else it is refused)."""
-    allow_changed_data: bool = False
-    """run.allow_changed_data: a changed corpus or seed starts a fresh order (else refused)."""
-    allow_changed_schedule: bool = False
-    """run.allow_changed_schedule: a changed schedule applies from the resumed step (else refused)."""
-
-    def __post_init__(self) -> None:
-        L.LightningDataModule.__init__(self)
-        DataConfig.__post_init__(self)
+    def __init__(self, config: DataConfig, elastic: bool = True, allow_changed_data: bool = False,
+                 allow_changed_schedule: bool = False):
+        """``elastic``: a resume with another layout re-cuts the cursors (else it is refused);
+        ``allow_changed_data``: a changed corpus or seed starts a fresh order (else refused);
+        ``allow_changed_schedule``: a changed schedule applies from the resumed step (else refused)."""
+        super().__init__()
+        self.config = config
+        self.elastic, self.allow_changed_data, self.allow_changed_schedule = \
+            elastic, allow_changed_data, allow_changed_schedule
         self._context: TrainingContext | None = None  # the prepared data, once prepare() ran
         self._resume: _Resume | None = None
         self._trained: dict[int, ConsumerCursor] = {}  # worker -> cursor after the last trained batch
-        self._order_log = None
         # The data config in the checkpoint (plain types: weights_only loading), so that
         # WellMixedData.load_from_checkpoint rebuilds it; loggers get the whole config from the CLI.
-        self.save_hyperparameters({**{f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(DataConfig)},
+        self.save_hyperparameters({"config": _plain(config),
                                    "_instantiator": "lightning.pytorch.cli.instantiate_module"}, logger=False)
 
     # -- set-up ----------------------------------------------------------------------------------
@@ -192,14 +194,14 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         """The prepared data (manifest + schedules), built before any compute on the first call (also
         what the CLI's start-up checks, launch's dry run and evaluate call); later calls return it."""
         if self._context is None:
-            manifest = build_manifest(self)
-            steps = StepSchedule.from_config(self, accumulate_grad_batches)
+            manifest = build_manifest(self.config)
+            steps = StepSchedule.from_config(self.config, accumulate_grad_batches)
             self._context = TrainingContext(
-                config=self,
+                config=self.config,
                 manifest=manifest,
                 schedule=steps.by_optimizer_step,
                 steps=steps,
-                held_out=self.val_dataloader if self.val_tokens_per_source > 0 else None,
+                held_out=self.val_dataloader if self.config.val_tokens_per_source > 0 else None,
             )
         return self._context
 
@@ -212,9 +214,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def setup(self, stage: str) -> None:
         ctx = self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
         if self.trainer is not None:
-            from train.parallel import check_global_batch
-
-            check_global_batch(ctx.schedule.config.global_batch_size, self.batch_size,
+            check_global_batch(ctx.schedule.config.global_batch_size, self.config.batch_size,
                                self.trainer.world_size, ctx.accumulate)
         if stage == "fit" and self.rank == 0:
             self._report_capped_streams()
@@ -224,17 +224,15 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         one epoch gives a consumer: the epoch barrier (data/stream.py) keeps every document once per
         source-epoch, but those consumers then read fewer chunks at once (a weaker shuffle) than the
         config says."""
-        from data.plan import effective_streams, stream_table
-
-        manifest = self.context().manifest
-        consumers = self.world_size * max(1, self.num_workers)
-        eff = effective_streams(manifest, self, consumers)
-        capped = [name for name, e in eff.items() if e["open"] < self.open_shards or e["buffer"] < self.buffer_size]
+        manifest, cfg = self.context().manifest, self.config
+        consumers = self.world_size * max(1, cfg.num_workers)
+        eff = effective_streams(manifest, cfg, consumers)
+        capped = [name for name, e in eff.items() if e["open"] < cfg.open_shards or e["buffer"] < cfg.buffer_size]
         if capped:
             log.warning("%s: fewer documents or chunks per consumer-epoch than data.open_shards %d / data.buffer_size "
                         "%d ask (%d consumers = ranks x workers); each document is still read once per epoch, "
-                        "from fewer chunks at once:\n%s", ", ".join(capped), self.open_shards, self.buffer_size,
-                        consumers, stream_table(manifest, self, consumers))
+                        "from fewer chunks at once:\n%s", ", ".join(capped), cfg.open_shards, cfg.buffer_size,
+                        consumers, stream_table(manifest, cfg, consumers))
 
     @property
     def rank(self) -> int:
@@ -249,17 +247,18 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         if self._resume is not None:
             next_step = self._resume.next_step
         ctx = self.context()
-        ds = ConsumerDataset(ctx.manifest, self, self.rank, self.world_size, ctx.steps, cursors, next_step)
-        return DataLoader(ds, batch_size=None, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0, prefetch_factor=2 if self.num_workers else None,
-                          worker_init_fn=ignore_stop_signals if self.num_workers else None)
+        ds = ConsumerDataset(ctx.manifest, self.config, self.rank, self.world_size, ctx.steps, cursors, next_step)
+        workers = self.config.num_workers
+        return DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+                          prefetch_factor=2 if workers else None,
+                          worker_init_fn=ignore_stop_signals if workers else None)
 
     def val_dataloader(self) -> DataLoader | list:
-        if self.val_tokens_per_source <= 0:
+        if self.config.val_tokens_per_source <= 0:
             return []
         ctx = self.context()
         seq_len = ctx.steps.seq_len(10**12)  # the final (longest) sequence length
-        ds = HeldOutDataset(ctx.manifest, self, seq_len, self.rank, self.world_size)
+        ds = HeldOutDataset(ctx.manifest, self.config, seq_len, self.rank, self.world_size)
         return DataLoader(ds, batch_size=None, num_workers=0)
 
     # -- cursor ----------------------------------------------------------------------------------
@@ -270,25 +269,9 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The data state of a checkpoint, on every rank: this rank's cursors go to its own file (see
         train/cursor_files.py), the returned state (rank 0's is the one saved) names their folder."""
-        workers = max(1, self.num_workers)
-        mine = [self._trained.get(w) for w in range(workers)]
-        resumed = self._resumed_cursors()
-        if resumed is not None:  # workers idle since the resume keep the cursors they resumed with
-            mine = [m if m is not None else o for m, o in zip(mine, resumed)]
-        saved = [None if c is None else c.to_dict() for c in mine]  # buffers packed
+        saved = [None if c is None else c.to_dict() for c in self._cursors_to_save()]  # buffers packed
         step = self.trainer.global_step if self.trainer else 0
-        ctx = self._context
-        state = {
-            "next_step": step * (ctx.accumulate if ctx else 1),
-            "world_size": self.world_size,
-            "num_workers": workers,
-            "batch_size": self.batch_size,
-            "accumulate": ctx.accumulate if ctx else 1,
-            "seed": self.seed,
-            "fingerprint": ctx.manifest.fingerprint() if ctx else None,
-            "corpus_files": ctx.manifest.file_digests() if ctx else None,
-            "schedule": schedule_fingerprint(self.schedule),
-        }
+        state = self._layout(step)
         ckpt_dir = self._checkpoint_dir()
         if ckpt_dir is None:
             if self.world_size > 1:
@@ -301,6 +284,29 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         digests = gather_digests(strategy, digest, self.world_size)  # the checkpoint records every rank's
         strategy.barrier("WellMixedData.state_dict")  # every rank's file is in place before the checkpoint names it
         return {**state, "cursor_dir": cursor_dir, "cursor_sha256": digests}
+
+    def _cursors_to_save(self) -> list[ConsumerCursor | None]:
+        """Per worker, the cursor after its last trained batch; a worker idle since the resume keeps the
+        cursor it resumed with."""
+        mine = [self._trained.get(w) for w in range(max(1, self.config.num_workers))]
+        resumed = self._resumed_cursors()
+        return mine if resumed is None else [m if m is not None else o for m, o in zip(mine, resumed)]
+
+    def _layout(self, step: int) -> dict[str, Any]:
+        """What a resume compares at optimizer step ``step``: the layout, seed, corpus and schedule."""
+        ctx = self._context
+        accumulate = ctx.accumulate if ctx else 1
+        return {
+            "next_step": step * accumulate,
+            "world_size": self.world_size,
+            "num_workers": max(1, self.config.num_workers),
+            "batch_size": self.config.batch_size,
+            "accumulate": accumulate,
+            "seed": self.config.seed,
+            "fingerprint": ctx.manifest.fingerprint() if ctx else None,
+            "corpus_files": ctx.manifest.file_digests() if ctx else None,
+            "schedule": schedule_fingerprint(self.config.schedule),
+        }
 
     def _checkpoint_dir(self) -> Path | None:
         """Where the cursor files go: the folder of the trainer's ModelCheckpoint (the CLI's
@@ -316,10 +322,11 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         if resume is None or resume.state is None:
             return None
         if resume.mine is None and resume.recut:
-            workers = max(1, self.num_workers)
+            workers = max(1, self.config.num_workers)
             # every old rank's file, on every rank: the re-cut pools the pending work of all old consumers
-            cursors = redistribute(self._load_cursors(resume.state, None), self.context().manifest, seed=self.seed,
-                                   world_size=self.world_size, num_workers=workers, batch_size=self.batch_size,
+            cursors = redistribute(self._load_cursors(resume.state, None), self.context().manifest,
+                                   seed=self.config.seed, world_size=self.world_size, num_workers=workers,
+                                   batch_size=self.config.batch_size,
                                    resume_step=resume.next_step, ranks=[self.rank])  # this rank's new cursors only
             resume.mine = cursors[self.rank]
         elif resume.mine is None:
@@ -366,11 +373,11 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ctx = self.prepare(self.trainer.accumulate_grad_batches if self.trainer else 1)
         manifest = ctx.manifest
-        workers = max(1, self.num_workers)
+        workers = max(1, self.config.num_workers)
         # Units: next_step counts micro-batches; the optimizer step is what the schedules follow.
         step = state["next_step"] // state.get("accumulate", 1)
         next_step = step * ctx.accumulate
-        check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.schedule),
+        check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.config.schedule),
                                  self.allow_changed_schedule, step)
         changed = []
         if state["fingerprint"] != manifest.fingerprint():
@@ -378,8 +385,8 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             changed.append(f"the corpus changed (fingerprint {state['fingerprint']} -> {manifest.fingerprint()}"
                            + (f"; {len(files)} file(s): {', '.join(files[:5])}{' ...' if len(files) > 5 else ''}"
                               if files else "") + ")")
-        if state["seed"] != self.seed:
-            changed.append(f"data.seed changed ({state['seed']} -> {self.seed})")
+        if state["seed"] != self.config.seed:
+            changed.append(f"data.seed changed ({state['seed']} -> {self.config.seed})")
         if changed:
             if not self.allow_changed_data:
                 raise ConfigError(
@@ -394,10 +401,10 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         old = (
             state["world_size"],
             state["num_workers"],
-            state.get("batch_size", self.batch_size),
+            state.get("batch_size", self.config.batch_size),
             state.get("accumulate", 1),
         )
-        new = (self.world_size, workers, self.batch_size, ctx.accumulate)
+        new = (self.world_size, workers, self.config.batch_size, ctx.accumulate)
         if old != new:
             what = "ranks x workers x micro-batch x accumulation"
             if not self.elastic:

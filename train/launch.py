@@ -289,15 +289,11 @@ def checked_fit(argv: list[str]) -> int:
 def parse_run_config(args: list[str]):
     """(data module, trainer namespace, run config) from CLI arguments, instantiating only the data:
     train/config.py's resolve_config, the parser ``python -m train fit`` uses."""
-    from jsonargparse import ArgumentParser, Namespace
-
-    from train.config import resolve_config
+    from train.config import data_config, resolve_config
     from train.datamodule import WellMixedData
 
     config = resolve_config(args)
-    p = ArgumentParser()
-    p.add_class_arguments(WellMixedData, "data")
-    return p.instantiate(Namespace(data=config.data)).data, config.trainer, config.run
+    return WellMixedData(data_config(config)), config.trainer, config.run
 
 
 class SliceTable:

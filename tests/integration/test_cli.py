@@ -70,13 +70,14 @@ def test_help_describes_every_data_run_and_model_option(fit_help):
 
 
 def test_the_resume_policy_is_set_under_run_only(tmp_path):
-    """run.elastic etc. reach the DataModule's init through links; the data.* spelling would be overwritten
-    by the link without a word, so it is refused, on the command line and in a config file."""
+    """run.elastic etc. are the DataModule's resume policy, not data: keys; the data.* spelling is refused
+    naming the run.* key, on the command line and in a config file."""
     proc = cli("fit", "--config", DEMO, "--data.elastic", "false", "--run.dir", str(tmp_path / "a"))
-    assert proc.returncode == 2 and 'must be given via "run.elastic"' in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "data.elastic is a resume setting: write it as run.elastic" in proc.stderr, \
+        proc.stderr[-2000:]
     (tmp_path / "c.yaml").write_text("data:\n  allow_changed_data: true\n")
     proc = cli("fit", "--config", DEMO, "--config", str(tmp_path / "c.yaml"), "--run.dir", str(tmp_path / "b"))
-    assert proc.returncode == 2 and "c.yaml: data.allow_changed_data is a resume setting" in proc.stderr, \
+    assert proc.returncode == 2 and "data.allow_changed_data is a resume setting" in proc.stderr, \
         proc.stderr[-2000:]
 
 

@@ -37,7 +37,7 @@ from training_runs import (
     run_to_end,
 )
 
-from data.config import SourceConfig
+from data.config import DataConfig, SourceConfig
 from data.elastic import redistribute_simulator_state, redistribute_source
 from data.errors import ConfigError
 from data.manifest import build_manifest
@@ -172,7 +172,7 @@ def test_sigkill_across_a_source_epoch_boundary(workdir, env, demo_corpus, cache
     ref = order_log(ref_dir)
 
     # the expected curated order, from the manifest and the global shard permutation alone
-    cfg = WellMixedData(sources={k: SourceConfig(paths=v["paths"]) for k, v in sources.items()},
+    cfg = DataConfig(sources={k: SourceConfig(paths=v["paths"]) for k, v in sources.items()},
                         schedule=fixed_schedule(dict.fromkeys(sources, 0.25), 128), manifest_cache=str(cache_dir))
     m = build_manifest(cfg)
     chunks = m.sources["curated"].chunks
@@ -237,7 +237,7 @@ def test_elastic_resume_two_ranks_to_one(workdir, env, ref_ddp, demo_corpus, cac
 
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["WellMixedData"]
     names = ("web", "code", "books", "curated")
-    m = build_manifest(WellMixedData(sources={s: SourceConfig(paths=[str(demo_corpus / s / "*.parquet")])
+    m = build_manifest(DataConfig(sources={s: SourceConfig(paths=[str(demo_corpus / s / "*.parquet")])
                                               for s in names},
                                      schedule=fixed_schedule(dict.fromkeys(names, 0.25), 128),
                                      manifest_cache=str(cache_dir)))
@@ -395,12 +395,12 @@ def test_elastic_source_streams_cover_each_epoch_once(make_cfg, n_old, n_new):
 
 def _saved_state(make_cfg, **kw) -> tuple[WellMixedData, dict]:
     cfg = make_cfg(**kw)
-    dm = WellMixedData(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
+    dm = WellMixedData(cfg)
     manifest = dm.prepare().manifest
-    sim = OrderSimulator(manifest, dm, 1, dm.num_workers)
+    sim = OrderSimulator(manifest, cfg, 1, cfg.num_workers)
     list(sim.batches(4))
     state = {"cursors": [[c.state_dict() for c in sim.consumers[0]]], "next_step": 4, "world_size": 1,
-             "num_workers": dm.num_workers, "batch_size": dm.batch_size, "accumulate": 1, "seed": dm.seed,
+             "num_workers": cfg.num_workers, "batch_size": cfg.batch_size, "accumulate": 1, "seed": cfg.seed,
              "fingerprint": manifest.fingerprint()}
     return dm, state
 

@@ -191,7 +191,7 @@ def test_load_from_checkpoint_both_ways(tiny_run):
         assert type(module) is PretrainModule and module.model_config.d_model == 32
         assert torch.equal(module.model.tok_emb.weight, ckpt["state_dict"]["model.tok_emb.weight"])
     dm = WellMixedData.load_from_checkpoint(path)
-    assert type(dm) is WellMixedData and dm.num_workers == 2 and dm.schedule.train_tokens == 4000
+    assert type(dm) is WellMixedData and dm.config.num_workers == 2 and dm.config.schedule.train_tokens == 4000
 
 
 @pytest.mark.slow

@@ -54,7 +54,7 @@ def test_a_second_architecture_trains_three_steps_through_the_module(demo_corpus
                      "lr": {"peak": 1e-2, "min": 0.0, "warmup_steps": 1}, "anneal_start": 0.3,
                      "mixture": {"phases": [{"name": "stable", "weights": {s: 0.25 for s in SOURCES}}]}},
     })
-    dm = WellMixedData(**{f: getattr(data, f) for f in data.__dataclass_fields__})
+    dm = WellMixedData(data)
     module = PretrainModule(model=config)
     assert isinstance(module.model, CausalMixer) and isinstance(module.model, Architecture)
     before = module.model.tok_emb.weight.detach().clone()

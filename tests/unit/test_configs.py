@@ -100,7 +100,7 @@ def test_the_real_config_is_the_real_run():
     assert model_path(cfg) == "configs/model/350m.yaml"
     assert meta_params(cfg.model.model) == 359_703_552 and cfg.model.model.max_seq_len == 2048
     assert cfg.model.compile == "auto" and cfg.trainer.precision == "bf16-mixed"
-    schedule = build_schedule(dm.schedule, sources=dm.source_names)
+    schedule = build_schedule(dm.config.schedule, sources=dm.config.source_names)
     assert schedule.total_steps == 38_929
     assert schedule.config.global_batch_size == 256 and schedule.max_seq_len(schedule.total_steps - 1) == 2048
     lr_at_anneal = [schedule.lr(s) for s in (35_035, 35_036, 35_037)]

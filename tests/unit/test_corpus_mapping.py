@@ -132,15 +132,15 @@ def test_a_changed_file_changes_the_fingerprint_and_the_resume_names_it(demo_cor
     shutil.copytree(demo_corpus, corpus)
     cfg = make_cfg(sources={s: SourceConfig(paths=[str(corpus / s / "*.parquet")]) for s in
                             ("web", "code", "books", "curated")}, manifest_cache=str(tmp_path / "cache"))
-    dm = WellMixedData(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
+    dm = WellMixedData(cfg)
     manifest = dm.prepare().manifest
-    state = {"cursors": [[None] * dm.num_workers], "next_step": 4, "world_size": 1, "num_workers": dm.num_workers,
-             "batch_size": dm.batch_size, "accumulate": 1, "seed": dm.seed, "fingerprint": manifest.fingerprint(),
+    state = {"cursors": [[None] * cfg.num_workers], "next_step": 4, "world_size": 1, "num_workers": cfg.num_workers,
+             "batch_size": cfg.batch_size, "accumulate": 1, "seed": cfg.seed, "fingerprint": manifest.fingerprint(),
              "corpus_files": manifest.file_digests()}
     victim = sorted((corpus / "curated").glob("*.parquet"))[0]
     rows = pq.read_table(victim).to_pylist()
     _rewrite(victim, _edit_one_text(rows) if change.startswith("text") else rows[::-1])
-    again = WellMixedData(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
+    again = WellMixedData(cfg)
     changed = again.prepare().manifest
     assert changed.fingerprint() != state["fingerprint"]
     assert changed.changed_files(state["corpus_files"]) == [f"{victim} (bytes changed)"]

@@ -58,7 +58,7 @@ def _trainer(rank: int, world: int, ckpt_dir: Path, strategy: Broadcast, ckpt_pa
 
 def _datamodule(make_cfg, **kw) -> WellMixedData:
     cfg = make_cfg(**kw)
-    dm = WellMixedData(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
+    dm = WellMixedData(cfg)
     dm.prepare()
     return dm
 
@@ -67,7 +67,7 @@ def _datamodule(make_cfg, **kw) -> WellMixedData:
 def trained(make_cfg):
     """Packed cursors [rank][worker] after 4 steps of 2 ranks x 2 workers."""
     dm = _datamodule(make_cfg)
-    sim = OrderSimulator(dm.context().manifest, dm, 2, 2)
+    sim = OrderSimulator(dm.context().manifest, dm.config, 2, 2)
     list(sim.batches(STEP))
     return [[c.state_dict() for c in rank] for rank in sim.consumers]
 

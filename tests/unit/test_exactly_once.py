@@ -228,14 +228,12 @@ def test_cursor_resumes_exactly_across_tiny_epochs(corpora, commit):
 def test_fit_says_at_start_up_where_consumers_ask_more_of_a_source_than_an_epoch_gives(make_cfg, caplog):
     """Issue 17: ranks x workers x open chunks above a source's chunks was said only by the dry run.
     ``train fit`` now warns at start-up, naming the capped sources and showing the effective streams."""
-    import dataclasses
     import logging
 
     from train.datamodule import WellMixedData
 
     def datamodule(**kw) -> WellMixedData:
-        cfg = make_cfg(**kw)
-        return WellMixedData(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+        return WellMixedData(make_cfg(**kw))
 
     with caplog.at_level(logging.WARNING, logger="train.datamodule"):
         datamodule(num_workers=1, open_shards=1, buffer_size=4).setup("fit")

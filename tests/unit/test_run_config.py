@@ -9,12 +9,18 @@ written nothing into it.
 
 from __future__ import annotations
 
+import copy
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 from scripts_in_process import load_script
 from training_runs import fit_in_process as fit
+
+from data.config import parse_data_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -41,9 +47,9 @@ def test_a_model_field_override_changes_that_field_of_the_model_the_config_names
     assert rc == 0 and printed["d_model"] == 64 and printed["n_layers"] == 4 and printed["ffn_hidden"] == 352
 
 
-def test_plan_and_dump_order_see_what_fit_print_config_shows(capsys, monkeypatch, tmp_path, demo_corpus):
+def test_plan_sees_what_fit_print_config_shows(capsys, monkeypatch, tmp_path):
     """Guards: a tool that keeps only the last --config (the 64-GPU preset's plan failed: 'data.sources
-    required') or reads its own flags. Each tool's resolved data and model sections equal fit's."""
+    required') or reads its own flags. plan's resolved data and model sections equal fit's."""
     import train.config as config
 
     args = ["--config", REAL, "--config", PRESET64, "--data.seed", "7", "--model.model.n_layers", "3"]
@@ -56,26 +62,89 @@ def test_plan_and_dump_order_see_what_fit_print_config_shows(capsys, monkeypatch
     monkeypatch.delenv("DOLMA3_DIR", raising=False)
     assert script("plan").main([*args, "--out", str(tmp_path / "plan.png")]) == 0
     stdout = capsys.readouterr().out
-    assert sections(config.dump_config(seen[-1])) == sections(out)
+    assert resolved_sections(seen[-1]) == sections(out)
     assert "data.batch_size 4 x 2048 tokens" in stdout  # the 64-GPU preset's micro-batch
     assert printed["data"]["batch_size"] == 4 and printed["model"]["model"]["n_layers"] == 3
-
-    dump_args = ["--config", DEMO, "--data.seed", "7", "--data.batch_size", "2"]
-    rc, out, _ = fit([*dump_args, "--print_config"], capsys)
-    monkeypatch.chdir(ROOT)
-    assert script("dump_order").main([*dump_args, "--corpus", str(demo_corpus), "--steps", "1",
-                                      "--out", str(tmp_path / "o.jsonl")]) == 0
-    assert sections(config.dump_config(seen[-1])) == sections(out)
-    assert yaml.safe_load(out)["data"]["seed"] == 7
+    (tmp_path / "printed.yaml").write_text(out)  # as a run's saved config.yaml: ckpt_path, weights_only too
+    assert script("plan").main(["--config", str(tmp_path / "printed.yaml"), "--out", str(tmp_path / "p.png")]) == 0
+    assert resolved_sections(seen[-1]) == sections(out)
 
 
 def sections(text: str) -> dict:
-    """The data and model sections of a printed config (without the resume policy the CLI links in)."""
-    from train.config import RESUME_POLICY
+    """The DataConfig and ModelConfig that a printed config's data and model sections build."""
+    from train.model import ModelConfig
 
     cfg = yaml.safe_load(text)
-    data = {k: v for k, v in cfg["data"].items() if k not in RESUME_POLICY}
-    return {"data": data, "model": cfg["model"]}
+    return {"data": parse_data_config(cfg["data"]), "model": ModelConfig(**cfg["model"]["model"])}
+
+
+def resolved_sections(resolved) -> dict:
+    """The DataConfig and ModelConfig a tool builds of a resolved config."""
+    from train.config import data_config, model_config
+
+    return {"data": data_config(resolved), "model": model_config(resolved)}
+
+
+def test_data_tools_resolve_the_data_section_as_fit_print_config_shows(capsys, monkeypatch, tmp_path, demo_corpus):
+    """Guards: dump_order and inspect_corpus read the data section without torch (data/config.py
+    resolve_data_config): stacked --config files, --data.* overrides and a mixture given as a file (relative
+    to the config that names it) must mean what they mean to ``train fit``; its printed config, or a run's
+    saved config.yaml, is accepted as a --config, and an unknown data key in it is still refused."""
+    from data.config import resolve_data_config
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "mix.yaml").write_text("phases: [{name: one, weights: {web: 0.4, code: 0.3, books: 0.2, "
+                                               "curated: 0.1}}]\n")
+    (tmp_path / "sub" / "over.yaml").write_text("data:\n  seed: 9\n  schedule:\n    mixture: mix.yaml\n")
+    args = ["--config", DEMO, "--config", str(tmp_path / "sub" / "over.yaml"), "--data.buffer_size", "32"]
+    rc, out, _ = fit([*args, "--print_config"], capsys)
+    printed = parse_data_config(yaml.safe_load(out)["data"])
+    assert rc == 0 and printed.seed == 9 and printed.buffer_size == 32
+    assert printed.schedule.mixture.phases[0].weights["curated"] == 0.1  # the mixture file beside over.yaml
+    monkeypatch.chdir(tmp_path)  # another working directory: the mixture file is found beside over.yaml
+    seen = []
+
+    def noted(argv: list[str]):
+        cfg = resolve_data_config(argv)
+        seen.append(copy.deepcopy(cfg))  # as resolved (dump_order's --corpus then replaces the sources' globs)
+        return cfg
+
+    for name, extra in (("dump_order", ["--corpus", str(demo_corpus), "--steps", "1", "--out", "o.jsonl"]),
+                        ("inspect_corpus", [str(demo_corpus), "--sample-rows", "0"])):
+        tool = script(name)
+        monkeypatch.setattr(tool, "resolve_data_config", noted)
+        assert tool.main([*args, *extra]) == 0
+        assert seen[-1] == printed, name
+    (tmp_path / "printed.yaml").write_text(out)  # ckpt_path, trainer, model, run: accepted unread
+    assert resolve_data_config(["--config", str(tmp_path / "printed.yaml")]) == printed
+    (tmp_path / "typo.yaml").write_text(out.replace("\ndata:\n", "\ndata:\n  buffer_sise: 8\n"))
+    capsys.readouterr()
+    assert script("dump_order").main(["--config", str(tmp_path / "typo.yaml"), "--out", "t.jsonl"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "buffer_sise" in err, err
+
+
+def test_data_tools_import_and_run_without_torch_or_lightning(tmp_path, demo_corpus):
+    """Guards: a data tool that imports torch and Lightning to read a YAML (seconds and ~400 MB more per
+    process). Each tool's module is imported, and dump_order and inspect_corpus run, in a fresh interpreter."""
+    code = (
+        "import importlib.util, sys\n"
+        "mods = {}\n"
+        "for name in ('dump_order', 'inspect_corpus', 'plan'):\n"
+        "    spec = importlib.util.spec_from_file_location(name, f'{sys.argv[1]}/scripts/{name}.py')\n"
+        "    mods[name] = importlib.util.module_from_spec(spec)\n"
+        "    spec.loader.exec_module(mods[name])\n"
+        "demo = ['--config', f'{sys.argv[1]}/configs/demo.yaml', '--corpus', sys.argv[2]]\n"
+        "assert mods['dump_order'].main([*demo, '--steps', '2', '--out', 'o.jsonl']) == 0\n"
+        "assert mods['inspect_corpus'].main([sys.argv[2], *demo[:2], '--sample-rows', '10']) == 0\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WELLMIXED_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT), str(demo_corpus)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "HEAVY []" in proc.stdout, proc.stdout[-2000:]
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 2
 
 
 def test_a_flag_typo_is_one_line_with_did_you_mean(capsys):

@@ -200,7 +200,7 @@ def load_data(ckpt: Path) -> TrainingContext:
     from train.datamodule import WellMixedData
 
     saved = read_checkpoint(ckpt, "checkpoint", EVALUATE_ANOTHER)  # verified; tensors stay on disk
-    if "datamodule_hyper_parameters" not in saved or "sources" not in saved["datamodule_hyper_parameters"]:
+    if "datamodule_hyper_parameters" not in saved or "config" not in saved["datamodule_hyper_parameters"]:
         raise ValueError(f"{ckpt} holds no data config (written by a version before checkpoints carried it); "
                          "evaluate a checkpoint of a run trained with this version")
     del saved
