@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -38,6 +39,17 @@ documents back between steps: ``continuations``). A version-1 cursor describes a
 longer produces, so it is refused rather than continued inexactly."""
 
 _DAMAGED = "the cursor is damaged or was edited: resume from another checkpoint (or cursor file)"
+
+
+class DamagedCursor(ConfigError):
+    """A cursor (or a cursor file) refused: ``problem``, then one way out. A caller that gives its own way
+    out (train/checkpoint.py's resume check) shows ``problem`` alone, so the line says what to do once."""
+
+    def __init__(self, problem: str, way_out: str = _DAMAGED):
+        self.problem = problem
+        super().__init__(f"{problem}; {way_out}")
+
+
 _LEFTOVER_KEYS = ("rows", "pending", "continuations")
 
 
@@ -178,7 +190,7 @@ def _int(value) -> int | None:
 
 
 def _bad(who: str, field: str, value, rule: str) -> ConfigError:
-    return ConfigError(f"{who}: {field} = {value!r} is out of range ({rule}); {_DAMAGED}")
+    return DamagedCursor(f"{who}: {field} = {value!r} is out of range ({rule})")
 
 
 class _Reader:
@@ -204,11 +216,13 @@ class _Reader:
             mixer = self.mixer(d["mixer"], len(sources))
             leftovers = {key: self.leftovers(key, d[key] if key == "rows" else d.get(key, []), len(sources))
                          for key in _LEFTOVER_KEYS}
-            fingerprint, seed = d["fingerprint"], d["seed"]
+            seed, fingerprint = self.need("seed", d["seed"]), d["fingerprint"]
+            if not isinstance(fingerprint, str):
+                raise _bad(self.who, "fingerprint", fingerprint, "the corpus fingerprint, a string")
         except (KeyError, TypeError, AttributeError, ValueError, zlib.error) as e:  # zlib: a damaged packed buffer
             if isinstance(e, ConfigError):
                 raise
-            raise ConfigError(f"{self.who}: malformed ({type(e).__name__}: {e}); {_DAMAGED}") from None
+            raise DamagedCursor(f"{self.who}: malformed ({type(e).__name__}: {e})") from None
         return ConsumerCursor(fingerprint=fingerprint, seed=seed, consumer=consumer, num_consumers=n,
                               next_step=next_step, sources=sources, mixer=mixer, **leftovers)
 
@@ -243,6 +257,8 @@ class _Reader:
         target = [float(t) for t in mixer["target"]]
         if len(target) != n_sources:
             raise _bad(self.who, "mixer.target", target, f"one value per source ({n_sources})")
+        if not all(math.isfinite(t) and t >= 0 for t in target):
+            raise _bad(self.who, "mixer.target", target, "token targets, finite and >= 0")
         if not isinstance(mixer["rng"], dict):
             raise _bad(self.who, "mixer.rng", mixer["rng"], "a PCG64 state")
         return MixerCursor(tuple(counts["emitted"]), tuple(counts["committed"]), tuple(target), mixer["rng"])
@@ -277,19 +293,19 @@ def read_order_state(state: dict, ranks: list[int] | None = None) -> list[list[C
         raise _bad("data order state", "step", state.get("step", state.get("next_step")), "an integer >= 0")
     consumers = state.get("consumers", state.get("cursors"))
     if not isinstance(consumers, list) or not consumers or not all(isinstance(r, list) and r for r in consumers):
-        raise ConfigError(f"data order state: consumers must be [rank][worker] cursors; {_DAMAGED}")
+        raise DamagedCursor("data order state: consumers must be [rank][worker] cursors")
     workers = len(consumers[0])
     if ranks is not None and len(ranks) != len(consumers):
         raise ConfigError(f"data order state: cursors of {len(consumers)} rank(s) given for ranks {ranks}")
     keys = {"num_workers": workers} if ranks is not None else {"world_size": len(consumers), "num_workers": workers}
     for key, want in keys.items():
         if key in state and _int(state[key]) != want:
-            raise ConfigError(f"data order state: {key} = {state[key]!r} but the cursors are {len(consumers)} "
-                              f"rank(s) x {workers} worker(s); {_DAMAGED}")
+            raise DamagedCursor(f"data order state: {key} = {state[key]!r} but the cursors are {len(consumers)} "
+                                f"rank(s) x {workers} worker(s)")
     out = []
     for rank, row in zip(ranks if ranks is not None else range(len(consumers)), consumers):
         if len(row) != workers:
-            raise ConfigError(f"data order state: rank {rank} has {len(row)} cursors, rank 0 {workers}; {_DAMAGED}")
+            raise DamagedCursor(f"data order state: rank {rank} has {len(row)} cursors, rank 0 {workers}")
         out.append([None if cur is None else _agreeing(cur, step, rank, w, workers) for w, cur in enumerate(row)])
     return out
 
@@ -303,10 +319,9 @@ def _agreeing(d: Any, step: int, rank: int, w: int, workers: int) -> ConsumerCur
     cur = as_cursor(d)
     want = step + (w - step) % workers
     if cur.next_step != want:
-        raise ConfigError(
+        raise DamagedCursor(
             f"data order state: step = {step}, but the cursor of rank {rank} worker {w} continues at step "
-            f"{cur.next_step} (it must be {want}, the first step >= {step} that worker {w} of {workers} owns); "
-            f"{_DAMAGED}")
+            f"{cur.next_step} (it must be {want}, the first step >= {step} that worker {w} of {workers} owns)")
     return cur
 
 

@@ -26,8 +26,9 @@ writes its own DataLoader workers' cursors beside the checkpoints::
 - **Read what is needed.** A resume with the same ranks x workers reads only the rank's own file
   (~318 KB x workers). An elastic resume reads every old rank's file on every rank: the re-cut
   (data/elastic.py) pools the pending work of all old consumers, so that cost is inherent to it.
-- **Cleaned up.** :func:`remove_unreferenced` (global rank 0, after each checkpoint save or removal and
-  at start-up) deletes the step directories no checkpoint in the folder references, never the newest.
+- **Cleaned up.** :func:`remove_step_dirs` (global rank 0, after each checkpoint save or removal and
+  at start-up, through train/checkpoint.py, which reads what the checkpoints reference) deletes the step
+  directories no checkpoint in the folder references, never the newest.
 - Checkpoints from before this layout, and the DataModule used without a checkpoint directory
   (library use, one rank), hold the cursors inline as ``"cursors": [rank][worker]``;
   :func:`load_checkpoint_cursors` reads both, so this module is the one place that knows the layout.
@@ -47,6 +48,7 @@ from typing import Any
 import torch
 
 from data import files
+from data.cursor import ConsumerCursor, DamagedCursor
 from data.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,11 @@ def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
 
 def rank_file(step_dir: str | PathLike, rank: int) -> Path:
     return Path(step_dir) / f"rank{rank:05d}.pt"
+
+
+def is_current(cursor: Any) -> bool:
+    """Whether a serialised cursor (or a worker that never produced one) is of this data path's version."""
+    return not isinstance(cursor, dict) or ConsumerCursor.is_current(cursor)
 
 
 def way_out_on_several_ranks(message: str) -> str:
@@ -142,30 +149,30 @@ def load_checkpoint_cursors(ckpt_path: str | PathLike | None, state: dict[str, A
                           "checkpoint they lie beside: load it through Trainer.fit(ckpt_path=...)")
     step_dir = Path(ckpt_path).parent / state["cursor_dir"]
     digests = _recorded_digests(ckpt_path, state)
-    rows = []
-    for rank in ranks:
-        path = rank_file(step_dir, rank)
-        what = f"data cursor file {path} (rank {rank} of checkpoint {ckpt_path})"
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            raise ConfigError(f"{what} is missing (a checkpoint moved without its {CURSOR_ROOT}/ folder, or a "
-                              f"partial copy?); copy it back, or {_EARLIER}") from None
-        except OSError as e:
-            raise ConfigError(f"{what} is unreadable ({e.strerror or e}); {_EARLIER}") from None
-        _verify(raw, digests, rank, what, path)
-        try:
-            data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise ConfigError(f"{what} is unreadable ({type(e).__name__}: {first[:200]}); {_EARLIER}") from None
-        if (not isinstance(data, dict) or data.get("rank") != rank or data.get("next_step") != state["next_step"]
-                or not isinstance(data.get("cursors"), list)):
-            found = (data.get("rank"), data.get("next_step")) if isinstance(data, dict) else type(data).__name__
-            raise ConfigError(f"{what} does not belong to it (rank, next step {found}, expected "
-                              f"{(rank, state['next_step'])}); {_EARLIER}")
-        rows.append(data["cursors"])
-    return rows
+    return [_read_rank_file(rank_file(step_dir, rank), rank, ckpt_path, state, digests) for rank in ranks]
+
+
+def _read_rank_file(path: Path, rank: int, ckpt_path, state: dict[str, Any], digests: list[str] | None) -> list:
+    """One rank's cursors from its file: present, matching its digest, loadable, of this rank and step."""
+    what = f"data cursor file {path} (rank {rank} of checkpoint {ckpt_path})"
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DamagedCursor(f"{what} is missing (a checkpoint moved without its {CURSOR_ROOT}/ folder, or a "
+                            "partial copy?)", f"copy it back, or {_EARLIER}") from None
+    except OSError as e:
+        raise DamagedCursor(f"{what} is unreadable ({e.strerror or e})", _EARLIER) from None
+    _verify(raw, digests, rank, what, path)
+    try:
+        data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise DamagedCursor(f"{what} is unreadable ({type(e).__name__}: {first[:200]})", _EARLIER) from None
+    found = (data.get("rank"), data.get("next_step")) if isinstance(data, dict) else type(data).__name__
+    if found != (rank, state["next_step"]) or not isinstance(data.get("cursors"), list):
+        raise DamagedCursor(f"{what} does not belong to it (rank, next step {found}, expected "
+                            f"{(rank, state['next_step'])})", _EARLIER)
+    return data["cursors"]
 
 
 def _recorded_digests(ckpt_path, state: dict[str, Any]) -> list[str] | None:
@@ -176,8 +183,8 @@ def _recorded_digests(ckpt_path, state: dict[str, Any]) -> list[str] | None:
     world = int(state["world_size"])
     if (not isinstance(digests, list) or len(digests) != world
             or not all(isinstance(d, str) and len(d) == 64 for d in digests)):
-        raise ConfigError(f"checkpoint {ckpt_path}: its data state's cursor_sha256 is malformed (not {world} "
-                          f"sha256 digests); {_EARLIER}")
+        raise DamagedCursor(f"checkpoint {ckpt_path}: its data state's cursor_sha256 is malformed (not {world} "
+                            "sha256 digests)", _EARLIER)
     return digests
 
 
@@ -194,9 +201,9 @@ def _verify(raw: bytes, digests: list[str] | None, rank: int, what: str, path: P
         return
     got = hashlib.sha256(raw).hexdigest()
     if got != digests[rank]:
-        raise ConfigError(f"{what} does not match the sha256 its checkpoint records ({got[:16]}... vs "
-                          f"{digests[rank][:16]}...): changed after it was written (an edit, a disk or copy "
-                          f"error); {_EARLIER}")
+        raise DamagedCursor(f"{what} does not match the sha256 its checkpoint records ({got[:16]}... vs "
+                            f"{digests[rank][:16]}...): changed after it was written (an edit, a disk or copy "
+                            "error)", _EARLIER)
 
 
 def _step_dir_order(path: Path) -> tuple[int, int]:
@@ -204,45 +211,17 @@ def _step_dir_order(path: Path) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
-def referenced_cursor_dir(ckpt: Path) -> str | None:
-    """The ``cursor_dir`` a checkpoint names (a file, or a sharded folder's ``meta.pt``); None if none.
-    mmap: the weights are not read. Raises whatever torch raises for an unreadable file."""
-    path = ckpt / "meta.pt" if ckpt.is_dir() else ckpt
-    obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    state = obj.get("WellMixedData") if isinstance(obj, dict) else None
-    return state.get("cursor_dir") if isinstance(state, dict) else None
-
-
-def remove_unreferenced(ckpt_dir: str | PathLike, cache: dict | None = None) -> list[Path]:
-    """Delete the step directories under ``ckpt_dir/cursors`` that no ``*.ckpt`` in ``ckpt_dir`` references.
-
-    The newest directory (highest step, then version) is always kept: it may belong to a checkpoint
-    being written. If any checkpoint cannot be read, nothing is removed (its references are unknown;
-    logged). Global rank 0 only, when no save is in progress. Returns the directories removed.
-    ``cache`` (kept by the caller between calls) maps a checkpoint's name and stat to its reference, so
-    a run that keeps every checkpoint does not re-open all of them at each save."""
-    ckpt_dir = Path(ckpt_dir)
+def remove_step_dirs(ckpt_dir: Path, keep: set[str | None]) -> list[Path]:
+    """Delete the step directories under ``ckpt_dir/cursors`` not named in ``keep`` (the ``cursor_dir`` the
+    checkpoints reference: train/checkpoint.py ``remove_unreferenced`` reads them), never the newest
+    (highest step, then version: it may belong to a checkpoint being written). Global rank 0 only, when
+    no save is in progress. Returns the directories removed."""
     root = ckpt_dir / CURSOR_ROOT
     if not root.is_dir() or root.is_symlink():  # never delete through a link (claim_step_dir refuses one)
         return []
     dirs = sorted((p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)), key=_step_dir_order)
-    if len(dirs) <= 1:
-        return []
-    keep = {dirs[-1].name}
-    for ckpt in sorted(ckpt_dir.glob("*.ckpt")):
-        try:
-            st = (ckpt / "meta.pt" if ckpt.is_dir() else ckpt).stat()
-            key = (ckpt.name, st.st_ino, st.st_size, st.st_mtime_ns)
-            ref = cache[key] if cache is not None and key in cache else referenced_cursor_dir(ckpt)
-            if cache is not None:
-                cache[key] = ref
-        except Exception as e:  # noqa: BLE001 -- a corrupt or half-copied checkpoint: leave everything
-            log.warning("data cursor clean-up skipped: %s is unreadable (%s: %s), so which cursor directory it "
-                        "references is unknown", ckpt, type(e).__name__, str(e).strip()[:200])
-            return []
-        if ref is not None:
-            keep.add(Path(ref).name)
-    removed = [d for d in dirs if d.name not in keep]
+    names = {Path(ref).name for ref in keep if ref is not None}
+    removed = [d for d in dirs[:-1] if d.name not in names]
     for d in removed:
         shutil.rmtree(d, ignore_errors=True)
     if removed:

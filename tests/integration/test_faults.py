@@ -21,7 +21,8 @@ import torch
 from training_runs import DDP, TINY, Run, assert_same_order, checkpoint_steps, global_step_of, order_log, run_to_end
 
 from data.errors import ConfigError
-from train.checkpoint import AtomicCheckpointIO, checkpoint_problem, remove_stale_temp_files, resolve_checkpoint
+from train.checkpoint import checkpoint_problem, resolve_checkpoint
+from train.checkpoint_io import AtomicCheckpointIO, remove_stale_temp_files
 
 SHORT = ["--data.schedule.train_tokens", "800"]  # 7 steps: for the faults that need no long run
 

@@ -18,11 +18,11 @@ import torch
 from data.cursor import ConsumerCursor
 from data.errors import ConfigError
 from data.simulate import OrderSimulator
-from train.checkpoint import AtomicCheckpointIO
+from train.checkpoint import remove_unreferenced
+from train.checkpoint_io import AtomicCheckpointIO
 from train.cursor_files import (
     claim_step_dir,
     load_checkpoint_cursors,
-    remove_unreferenced,
     save_rank_cursors,
 )
 from train.datamodule import WellMixedData
