@@ -30,7 +30,7 @@ import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 
 from data.errors import ConfigError
-from data.files import refuse_link, temp_path, write_text
+from data.files import refuse_link, temp_path, write_error, write_text
 from train.rundir import RunDir, read_config
 
 if TYPE_CHECKING:
@@ -236,14 +236,21 @@ def save_launch_config(run_dir: Path, text: str) -> Path:
     """``<run>/config-NNN.yaml`` for this launch (NNN counts launches: a resume never overwrites the
     config a run started with) and ``config.yaml``, replaced atomically, for the latest one."""
     paths = RunDir(run_dir)
-    paths.root.mkdir(parents=True, exist_ok=True)
-    taken = [int(p.stem[7:]) for p in paths.root.glob("config-*.yaml") if p.stem[7:].isdigit()]
-    path = paths.launch_config(max(taken, default=0) + 1)
     refuse_link(paths.config, "the run's config")
-    # exclusive (O_EXCL): two launches racing for a number do not overwrite each other, a link is not followed
-    with open(path, "x") as f:
-        f.write(text)
-    write_text(paths.config, text)
+    path, created = paths.root / "config-NNN.yaml", False
+    try:
+        paths.root.mkdir(parents=True, exist_ok=True)
+        taken = [int(p.stem[7:]) for p in paths.root.glob("config-*.yaml") if p.stem[7:].isdigit()]
+        path = paths.launch_config(max(taken, default=0) + 1)
+        # exclusive (O_EXCL): two launches racing for a number do not overwrite each other, a link is not followed
+        with open(path, "x") as f:
+            created = True
+            f.write(text)
+        write_text(paths.config, text)
+    except OSError as e:  # out of space or inodes: one line, before the first step, and no partial file
+        if created:
+            path.unlink(missing_ok=True)
+        raise write_error(path, e, "launch again", "nothing was trained or changed in the run directory") from e
     return path
 
 

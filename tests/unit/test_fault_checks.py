@@ -309,6 +309,12 @@ CURSOR_ATTACKS = [
     (lambda c: c["sources"]["web"].__setitem__("rng", 3), r"sources\.web\.rng = 3 is out of range \(a PCG64 state\)"),
     (lambda c: c.__delitem__("fingerprint"), r"malformed \(KeyError: 'fingerprint'\)"),
     (lambda c: c.__setitem__("continuations", [[0, 1, 2, 3]]), r"continuations\[0\] = \[0, 1, 2, 3\] is out of range"),
+    # before: accepted; a NaN target changed the order, a string seed read "saved with seed 1234, not 1234"
+    (lambda c: c["mixer"]["target"].__setitem__(1, float("nan")), r"mixer\.target = \[[\d.]+, nan, .*\] is out of "
+                                                                   r"range \(token targets, finite and >= 0\)"),
+    (lambda c: c.__setitem__("seed", str(c["seed"])), r"seed = '\d+' is out of range \(an integer >= 0\)"),
+    (lambda c: c.__setitem__("fingerprint", 5), r"fingerprint = 5 is out of range \(the corpus fingerprint, a "
+                                                r"string\)"),
 ]
 
 
