@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from data.cursor import DamagedCursor, check_order_state
+from data.cursor import DamagedCursor
 from data.errors import ConfigError
 from train import cursor_files
 
@@ -248,7 +248,7 @@ def _structure(obj, lightning: bool) -> str | None:
     return None
 
 
-def open_checkpoint(path: Path) -> dict:
+def open_checkpoint(path: str | Path) -> dict:
     """The small entries of a checkpoint (step, hparams, data state): a file, memory-mapped (the weights
     are not read), or a sharded folder's ``meta.pt``. Not verified (see :func:`checkpoint_problem`);
     raises whatever torch raises for an unreadable file."""
@@ -258,7 +258,7 @@ def open_checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
-def saved_hparams(path: Path) -> dict | None:
+def saved_hparams(path: str | Path) -> dict | None:
     """A checkpoint's ``hyper_parameters``; None when it has none (a sharded folder may keep them elsewhere)."""
     try:
         ckpt = open_checkpoint(path)
@@ -296,26 +296,19 @@ def checkpoint_problem(path: Path, cursor_ranks: list[int] | None = None, cursor
 
 
 def cursor_problem(ckpt: dict, path: Path, ranks: list[int] | None) -> str | None:
-    """The data cursors a checkpoint names: every rank's file present, those of ``ranks`` (None: all)
-    range-checked and against its step (data/cursor.py). A missing or damaged cursor is refused here,
-    naming the file or the field (without its own way out: the caller says what to do), instead of
-    crashing a DataLoader worker later."""
+    """The data cursors a checkpoint names (train/cursor_files.py ``check_checkpoint_cursors``): a missing or
+    damaged cursor is refused here, naming the file or the field (without its own way out: the caller says
+    what to do), instead of crashing a DataLoader worker later."""
     state = ckpt.get("WellMixedData")
     if not isinstance(state, dict) or (state.get("cursors") is None and state.get("cursor_dir") is None):
         return None  # another datamodule, or an older fresh data order (run.allow_changed_data)
-    missing = [f for f in cursor_files.cursor_files(path, state) if not f.is_file()]
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        return f"data cursor file {missing[0]}{more} missing (a checkpoint moved without its cursors/ folder?)"
     try:
-        rows = cursor_files.load_checkpoint_cursors(path, state, ranks)
-        if rows and all(cursor_files.is_current(c) for rank in rows if isinstance(rank, list) for c in rank):
-            check_order_state({**state, "cursors": rows}, ranks=ranks)
+        cursor_files.check_checkpoint_cursors(path, state, ranks)
     except DamagedCursor as e:
         return e.problem
     except ConfigError as e:
         return str(e)
-    return None  # a cursor of another version of the data path: the datamodule's own error says what to do
+    return None
 
 
 # -- 2. verify: the readers' entry point -------------------------------------------------------------
@@ -471,23 +464,16 @@ def _named_path(ckpt_path: str | None, ckpt_dir: Path) -> Path | None:
 def requested_hparams(ckpt_path: str | None, ckpt_dir: Path, fallback: bool, unverified_ok: bool = False) -> dict:
     """What ``--ckpt_path`` asks for, checked when the command line is parsed, before anything is built
     or written: a name this CLI writes no checkpoint for, ``last`` in a run without any, a path that
-    does not exist or is no checkpoint are refused here (as :func:`resolve_checkpoint` refuses them). For
-    a file, its ``hyper_parameters``, verified (with ``fallback`` an unusable file gives ``{}``:
-    :func:`resolve_checkpoint` falls back when the run starts)."""
+    does not exist or is no checkpoint are refused here, as :func:`resolve_checkpoint` refuses them (its
+    cursor files are checked when the run starts; with ``fallback`` so is a file, to fall back from it).
+    Returns the checkpoint's ``hyper_parameters`` ({} when not read)."""
     if ckpt_path in (None, LAST_OR_NEW) or (ckpt_path == LAST and any(ckpt_dir.glob("*.ckpt"))):
         return {}
     path = _named_path(ckpt_path, ckpt_dir)
-    if path is None:
-        return resolve_checkpoint(ckpt_path, ckpt_dir, fallback) or {}  # raises: no checkpoint to resume
-    if path.is_dir():
-        if (path / ".metadata").is_file():
-            return {}
-        raise CheckpointError(f"--ckpt_path {path}: {_folder_problem(path)}")
-    ckpt, problem = load_file(path, unverified_ok=unverified_ok)
-    if problem is not None and not fallback:
-        resolve_checkpoint(ckpt_path, ckpt_dir, fallback, cursors=False, unverified_ok=unverified_ok)  # raises it
-    hparams = (ckpt or {}).get("hyper_parameters")
-    return hparams if isinstance(hparams, dict) else {}
+    if fallback and path is not None and path.is_file():
+        return {}
+    verified = resolve_checkpoint(ckpt_path, ckpt_dir, False, cursors=False, unverified_ok=unverified_ok)
+    return saved_hparams(verified) or {}
 
 
 # -- the data cursor folders no checkpoint references --------------------------------------------------
@@ -511,5 +497,5 @@ def remove_unreferenced(ckpt_dir: str | os.PathLike, cache: dict | None = None) 
             log.warning("data cursor clean-up skipped: %s is unreadable (%s: %s), so which cursor directory it "
                         "references is unknown", ckpt, type(e).__name__, str(e).strip()[:200])
             return []
-        keep.add(cache[key])
+        keep.add(Path(cache[key] or ".").name)
     return cursor_files.remove_step_dirs(Path(ckpt_dir), keep)

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from data import files
-from data.cursor import ConsumerCursor, DamagedCursor
+from data.cursor import ConsumerCursor, DamagedCursor, check_order_state
 from data.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -88,9 +88,24 @@ def rank_file(step_dir: str | PathLike, rank: int) -> Path:
     return Path(step_dir) / f"rank{rank:05d}.pt"
 
 
-def is_current(cursor: Any) -> bool:
-    """Whether a serialised cursor (or a worker that never produced one) is of this data path's version."""
-    return not isinstance(cursor, dict) or ConsumerCursor.is_current(cursor)
+def check_checkpoint_cursors(ckpt_path: str | PathLike, state: dict[str, Any], ranks: list[int] | None = None) -> None:
+    """The cursors a checkpoint's data state names: every rank's file present; those of ``ranks`` (None: all)
+    read, verified and range-checked against its step (data/cursor.py ``check_order_state``). A cursor of
+    another version of the data path is left to the datamodule, whose error says what to do."""
+    missing = [f for f in cursor_files(ckpt_path, state) if not f.is_file()]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise DamagedCursor(f"data cursor file {missing[0]}{more} missing (a checkpoint moved without its cursors/ "
+                            "folder?)", f"copy it back, or {_EARLIER}")
+    rows = load_checkpoint_cursors(ckpt_path, state, ranks)
+    if rows and _all_current(rows):
+        check_order_state({**state, "cursors": rows}, ranks=ranks)
+
+
+def _all_current(rows: list) -> bool:
+    """Whether every serialised cursor is of this data path's version (None: a worker that never produced one)."""
+    return all(not isinstance(c, dict) or ConsumerCursor.is_current(c)
+               for rank in rows if isinstance(rank, list) for c in rank)
 
 
 def way_out_on_several_ranks(message: str) -> str:
@@ -211,20 +226,22 @@ def _step_dir_order(path: Path) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
-def remove_step_dirs(ckpt_dir: Path, keep: set[str | None]) -> list[Path]:
-    """Delete the step directories under ``ckpt_dir/cursors`` not named in ``keep`` (the ``cursor_dir`` the
-    checkpoints reference: train/checkpoint.py ``remove_unreferenced`` reads them), never the newest
+def remove_step_dirs(ckpt_dir: Path, keep: set[str]) -> list[Path]:
+    """Delete the step directories under ``ckpt_dir/cursors`` not named in ``keep`` (the ``cursor_dir`` names
+    the checkpoints reference: train/checkpoint.py ``remove_unreferenced`` reads them), never the newest
     (highest step, then version: it may belong to a checkpoint being written). Global rank 0 only, when
     no save is in progress. Returns the directories removed."""
     root = ckpt_dir / CURSOR_ROOT
-    if not root.is_dir() or root.is_symlink():  # never delete through a link (claim_step_dir refuses one)
+    if root.is_symlink() or not root.is_dir():  # never delete through a link (claim_step_dir refuses one)
         return []
-    dirs = sorted((p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)), key=_step_dir_order)
-    names = {Path(ref).name for ref in keep if ref is not None}
-    removed = [d for d in dirs[:-1] if d.name not in names]
+    dirs = sorted(filter(_is_step_dir, root.iterdir()), key=_step_dir_order)
+    removed = [d for d in dirs[:-1] if d.name not in keep]
     for d in removed:
         shutil.rmtree(d, ignore_errors=True)
-    if removed:
-        log.debug("removed %d data cursor folder(s) no checkpoint references: %s", len(removed),
-                  ", ".join(d.name for d in removed))
+    log.debug("removed %d data cursor folder(s) no checkpoint references: %s", len(removed),
+              ", ".join(d.name for d in removed))
     return removed
+
+
+def _is_step_dir(path: Path) -> bool:
+    return path.is_dir() and _STEP_DIR.match(path.name) is not None
