@@ -35,8 +35,8 @@ def _write_checksum(path: Path, digest: str) -> None:
     try:
         files.write_text(checksum_path(path), f"{digest}  {path.name}\n")
     except OSError as e:
-        log.warning("could not write %s (%s); %s is intact but its checksum cannot be verified on resume",
-                    checksum_path(path), e, path)
+        log.warning("could not write %s (%s); %s is intact, but a resume from it needs --run.allow_unverified_ckpt "
+                    "true (or its sidecar written: sha256sum)", checksum_path(path), e, path)
 
 
 def link_checkpoint(src: Path, dst: Path) -> None:
