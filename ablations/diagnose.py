@@ -1,35 +1,17 @@
-"""Does the shuffle mix? Five diagnostics of one training run, from its logs (docs/diagnostics.md).
+"""Does the shuffle mix? Five diagnostics of one training run, from its logs; what each computes and
+what makes it fail: docs/diagnostics.md.
 
     python scripts/diagnose_run.py runs/demo            # writes runs/demo/diagnostics.md and its plots
 
-Reads ``<run>/csv/metrics.csv`` (``train/share_distance``, ``train/loss/<source>``), the order logs
-``<run>/order_log/rank<r>.jsonl`` (``--data.order_log true``; one line per step and rank: document
-pieces, tokens per source, target weights) and the saved ``config.yaml``; with the corpus reachable
-(the config's source globs, or ``--corpus DIR``) also the manifest: which source each document is
-from, documents and tokens per source. Each diagnostic gets a verdict:
-
-1. **histogram** -- per-batch source histogram distance from the target weights over the run (mean,
-   spread, by thirds of the run) and the cumulative shares at the end: FAIL when the mean per-batch
-   distance exceeds ``batch_factor`` (2) x that of batches whose rows each hold one source drawn at
-   random by weight (the scale's baseline: a batch of 4 rows cannot be flat; or ``max_batch_distance``
-   when set), or the cumulative one exceeds ``max_cumulative_distance``.
-2. **sawtooth** -- per-source train loss, detrended (a cubic in log step, the first 10% of steps left
-   out), its periodogram: FAIL when one frequency holds more power than white noise gives it with
-   probability ``alpha`` (the ratio to the mean power of the other frequencies exceeds ln(m / alpha)
-   for m frequencies). A loss that follows the shards or chunks of a clustered corpus (a tiny buffer,
-   no interleaving) saws with their period.
-3. **epoch boundaries** -- at every step where a source starts a new epoch (its cumulative tokens cross
-   a multiple of its corpus tokens): over ``window`` steps each side, a line in log(step) with a jump at
-   the boundary, fitted by least squares: FAIL when the loss drops by more than ``k_se`` standard errors
-   and ``min_drop`` nats (the model has seen the documents before, in the same order: a reused epoch
-   order).
-4. **rank overlap** -- per source-epoch, documents started on more than one rank (must be 0), and
-   documents started twice within an epoch on one rank (must be 0). Epochs are estimated from the
-   order: the i-th document start of a source falls in epoch floor(i / documents of the source); reads
-   within ``margin`` starts of an epoch edge are not compared (consumers straddle the edge).
-5. **implied epochs** -- tokens per source trained (order logs) against the tokens planned for the same
-   steps (the logged target weights x tokens), and in epochs of the source: FAIL when a source differs
-   by more than ``epoch_rtol`` of its plan plus one step's tokens.
+Reads ``<run>/csv/metrics.csv``, the order logs ``<run>/order_log/rank<r>.jsonl`` (``--data.order_log
+true``) and the saved ``config.yaml``; with the corpus reachable (the config's source globs, or
+``--corpus DIR``) also its manifest. The checks: 1. the per-batch source histogram and all tokens
+against their targets; 2. a sawtooth in a source's loss (periodogram against white noise); 3. a loss
+drop where a source starts a new epoch; 4. documents read twice within a source-epoch (on two ranks,
+or on one); 5. tokens per source trained against those planned for the same steps. Each gets PASS,
+FAIL, or SKIP with the reason when its inputs are missing or too few (a short or killed run). Limits
+that depend on how much was trained scale with it: the cumulative distance and the planned tokens
+each allow one step's tokens (the deficit selector keeps a source within about that of its target).
 """
 
 from __future__ import annotations
@@ -45,6 +27,7 @@ import numpy as np
 
 from data.config import corpus_sources, parse_data_config
 from data.errors import ConfigError
+from data.files import write_text
 from data.manifest import build_manifest
 from train.rundir import read_config, read_metrics, read_order_log, series
 
@@ -84,7 +67,6 @@ class Check:
     summary: str
     lines: list[str] = field(default_factory=list)
     """Markdown under the verdict (tables)."""
-    plot: str | None = None
 
 
 @dataclass
@@ -242,46 +224,39 @@ class Periodogram:
 def sawtooth_score(points: list[tuple[int, float]], alpha: float = 1e-3, skip_frac: float = 0.1) -> Periodogram | None:
     """The strongest periodic component of a detrended loss series, against white noise."""
     steps, vals = regular(points)
-    if len(vals) < 16:
-        return None
-    keep = steps >= steps[0] + skip_frac * (steps[-1] - steps[0])
-    steps, vals = steps[keep], vals[keep]
-    if len(vals) < 16:
+    if len(vals) >= 16:
+        keep = steps >= steps[0] + skip_frac * (steps[-1] - steps[0])
+        steps, vals = steps[keep], vals[keep]
+    lo, n = 3, len(vals)  # lo: periods longer than a third of the series are what the trend fit leaves over
+    if n < 16:
         return None
     resid = detrend(steps, vals)
-    power = np.abs(np.fft.rfft(resid - resid.mean())) ** 2
-    n = len(resid)
-    lo = 3  # periods longer than a third of the series: what the trend fit leaves over
-    band = power[lo:n // 2 if n % 2 == 0 else n // 2 + 1]
-    if len(band) < 4:
-        return None
+    band = (np.abs(np.fft.rfft(resid - resid.mean())) ** 2)[lo:(n + 1) // 2]
     i = int(np.argmax(band))
-    rest = np.delete(band, i)
-    ratio = float(band[i] / max(rest.mean(), 1e-30))
-    spacing = float(steps[1] - steps[0])
-    return Periodogram(ratio, math.log(len(band) / alpha), n * spacing / (i + lo), n)
+    ratio = float(band[i] / max(np.delete(band, i).mean(), 1e-30))
+    return Periodogram(ratio, math.log(len(band) / alpha), n * float(steps[1] - steps[0]) / (i + lo), n)
 
 
 def check_sawtooth(losses: dict[str, list[tuple[int, float]]], th: Thresholds) -> Check:
     lines = ["| source | points | strongest period (steps) | power / mean of the rest | threshold | |",
              "|---|---:|---:|---:|---:|---|"]
-    bad, tested = [], 0
-    for source, pts in losses.items():
-        p = sawtooth_score(pts, th.alpha, th.skip_frac)
-        if p is None:
-            n = sum(not math.isnan(v) for _, v in pts)
-            lines.append(f"| {source} | {n} | – | – | – | too short (16 steps with the source needed) |")
-            continue
-        tested += 1
-        if p.periodic:
-            bad.append(f"{source} (period {p.period:.1f} steps, {p.ratio:.1f} x)")
-        lines.append(f"| {source} | {p.n} | {p.period:.1f} | {p.ratio:.1f} | {p.threshold:.1f} | "
-                     f"{'**SAWTOOTH**' if p.periodic else 'smooth'} |")
+    scores = {source: sawtooth_score(pts, th.alpha, th.skip_frac) for source, pts in losses.items()}
+    lines += [_sawtooth_row(source, p, losses[source]) for source, p in scores.items()]
+    tested = {s: p for s, p in scores.items() if p is not None}
     if not tested:
         return Check("per-source loss smoothness", SKIP, "no per-source loss series long enough (16 points)", lines)
-    summary = ("periodic per-source loss: " + ", ".join(bad) if bad else
-               f"no periodic component above white noise (false-alarm rate {th.alpha:g}) in {tested} source(s)")
-    return Check("per-source loss smoothness", FAIL if bad else PASS, summary, lines)
+    return _verdict("per-source loss smoothness", [f"{s} (period {p.period:.1f} steps, {p.ratio:.1f} x)" for s, p in
+                                                   tested.items() if p.periodic],
+                    "periodic per-source loss: ", f"no periodic component above white noise (false-alarm rate "
+                    f"{th.alpha:g}) in {len(tested)} source(s)", lines)
+
+
+def _sawtooth_row(source: str, p: Periodogram | None, points: list[tuple[int, float]]) -> str:
+    if p is None:
+        n = sum(not math.isnan(v) for _, v in points)
+        return f"| {source} | {n} | – | – | – | too short (16 steps with the source needed) |"
+    return (f"| {source} | {p.n} | {p.period:.1f} | {p.ratio:.1f} | {p.threshold:.1f} | "
+            f"{'**SAWTOOTH**' if p.periodic else 'smooth'} |")
 
 
 # -- 3. epoch boundaries ---------------------------------------------------------------------------
@@ -542,72 +517,6 @@ def _boundaries(steps: np.ndarray, tokens: np.ndarray, sources: list[str], corpu
     return {s: [(e, int(st) // accum) for e, st in found] for s, found in epochs.items()} if len(steps) else {}
 
 
-def histogram_figure(data: dict):
-    """The per-batch distance from the target along the run, its moving mean, and the limit the check
-    judges the mean against (dashed, with where it comes from)."""
-    from matplotlib.figure import Figure
-
-    from data.plotting import plot_smoothed
-
-    fig = Figure(figsize=(7, 3.4))
-    ax = fig.subplots()
-    pts = [(s, v) for s, v in data["distances"] if not math.isnan(v)]
-    plot_smoothed(ax, pts, "C0", "per batch (faint), moving mean")
-    mean = float(np.mean([v for _, v in pts])) if pts else math.nan
-    ax.axhline(mean, color="k", lw=1, label=f"mean over the run {mean:.3f}")
-    limit, what = data.get("histogram_limit", (None, ""))
-    if limit is not None:
-        ax.axhline(limit, color="C3", ls="--", lw=1.2, label=f"limit on the mean {limit:.3f} ({what})")
-    ax.set(xlabel="step", ylabel="share distance from target", title="per-batch source histogram: distance "
-           "from the target" + ("" if limit is not None else " (no limit: no baseline without the order log)"))
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def loss_figure(data: dict):
-    """Per-source train loss, smoothed over the raw points, one colour per source (data/plotting.py:
-    the same as loss_per_source.png); dotted: a source starts a new epoch."""
-    from matplotlib.figure import Figure
-
-    from data.plotting import plot_source_losses
-
-    fig = Figure(figsize=(8, 4))
-    ax = fig.subplots()
-    colors = plot_source_losses(ax, data["losses"])
-    for s, marks in data["boundaries"].items():
-        for _, step in marks:
-            ax.axvline(step, color=colors.get(s, "k"), ls=":", lw=1)
-    ax.set_title("per-source train loss (faint: each step; line: moving average; dotted: a new epoch)", fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def write_plots(out_dir: Path, data: dict) -> dict[str, str]:
-    """diag_histogram.png, diag_loss.png; {} without matplotlib."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return {}
-    from data.files import atomic_path
-
-    def save(fig, name: str) -> str:
-        with atomic_path(out_dir / name) as tmp:
-            fig.savefig(tmp, dpi=100, format="png")
-        return name
-
-    plots = {}
-    if data["distances"]:
-        plots["histogram"] = save(histogram_figure(data), "diag_histogram.png")
-    if any(data["losses"].values()):
-        plots["loss"] = save(loss_figure(data), "diag_loss.png")
-    return plots
-
-
 def render(run_dir: Path, checks: list[Check], plots: dict[str, str], corpus_note: str) -> str:
     failed = ", ".join(c.name for c in checks if c.status == FAIL)
     pictures = {1: ("per-batch histogram distance", plots.get("histogram")), 2: ("per-source train loss",
@@ -627,8 +536,8 @@ def render(run_dir: Path, checks: list[Check], plots: dict[str, str], corpus_not
 def write_report(run_dir: Path, out: Path | None = None, corpus_dir: Path | None = None,
                  th: Thresholds | None = None, plots: bool = True) -> tuple[Path, list[Check]]:
     """Diagnose ``run_dir`` and write ``out`` (default RUN/diagnostics.md) atomically, plots beside it."""
+    from ablations.diagnose_plots import write_plots
     from ablations.outcomes import planned_tokens
-    from data.files import write_text
 
     run_dir = Path(run_dir)
     root = Path(__file__).resolve().parents[1]
