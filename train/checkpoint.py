@@ -23,9 +23,9 @@
 3. **Find**: ``last`` is the checkpoint of the highest step *recorded inside* the ``last*.ckpt`` files
    (file times say nothing after a copy or a restore); without any ``last*.ckpt``, the step files.
 4. **Fall back** (:func:`resolve_checkpoint`, what ``--ckpt_path`` means): ``last`` where the run has no
-   checkpoint is refused; ``last_or_new`` starts such a run at step 0 (the SLURM requeue's choice: its
-   first launch has nothing to resume); an unusable file is refused in one line, or with
-   ``run.ckpt_fallback`` the newest valid checkpoint beside it is used.
+   checkpoint is refused; ``last_or_new`` starts such a run at step 0 (the SLURM requeue's choice);
+   ``best``/``hpc``/``registry`` are refused (this CLI writes none); an unusable file is refused in one
+   line, or with ``run.ckpt_fallback`` the newest valid checkpoint beside it is used.
 """
 
 from __future__ import annotations
@@ -410,22 +410,16 @@ def _without_last(ckpt_dir: Path, mode: str, problem_of) -> str | None:
 
 def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool, cursor_ranks: list[int] | None = None,
                        cursors: bool = True, unverified_ok: bool = False) -> str | None:
-    """The checkpoint ``--ckpt_path`` means, verified; None to start from step 0.
-
-    ``last``: :func:`find_last`, or without any ``last*.ckpt`` the newest step file that loads
-    (:func:`_without_last`); no checkpoint at all is an error. ``last_or_new``: the same, but no
-    checkpoint starts from step 0. ``best``/``hpc``/``registry`` are refused (this CLI writes none).
-    An unusable file raises :class:`CheckpointError` naming it, unless ``fallback``: then the newest valid
-    checkpoint beside it is used, and logged. ``unverified_ok`` (``run.allow_unverified_ckpt``): a file
-    without a sidecar is used, with a warning.
+    """The checkpoint ``--ckpt_path`` means, verified (section 4 of the module doc); None to start from step
+    0. An unusable file raises :class:`CheckpointError` naming it, unless ``fallback``: then the newest valid
+    checkpoint beside it is used, logged. ``unverified_ok`` (``run.allow_unverified_ckpt``): a file without
+    a sidecar is used, with a warning.
 
     ``cursor_ranks``: whose data cursor files are read and range-checked (default: all; every file's
-    presence is always checked). Every rank resolves the checkpoint on its own, before the ranks can
-    talk, so each must decide from the same facts or a fallback could pick different checkpoints on
-    different ranks. The CLI passes ``[]`` on several ranks (presence only, the same answer everywhere;
-    each rank then range-checks its own file when it loads it, an error naming the file) rather than
-    have every rank read every rank's cursors here, which this layout exists to avoid. ``cursors=False``
-    (``train validate``, which reads no data state): the cursor files are not looked at.
+    presence is always checked). Every rank resolves the checkpoint before the ranks can talk, so each
+    must decide from the same facts or a fallback could pick different checkpoints: the CLI passes ``[]``
+    on several ranks (each rank range-checks its own file when it loads it) rather than have every rank
+    read every rank's cursors. ``cursors=False`` (``train validate``): the cursor files are not looked at.
     """
     problem_of = functools.partial(checkpoint_problem, cursor_ranks=cursor_ranks, cursors=cursors,
                                    unverified_ok=unverified_ok)

@@ -63,15 +63,11 @@ def link_checkpoint(src: Path, dst: Path) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """torch.save to a temporary file in the same folder, fsync, then rename over the target.
-
-    A kill (or a full disk) during the write leaves the previous checkpoint intact, never a
-    truncated ``last.ckpt``. Each file gets a sidecar ``NAME.sha256``: hashed from the page cache after
-    the fsync (about 0.7 s/GB on this CPU, ~3 s for the 350M run's 4.3 GB), written atomically after the
-    rename; the old sidecar is removed before the rename, so a kill in between leaves a checkpoint
-    without a checksum, never a wrong one. Every reader verifies it (section 2). Removing a
-    checkpoint (``keep_last_k``) removes its sidecar.
-    """
+    """torch.save to a temporary file in the same folder, fsync, then rename over the target: a kill (or
+    a full disk) during the write leaves the previous checkpoint intact. The sidecar ``NAME.sha256`` is
+    hashed from the page cache after the fsync (~0.7 s/GB here), written atomically after the rename; the
+    old one is removed before it, so a kill in between leaves no checksum, never a wrong one (refused
+    like any unverified file). ``keep_last_k``'s removal of a checkpoint removes its sidecar."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)
@@ -111,20 +107,13 @@ def _save_error(path: Path, e: Exception) -> files.WriteError:
 class FinalCheckpoint(internals.CheckpointHooks):
     """ModelCheckpoint that writes each checkpoint once, and ``last.ckpt`` at the final step too.
 
-    Lightning writes ``last.ckpt`` at the end of training only when it wrote no checkpoint during the
-    run: a 308-step run with checkpoints every 50 steps ended with ``last.ckpt`` at step 300, so the
-    exported (or evaluated, or ablation-compared) model missed the end of the anneal and the LR
-    decay. A run stopped early by a signal is left to StopOnSignal, which wrote its own checkpoint.
-
-    With ``save_last=True`` Lightning serializes the step file and then ``last.ckpt`` again, the same
-    state twice (for the 350M run ~4.3 GB of weights and AdamW moments, on the training's critical
-    path). Here ``last.ckpt`` at the step of a step file is a hard link to it, put in place with a
-    rename (atomic, as every checkpoint write); the step file is written with the callback state
-    that ``last.ckpt`` holds, so the two names are interchangeable for a resume.
-
-    After each save, removal (``keep_last_k``) or link, global rank 0 deletes the data cursor folders
-    (train/cursor_files.py) that no checkpoint in ``dirpath`` references any more.
-    """
+    Lightning writes ``last.ckpt`` at the end only when it wrote no checkpoint during the run (a 308-step
+    run checkpointing every 50 steps ended with ``last.ckpt`` at step 300: the end of the anneal and the LR
+    decay missed); a run stopped by a signal is left to StopOnSignal. With ``save_last=True`` Lightning
+    serializes the same state twice (~4.3 GB for the 350M run, on the critical path): here ``last.ckpt`` at
+    a step file's step is a hard link to it, renamed into place, the step file written with the callback
+    state ``last.ckpt`` holds. After each save, removal or link, global rank 0 deletes the data cursor
+    folders no checkpoint in ``dirpath`` references (train/checkpoint.py ``remove_unreferenced``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
