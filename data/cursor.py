@@ -245,13 +245,9 @@ class _Reader:
         return SourceCursor(taken, tuple(pairs), buffer if isinstance(buffer, str) else addrs, st["rng"])
 
     def mixer(self, mixer: dict, n_sources: int) -> MixerCursor:
-        counts = {}
-        for key in ("emitted", "committed"):
-            values = list(mixer[key])
-            if len(values) != n_sources:
-                raise _bad(self.who, f"mixer.{key}", values, f"one count per source ({n_sources})")
-            counts[key] = [self.need(f"mixer.{key}[{i}]", v) for i, v in enumerate(values)]
-        for i, (e, k) in enumerate(zip(counts["emitted"], counts["committed"])):
+        emitted = self.counts("mixer.emitted", mixer["emitted"], n_sources)
+        committed = self.counts("mixer.committed", mixer["committed"], n_sources)
+        for i, (e, k) in enumerate(zip(emitted, committed)):
             if k < e:
                 raise _bad(self.who, f"mixer.committed[{i}]", k, f">= mixer.emitted[{i}] = {e}")
         target = [float(t) for t in mixer["target"]]
@@ -261,7 +257,13 @@ class _Reader:
             raise _bad(self.who, "mixer.target", target, "token targets, finite and >= 0")
         if not isinstance(mixer["rng"], dict):
             raise _bad(self.who, "mixer.rng", mixer["rng"], "a PCG64 state")
-        return MixerCursor(tuple(counts["emitted"]), tuple(counts["committed"]), tuple(target), mixer["rng"])
+        return MixerCursor(tuple(emitted), tuple(committed), tuple(target), mixer["rng"])
+
+    def counts(self, field: str, values, n_sources: int) -> list[int]:
+        values = list(values)
+        if len(values) != n_sources:
+            raise _bad(self.who, field, values, f"one count per source ({n_sources})")
+        return [self.need(f"{field}[{i}]", v) for i, v in enumerate(values)]
 
     def leftovers(self, key: str, addrs: list, n_sources: int) -> tuple[LeftoverAddress | None, ...]:
         out: list[LeftoverAddress | None] = []
@@ -288,26 +290,37 @@ def read_order_state(state: dict, ranks: list[int] | None = None) -> list[list[C
 
     With ``ranks``, the consumers are the rows of those ranks only (a checkpoint's per-rank cursor files,
     train/cursor_files.py): errors name the real rank, and ``world_size`` is not compared with the rows."""
-    step = _int(state.get("step", state.get("next_step")))
+    raw_step = state.get("step", state.get("next_step"))
+    step = _int(raw_step)
     if step is None or step < 0:
-        raise _bad("data order state", "step", state.get("step", state.get("next_step")), "an integer >= 0")
+        raise _bad("data order state", "step", raw_step, "an integer >= 0")
     consumers = state.get("consumers", state.get("cursors"))
-    if not isinstance(consumers, list) or not consumers or not all(isinstance(r, list) and r for r in consumers):
+    if not _rows_of_cursors(consumers):
         raise DamagedCursor("data order state: consumers must be [rank][worker] cursors")
     workers = len(consumers[0])
     if ranks is not None and len(ranks) != len(consumers):
         raise ConfigError(f"data order state: cursors of {len(consumers)} rank(s) given for ranks {ranks}")
-    keys = {"num_workers": workers} if ranks is not None else {"world_size": len(consumers), "num_workers": workers}
+    _check_layout(state, len(consumers), workers, ranks is None)
+    return [_read_rank(row, step, rank, workers) for rank, row in zip(ranks or range(len(consumers)), consumers)]
+
+
+def _rows_of_cursors(consumers) -> bool:
+    return isinstance(consumers, list) and bool(consumers) and all(isinstance(r, list) and r for r in consumers)
+
+
+def _check_layout(state: dict, n_ranks: int, workers: int, all_ranks: bool) -> None:
+    """The state's ``num_workers`` (and with every rank's row, ``world_size``) against its cursors."""
+    keys = {"world_size": n_ranks, "num_workers": workers} if all_ranks else {"num_workers": workers}
     for key, want in keys.items():
         if key in state and _int(state[key]) != want:
-            raise DamagedCursor(f"data order state: {key} = {state[key]!r} but the cursors are {len(consumers)} "
+            raise DamagedCursor(f"data order state: {key} = {state[key]!r} but the cursors are {n_ranks} "
                                 f"rank(s) x {workers} worker(s)")
-    out = []
-    for rank, row in zip(ranks if ranks is not None else range(len(consumers)), consumers):
-        if len(row) != workers:
-            raise DamagedCursor(f"data order state: rank {rank} has {len(row)} cursors, rank 0 {workers}")
-        out.append([None if cur is None else _agreeing(cur, step, rank, w, workers) for w, cur in enumerate(row)])
-    return out
+
+
+def _read_rank(row: list, step: int, rank: int, workers: int) -> list[ConsumerCursor | None]:
+    if len(row) != workers:
+        raise DamagedCursor(f"data order state: rank {rank} has {len(row)} cursors, rank 0 {workers}")
+    return [None if cur is None else _agreeing(cur, step, rank, w, workers) for w, cur in enumerate(row)]
 
 
 def check_order_state(state: dict, ranks: list[int] | None = None) -> None:
