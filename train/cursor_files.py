@@ -9,29 +9,22 @@ writes its own DataLoader workers' cursors beside the checkpoints::
     <checkpoint dir>/cursors/step0000123/rank00000.pt   rank 0's cursors, one per worker
                                         /rank00001.pt   rank 1's ...
 
-- **Written once.** Global rank 0 claims the step directory (``mkdir``) and broadcasts its name; a name
-  already taken (a checkpoint of the same step written before: StopOnSignal's ``last.ckpt``, or a
-  resume from an older checkpoint that reaches the step again) gets ``-v1``, ``-v2``, ..., so the files
-  a checkpoint references are never rewritten. Each file is written atomically (data/files.py), and
-  every rank's file is in place (a barrier) before rank 0 writes the checkpoint that names them: a
-  kill in between leaves a directory no checkpoint references, and the previous checkpoint whole.
-- **Relative to the checkpoint's folder** (the folder of a ``.ckpt`` file, or of a sharded FSDP
-  checkpoint folder): ``checkpoints/`` can be moved as a whole; a single checkpoint copied elsewhere
-  needs its ``cursors/<step>`` directory beside it.
-- **Verified.** Each rank's file is hashed as it is written (sha256 of its bytes); the digests of all
-  ranks are gathered (32 bytes per rank) into the checkpoint's data state as ``cursor_sha256``, and
-  every read checks the file against it before unpickling: an edited address, a flipped bit of an
-  RNG state or of a packed buffer is refused, naming the file. A checkpoint written before digests
-  existed loads its files unverified, with a warning naming each.
-- **Read what is needed.** A resume with the same ranks x workers reads only the rank's own file
-  (~318 KB x workers). An elastic resume reads every old rank's file on every rank: the re-cut
-  (data/elastic.py) pools the pending work of all old consumers, so that cost is inherent to it.
-- **Cleaned up.** :func:`remove_step_dirs` (global rank 0, after each checkpoint save or removal and
-  at start-up, through train/checkpoint.py, which reads what the checkpoints reference) deletes the step
-  directories no checkpoint in the folder references, never the newest.
-- Checkpoints from before this layout, and the DataModule used without a checkpoint directory
-  (library use, one rank), hold the cursors inline as ``"cursors": [rank][worker]``;
-  :func:`load_checkpoint_cursors` reads both, so this module is the one place that knows the layout.
+- **Written once.** Global rank 0 claims the step directory (``mkdir``; a name already taken gets
+  ``-v1``, ``-v2``, ...) and broadcasts it, so the files a checkpoint references are never rewritten. Each
+  file is written atomically, and every rank's file is in place (a barrier) before rank 0 writes the
+  checkpoint that names them: a kill in between leaves only a directory no checkpoint references.
+- **Relative to the checkpoint's folder**: ``checkpoints/`` can be moved as a whole; a single checkpoint
+  copied elsewhere needs its ``cursors/<step>`` directory beside it.
+- **Verified.** Each rank's file is hashed as it is written; the digests of all ranks are gathered into
+  the checkpoint's data state as ``cursor_sha256``, and every read checks the file against it before
+  unpickling (a checkpoint written before digests loads its files unverified, with a warning).
+- **Read what is needed.** A same-layout resume reads only the rank's own file; an elastic resume reads
+  every old rank's file (the re-cut, data/elastic.py, pools the pending work of all old consumers).
+- **Cleaned up.** :func:`remove_step_dirs` (through train/checkpoint.py, which reads what the checkpoints
+  reference) deletes the step directories no checkpoint references, never the newest.
+- Checkpoints from before this layout, and the DataModule without a checkpoint directory (library use,
+  one rank), hold the cursors inline as ``"cursors": [rank][worker]``; :func:`load_checkpoint_cursors`
+  reads both, so this module is the one place that knows the layout.
 """
 
 from __future__ import annotations
