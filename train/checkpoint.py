@@ -235,7 +235,8 @@ def load_file(path: Path, lightning: bool = True, unverified_ok: bool = False) -
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
         problem = load_problem(e)  # a truncated file is named so; else a failing sidecar is the better reason
-        return None, problem if problem.startswith("truncated") else checksum_problem(path, True) or problem
+        mismatch = None if problem.startswith("truncated") else checksum_problem(path)
+        return None, mismatch if mismatch and not mismatch.startswith(NO_SIDECAR) else problem
     problem = _structure(obj, lightning) or checksum_problem(path, unverified_ok)  # opens: may hold flipped bits
     return (None, problem) if problem else (obj, None)
 
