@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from ablations.diagnose_plots import write_plots
 from data.config import corpus_sources, parse_data_config
 from data.errors import ConfigError
 from data.files import write_text
@@ -536,7 +537,6 @@ def render(run_dir: Path, checks: list[Check], plots: dict[str, str], corpus_not
 def write_report(run_dir: Path, out: Path | None = None, corpus_dir: Path | None = None,
                  th: Thresholds | None = None, plots: bool = True) -> tuple[Path, list[Check]]:
     """Diagnose ``run_dir`` and write ``out`` (default RUN/diagnostics.md) atomically, plots beside it."""
-    from ablations.diagnose_plots import write_plots
     from ablations.outcomes import planned_tokens
 
     run_dir = Path(run_dir)
