@@ -254,9 +254,13 @@ def open_checkpoint(path: str | Path) -> dict:
     are not read), or a sharded folder's ``meta.pt``. Not verified (see :func:`checkpoint_problem`);
     raises whatever torch raises for an unreadable file."""
     path = Path(path)
-    if path.is_dir():
-        return torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
-    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    return torch.load(entries_file(path), map_location="cpu", weights_only=True, mmap=not path.is_dir())
+
+
+def entries_file(path: Path) -> Path:
+    """The file that holds a checkpoint's small entries: the checkpoint file, or a sharded folder's
+    ``meta.pt`` (Lightning's: step, loops, hparams, the data state; the weights are in the shards)."""
+    return path / "meta.pt" if path.is_dir() else path
 
 
 def saved_hparams(path: str | Path) -> dict | None:
@@ -483,7 +487,7 @@ def remove_unreferenced(ckpt_dir: str | os.PathLike, cache: dict | None = None) 
     keep = set()
     for ckpt in sorted(Path(ckpt_dir).glob("*.ckpt")):
         try:
-            st = (ckpt / "meta.pt" if ckpt.is_dir() else ckpt).stat()
+            st = entries_file(ckpt).stat()
             key = (ckpt.name, st.st_ino, st.st_size, st.st_mtime_ns)
             if key not in cache:
                 state = open_checkpoint(ckpt).get("WellMixedData")
