@@ -76,7 +76,7 @@ def read_weights(path: str | Path, trust: bool = False) -> dict:
                 raise
             raise CheckpointError(f"{e}; if you trust the file and its source, --trust-checkpoint unpickles it "
                                   "(that runs whatever code it holds)") from None
-    problem = file_problem(path, pickle_ok=True) or checksum_problem(path)
+    problem = file_problem(path, pickle_ok=True) or checksum_problem(path, unverified_ok=True)
     if problem is None:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=False)
