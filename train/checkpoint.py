@@ -148,11 +148,6 @@ def _unverified(path: Path, ok: bool) -> str | None:
     return None if ok else problem
 
 
-def warn_unverified(path: Path) -> None:
-    """The warning for a checkpoint file without a sidecar that a reader takes anyway (once per file)."""
-    checksum_problem(path, unverified_ok=True)
-
-
 def _way_out(path: Path, problem: str, way_out: str, flag: bool = False) -> str:
     """What to do after ``problem``: for a file without a sidecar, how to accept it (``flag``: train fit's
     flag; else writing the sidecar, which every reader then checks), else ``way_out``."""

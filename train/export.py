@@ -56,15 +56,15 @@ EXPORT_ANOTHER = "name another checkpoint (e.g. a stepNNNNNNN.ckpt in the run's 
 
 def read_weights(path: str | Path, trust: bool = False) -> dict:
     """The checkpoint (or bare state dict) at ``path``, verified as every reader does (train/checkpoint.py:
-    format, sidecar checksum; a missing sidecar is a warning). Loaded with ``weights_only=True`` (no code
-    runs) unless ``trust``; only a file refused for holding other objects is pointed at ``--trust-checkpoint``."""
+    format, sidecar checksum; a missing sidecar is refused, with ``trust`` a warning). Loaded with
+    ``weights_only=True`` (no code runs) unless ``trust``; only a file refused for holding other objects is
+    pointed at ``--trust-checkpoint``."""
     from train.checkpoint import (
         CheckpointError,
         checksum_problem,
         file_problem,
         load_problem,
         read_checkpoint,
-        warn_unverified,
     )
 
     path = Path(path)
@@ -84,7 +84,6 @@ def read_weights(path: str | Path, trust: bool = False) -> dict:
             problem = load_problem(e)
     if problem is not None:
         raise CheckpointError(f"checkpoint {path}: {problem}; {EXPORT_ANOTHER}")
-    warn_unverified(path)
     return obj
 
 
