@@ -100,18 +100,22 @@ def one_row_per_step(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     the resume, train/lightning_internals.py, reads as one clean run too)."""
     merged: dict[int, dict[str, str]] = {}
     last = -1
-    for row in rows:
-        try:
-            step = int(row.get("step") or "")
-        except ValueError:
-            continue  # a row without a step (none is written so) cannot be placed
+    for step, row in _stepped(rows):
         if step < last:
             merged = {s: r for s, r in merged.items() if s < step}
         last = step
-        into = merged.setdefault(step, {})
-        into.update({k: v for k, v in row.items() if v not in (None, "")})
+        merged.setdefault(step, {}).update({k: v for k, v in row.items() if v not in (None, "")})
     keys = list(dict.fromkeys(k for r in rows for k in r))
     return [{k: merged[s].get(k, "") for k in keys} for s in sorted(merged)]
+
+
+def _stepped(rows: list[dict[str, str]]):
+    """(step, row) of each row that has a step (none is written without one: such a row cannot be placed)."""
+    for row in rows:
+        try:
+            yield int(row.get("step") or ""), row
+        except ValueError:
+            continue
 
 
 def read_eval_metrics(run_dir: str | Path) -> list[dict[str, str]]:
