@@ -28,8 +28,7 @@ def prune_finished_run(run_dir: str | Path) -> list[Path]:
     """Delete a complete run's intermediate step checkpoints (and their checksum files and the data
     cursor folders no remaining checkpoint references); returns what was removed ([] when the run is
     not complete or its ``last.ckpt`` is not sound: see the module docstring)."""
-    from train.checkpoint import checkpoint_problem, checksum_path, recorded_step
-    from train.cursor_files import remove_unreferenced
+    from train.checkpoint import checkpoint_problem, checksum_path, recorded_step, remove_unreferenced
 
     run = RunDir(Path(run_dir))
     last = run.last_ckpt

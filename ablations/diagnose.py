@@ -1,35 +1,17 @@
-"""Does the shuffle mix? Five diagnostics of one training run, from its logs (docs/diagnostics.md).
+"""Does the shuffle mix? Five diagnostics of one training run, from its logs; what each computes and
+what makes it fail: docs/diagnostics.md.
 
     python scripts/diagnose_run.py runs/demo            # writes runs/demo/diagnostics.md and its plots
 
-Reads ``<run>/csv/metrics.csv`` (``train/share_distance``, ``train/loss/<source>``), the order logs
-``<run>/order_log/rank<r>.jsonl`` (``--data.order_log true``; one line per step and rank: document
-pieces, tokens per source, target weights) and the saved ``config.yaml``; with the corpus reachable
-(the config's source globs, or ``--corpus DIR``) also the manifest: which source each document is
-from, documents and tokens per source. Each diagnostic gets a verdict:
-
-1. **histogram** -- per-batch source histogram distance from the target weights over the run (mean,
-   spread, by thirds of the run) and the cumulative shares at the end: FAIL when the mean per-batch
-   distance exceeds ``batch_factor`` (2) x that of batches whose rows each hold one source drawn at
-   random by weight (the scale's baseline: a batch of 4 rows cannot be flat; or ``max_batch_distance``
-   when set), or the cumulative one exceeds ``max_cumulative_distance``.
-2. **sawtooth** -- per-source train loss, detrended (a cubic in log step, the first 10% of steps left
-   out), its periodogram: FAIL when one frequency holds more power than white noise gives it with
-   probability ``alpha`` (the ratio to the mean power of the other frequencies exceeds ln(m / alpha)
-   for m frequencies). A loss that follows the shards or chunks of a clustered corpus (a tiny buffer,
-   no interleaving) saws with their period.
-3. **epoch boundaries** -- at every step where a source starts a new epoch (its cumulative tokens cross
-   a multiple of its corpus tokens): over ``window`` steps each side, a line in log(step) with a jump at
-   the boundary, fitted by least squares: FAIL when the loss drops by more than ``k_se`` standard errors
-   and ``min_drop`` nats (the model has seen the documents before, in the same order: a reused epoch
-   order).
-4. **rank overlap** -- per source-epoch, documents started on more than one rank (must be 0), and
-   documents started twice within an epoch on one rank (must be 0). Epochs are estimated from the
-   order: the i-th document start of a source falls in epoch floor(i / documents of the source); reads
-   within ``margin`` starts of an epoch edge are not compared (consumers straddle the edge).
-5. **implied epochs** -- tokens per source trained (order logs) against the tokens planned for the same
-   steps (the logged target weights x tokens), and in epochs of the source: FAIL when a source differs
-   by more than ``epoch_rtol`` of its plan plus one step's tokens.
+Reads ``<run>/csv/metrics.csv``, the order logs ``<run>/order_log/rank<r>.jsonl`` (``--data.order_log
+true``) and the saved ``config.yaml``; with the corpus reachable (the config's source globs, or
+``--corpus DIR``) also its manifest. The checks: 1. the per-batch source histogram and all tokens
+against their targets; 2. a sawtooth in a source's loss (periodogram against white noise); 3. a loss
+drop where a source starts a new epoch; 4. documents read twice within a source-epoch (on two ranks,
+or on one); 5. tokens per source trained against those planned for the same steps. Each gets PASS,
+FAIL, or SKIP with the reason when its inputs are missing or too few (a short or killed run). Limits
+that depend on how much was trained scale with it: the cumulative distance and the planned tokens
+each allow one step's tokens (the deficit selector keeps a source within about that of its target).
 """
 
 from __future__ import annotations
@@ -43,6 +25,11 @@ from typing import Callable
 
 import numpy as np
 
+from ablations.diagnose_plots import write_plots
+from data.config import corpus_sources, parse_data_config
+from data.errors import ConfigError
+from data.files import write_text
+from data.manifest import build_manifest
 from train.rundir import read_config, read_metrics, read_order_log, series
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -58,7 +45,10 @@ class Thresholds:
     """At 32 rows of 2,048 tokens random one-source rows give 0.10, so the limit is 0.21:
     row-parallel packing (0.13, simulated) passes, linear packing of long documents (0.35) fails."""
     max_cumulative_distance: float = 0.02
-    """The same over all tokens trained: the mixer must hit the target in the long run."""
+    """The same over all tokens trained, plus one step's share of them (``1 / steps``): the mixer must hit
+    the target in the long run; it can trail it by about what one step holds (module doc)."""
+    min_steps: int = 10
+    """Histogram: fewer logged steps are SKIP (a short or killed run); the mean of fewer batches is noise."""
     alpha: float = 1e-3
     """Sawtooth: the false-alarm probability on white noise."""
     skip_frac: float = 0.1
@@ -78,7 +68,6 @@ class Check:
     summary: str
     lines: list[str] = field(default_factory=list)
     """Markdown under the verdict (tables)."""
-    plot: str | None = None
 
 
 @dataclass
@@ -121,9 +110,12 @@ def share_distance(shares: np.ndarray, weights: np.ndarray) -> float:
     return 0.5 * float(np.abs(np.asarray(shares, float) - np.asarray(weights, float)).sum())
 
 
-def cumulative_distance(tokens: np.ndarray, weights: np.ndarray) -> float:
-    """Distance of all tokens trained from all tokens targeted (sum over steps of weights x tokens)."""
+def cumulative_distance(tokens: np.ndarray, weights: np.ndarray) -> float | None:
+    """Distance of all tokens trained from all tokens targeted (sum over steps of weights x tokens); None
+    without any."""
     total = tokens.sum()
+    if not total:
+        return None
     target = (weights * tokens.sum(axis=1, keepdims=True)).sum(axis=0)
     return share_distance(tokens.sum(axis=0) / total, target / max(target.sum(), 1e-12))
 
@@ -137,30 +129,41 @@ def iid_rows_distance(weights: np.ndarray, rows: int, draws: int = 4000, seed: i
     return float(0.5 * np.abs(counts / max(int(rows), 1) - w).sum(axis=1).mean())
 
 
+def _verdict(name: str, bad: list[str], failed: str, passed: str, lines: list[str], sep: str = ", ") -> Check:
+    """FAIL saying ``failed`` and what was wrong, or PASS saying ``passed``."""
+    return Check(name, FAIL, failed + sep.join(bad), lines) if bad else Check(name, PASS, passed, lines)
+
+
 def check_histogram(distances: list[tuple[int, float]], cumulative: float | None, th: Thresholds,
-                    baseline: float | None = None) -> Check:
+                    baseline: float | None = None, step_share: float = 0.0) -> Check:
+    """``step_share``: one step's tokens over all tokens trained, what the cumulative limit adds (module doc)."""
+    name = "per-batch source histogram"
     vals = np.array([v for _, v in distances if not math.isnan(v)])
-    if not len(vals):
-        return Check("per-batch source histogram", SKIP, "no `train/share_distance` in the CSV log")
-    thirds = np.array_split(vals, 3) if len(vals) >= 3 else [vals]
+    if len(vals) < th.min_steps:
+        return Check(name, SKIP, f"{len(vals)} step(s) with `train/share_distance` in the CSV log: too few to "
+                                 f"judge a mean (at least {th.min_steps})")
+    limit, what = histogram_limit(th, baseline)
+    cum_limit = th.max_cumulative_distance + step_share
+    bad = [f"mean per-batch distance {vals.mean():.3f} > {limit:.3f} ({what})"] if vals.mean() > (
+        math.inf if limit is None else limit) else []
+    if (cumulative or 0.0) > cum_limit:
+        bad.append(f"cumulative distance {cumulative:.4f} > {cum_limit:.4f} ({th.max_cumulative_distance:g} + one "
+                   f"step's share of the tokens, {step_share:.4f})")
+    cum = "" if cumulative is None else f"; all tokens trained vs targeted: {cumulative:.4f}"
+    head = f"per-batch distance from the target mean {vals.mean():.4f} ± {vals.std():.4f} (std){cum}"
+    shown = "–" if limit is None else f"{limit:.3f}"
+    return _verdict(name, bad, head + ": ", f"{head} (limits: {shown} per batch, {what}; {cum_limit:.4f} cumulative)",
+                    _spread_table(vals), sep="; ")
+
+
+def _spread_table(vals: np.ndarray) -> list[str]:
+    """Mean, std, p95 and max of the per-batch distance, by thirds of the run and over all of it."""
+    parts = dict(zip(("first third", "middle third", "last third"), np.array_split(vals, 3)))
     lines = ["| part of the run | steps | mean | std | p95 | max |", "|---|---:|---:|---:|---:|---:|"]
-    for name, part in zip(("first third", "middle third", "last third") if len(thirds) == 3 else ("all",), thirds):
+    for name, part in {**parts, "**whole run**": vals}.items():
         lines.append(f"| {name} | {len(part)} | {part.mean():.4f} | {part.std():.4f} | "
                      f"{np.percentile(part, 95):.4f} | {part.max():.4f} |")
-    lines.append(f"| **whole run** | {len(vals)} | {vals.mean():.4f} | {vals.std():.4f} | "
-                 f"{np.percentile(vals, 95):.4f} | {vals.max():.4f} |")
-    bad = []
-    limit, what = histogram_limit(th, baseline)
-    if limit is not None and vals.mean() > limit:
-        bad.append(f"mean per-batch distance {vals.mean():.3f} > {limit:.3f} ({what})")
-    if cumulative is not None and cumulative > th.max_cumulative_distance:
-        bad.append(f"cumulative distance {cumulative:.4f} > {th.max_cumulative_distance:g}")
-    cum = "" if cumulative is None else f"; all tokens trained vs targeted: {cumulative:.4f}"
-    summary = (f"per-batch distance from the target mean {vals.mean():.4f} ± {vals.std():.4f} (std){cum}"
-               + (": " + "; ".join(bad) if bad else
-                  f" (limits: {'–' if limit is None else f'{limit:.3f}'} per batch, {what}; "
-                  f"{th.max_cumulative_distance:g} cumulative)"))
-    return Check("per-batch source histogram", FAIL if bad else PASS, summary, lines)
+    return lines
 
 
 def histogram_limit(th: Thresholds, baseline: float | None) -> tuple[float | None, str]:
@@ -222,46 +225,39 @@ class Periodogram:
 def sawtooth_score(points: list[tuple[int, float]], alpha: float = 1e-3, skip_frac: float = 0.1) -> Periodogram | None:
     """The strongest periodic component of a detrended loss series, against white noise."""
     steps, vals = regular(points)
-    if len(vals) < 16:
-        return None
-    keep = steps >= steps[0] + skip_frac * (steps[-1] - steps[0])
-    steps, vals = steps[keep], vals[keep]
-    if len(vals) < 16:
+    if len(vals) >= 16:
+        keep = steps >= steps[0] + skip_frac * (steps[-1] - steps[0])
+        steps, vals = steps[keep], vals[keep]
+    lo, n = 3, len(vals)  # lo: periods longer than a third of the series are what the trend fit leaves over
+    if n < 16:
         return None
     resid = detrend(steps, vals)
-    power = np.abs(np.fft.rfft(resid - resid.mean())) ** 2
-    n = len(resid)
-    lo = 3  # periods longer than a third of the series: what the trend fit leaves over
-    band = power[lo:n // 2 if n % 2 == 0 else n // 2 + 1]
-    if len(band) < 4:
-        return None
+    band = (np.abs(np.fft.rfft(resid - resid.mean())) ** 2)[lo:(n + 1) // 2]
     i = int(np.argmax(band))
-    rest = np.delete(band, i)
-    ratio = float(band[i] / max(rest.mean(), 1e-30))
-    spacing = float(steps[1] - steps[0])
-    return Periodogram(ratio, math.log(len(band) / alpha), n * spacing / (i + lo), n)
+    ratio = float(band[i] / max(np.delete(band, i).mean(), 1e-30))
+    return Periodogram(ratio, math.log(len(band) / alpha), n * float(steps[1] - steps[0]) / (i + lo), n)
 
 
 def check_sawtooth(losses: dict[str, list[tuple[int, float]]], th: Thresholds) -> Check:
     lines = ["| source | points | strongest period (steps) | power / mean of the rest | threshold | |",
              "|---|---:|---:|---:|---:|---|"]
-    bad, tested = [], 0
-    for source, pts in losses.items():
-        p = sawtooth_score(pts, th.alpha, th.skip_frac)
-        if p is None:
-            n = sum(not math.isnan(v) for _, v in pts)
-            lines.append(f"| {source} | {n} | – | – | – | too short (16 steps with the source needed) |")
-            continue
-        tested += 1
-        if p.periodic:
-            bad.append(f"{source} (period {p.period:.1f} steps, {p.ratio:.1f} x)")
-        lines.append(f"| {source} | {p.n} | {p.period:.1f} | {p.ratio:.1f} | {p.threshold:.1f} | "
-                     f"{'**SAWTOOTH**' if p.periodic else 'smooth'} |")
+    scores = {source: sawtooth_score(pts, th.alpha, th.skip_frac) for source, pts in losses.items()}
+    lines += [_sawtooth_row(source, p, losses[source]) for source, p in scores.items()]
+    tested = {s: p for s, p in scores.items() if p is not None}
     if not tested:
         return Check("per-source loss smoothness", SKIP, "no per-source loss series long enough (16 points)", lines)
-    summary = ("periodic per-source loss: " + ", ".join(bad) if bad else
-               f"no periodic component above white noise (false-alarm rate {th.alpha:g}) in {tested} source(s)")
-    return Check("per-source loss smoothness", FAIL if bad else PASS, summary, lines)
+    return _verdict("per-source loss smoothness", [f"{s} (period {p.period:.1f} steps, {p.ratio:.1f} x)" for s, p in
+                                                   tested.items() if p.periodic],
+                    "periodic per-source loss: ", f"no periodic component above white noise (false-alarm rate "
+                    f"{th.alpha:g}) in {len(tested)} source(s)", lines)
+
+
+def _sawtooth_row(source: str, p: Periodogram | None, points: list[tuple[int, float]]) -> str:
+    if p is None:
+        n = sum(not math.isnan(v) for _, v in points)
+        return f"| {source} | {n} | – | – | – | too short (16 steps with the source needed) |"
+    return (f"| {source} | {p.n} | {p.period:.1f} | {p.ratio:.1f} | {p.threshold:.1f} | "
+            f"{'**SAWTOOTH**' if p.periodic else 'smooth'} |")
 
 
 # -- 3. epoch boundaries ---------------------------------------------------------------------------
@@ -298,30 +294,31 @@ def boundary_drop(points: list[tuple[int, float]], boundary: int, window: int) -
 
 def check_boundaries(losses: dict[str, list[tuple[int, float]]], boundaries: dict[str, list[tuple[int, int]]],
                      th: Thresholds) -> Check:
-    lines = ["| source | epoch | starts at step | drop vs the trend (nats) | SE | |", "|---|---:|---:|---:|---:|---|"]
-    bad, tested = [], 0
-    for source, bounds in boundaries.items():
-        for epoch, step in bounds:
-            r = boundary_drop(losses.get(source, []), step, th.window)
-            if r is None:
-                lines.append(f"| {source} | {epoch} | {step:,} | – | – | too close to an end |")
-                continue
-            tested += 1
-            drop, se = r
-            fell = drop > th.k_se * se and drop > th.min_drop
-            if fell:
-                bad.append(f"{source} epoch {epoch} at step {step:,} ({drop:+.3f} nats)")
-            lines.append(f"| {source} | {epoch} | {step:,} | {drop:+.4f} | {se:.4f} | {'**DROP**' if fell else 'ok'} |")
-    if not boundaries:
-        return Check("loss across epoch boundaries", SKIP, "corpus sizes unknown: epochs not located")
+    name = "loss across epoch boundaries"
     if not any(boundaries.values()):
-        return Check("loss across epoch boundaries", SKIP, "no source started a new epoch in this run")
+        return Check(name, SKIP, "no source started a new epoch in this run" if boundaries else
+                     "epochs not located (no order log, or the corpus not found: use --corpus DIR)")
+    lines = ["| source | epoch | starts at step | drop vs the trend (nats) | SE | |", "|---|---:|---:|---:|---:|---|"]
+    rows = [_boundary_row(losses.get(s, []), s, e, st, th) for s, bounds in boundaries.items() for e, st in bounds]
+    lines += [line for line, _, _ in rows]
+    bad, tested = [b for _, b, _ in rows if b], sum(t for _, _, t in rows)
     if not tested:
-        return Check("loss across epoch boundaries", SKIP,
-                     f"no epoch boundary {th.window} steps (and 5 logged losses) away from the run's ends", lines)
-    summary = ("the loss drops when a source starts a new epoch: " + ", ".join(bad) if bad else
-               f"no drop at {tested} epoch boundary(ies) (limit {th.k_se:g} SE and {th.min_drop:g} nats)")
-    return Check("loss across epoch boundaries", FAIL if bad else PASS, summary, lines)
+        return Check(name, SKIP, f"no epoch boundary {th.window} steps (and 5 logged losses) away from the run's "
+                                 "ends", lines)
+    return _verdict(name, bad, "the loss drops when a source starts a new epoch: ", f"no drop at {tested} epoch "
+                    f"boundary(ies) (limit {th.k_se:g} SE and {th.min_drop:g} nats)", lines)
+
+
+def _boundary_row(points: list[tuple[int, float]], source: str, epoch: int, step: int,
+                  th: Thresholds) -> tuple[str, str | None, bool]:
+    """(its table row, the failure or None, whether it could be tested) for one epoch boundary."""
+    r = boundary_drop(points, step, th.window)
+    row = f"| {source} | {epoch} | {step:,} |"
+    if r is None:
+        return f"{row} – | – | too close to an end |", None, False
+    fell = r[0] > th.k_se * r[1] and r[0] > th.min_drop
+    return (f"{row} {r[0]:+.4f} | {r[1]:.4f} | {'**DROP**' if fell else 'ok'} |",
+            f"{source} epoch {epoch} at step {step:,} ({r[0]:+.3f} nats)" if fell else None, True)
 
 
 # -- 4. rank overlap ---------------------------------------------------------------------------------
@@ -340,68 +337,59 @@ class Overlap:
 
 def epoch_overlap(starts: list[tuple[int, int, str]], n_docs: int, margin: int = 0) -> Overlap:
     """Starts of one source in order; epoch of the i-th start = i // n_docs."""
+    groups = _by_epoch(starts, n_docs, margin)
+    overlaps = [f"`{doc}` on ranks {sorted(set(ranks))} in epoch {e}" for (e, doc), ranks in groups.items()
+                if len(set(ranks)) > 1]
+    repeats = [f"`{doc}` twice on one rank in epoch {e}" for (e, doc), ranks in groups.items()
+               if len(ranks) > len(set(ranks))]
+    epochs = -(-len(starts) // max(n_docs, 1))
+    return Overlap(epochs, len(starts), len(overlaps), len(repeats), sum(map(len, groups.values())),
+                   (overlaps + repeats)[:3])
+
+
+def _by_epoch(starts: list[tuple[int, int, str]], n_docs: int, margin: int) -> dict[tuple[int, str], list[int]]:
+    """(epoch, document) -> the ranks that started it, leaving out starts within ``margin`` of an epoch edge:
+    near an epoch's end the leading consumers are already in the next epoch; near its start (from epoch 1
+    on) the lagging ones are still in the previous one."""
     groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-    compared = 0
     for i, (_, rank, doc) in enumerate(starts):
         pos = i % n_docs
-        # near an epoch's end the leading consumers are already in the next epoch; near its start (from
-        # epoch 1 on) the lagging ones are still in the previous one
-        if margin and (pos >= n_docs - margin or (i >= n_docs and pos < margin)):
-            continue
-        compared += 1
-        groups[(i // n_docs, doc)].append(rank)
-    overlaps = repeats = 0
-    examples = []
-    for (epoch, doc), ranks in groups.items():
-        if len(ranks) < 2:
-            continue
-        if len(set(ranks)) > 1:
-            overlaps += 1
-            if len(examples) < 3:
-                examples.append(f"`{doc}` on ranks {sorted(set(ranks))} in epoch {epoch}")
-        if len(ranks) > len(set(ranks)):
-            repeats += 1
-            if len(examples) < 3:
-                examples.append(f"`{doc}` twice on one rank in epoch {epoch}")
-    epochs = (len(starts) + n_docs - 1) // n_docs if n_docs else 0
-    return Overlap(epochs, len(starts), overlaps, repeats, compared, examples)
+        if not margin or (pos < n_docs - margin and (i < n_docs or pos >= margin)):
+            groups[(i // n_docs, doc)].append(rank)
+    return groups
 
 
 def check_overlap(starts: list[tuple[int, int, str]], corpus: Corpus | None) -> Check:
     name = "document overlap between ranks per source-epoch"
+    if not starts:
+        return Check(name, SKIP, "no order log (--data.order_log true)")
     if corpus is None:
         return Check(name, SKIP, "corpus not found: documents cannot be assigned to sources (use --corpus DIR)")
-    by_source: dict[str, list] = defaultdict(list)
-    unknown = 0
+    by_source: dict[str | None, list] = defaultdict(list)
     for st in starts:
-        s = corpus.source_of(st[2])
-        if s is None:
-            unknown += 1
-        else:
-            by_source[s].append(st)
-    ranks = sorted({r for _, r, _ in starts})
+        by_source[corpus.source_of(st[2])].append(st)
+    ranks = len({r for _, r, _ in starts})
+    found = {source: epoch_overlap(by_source.get(source, []), n, corpus.margin.get(source, 0) * ranks)
+             for source, n in corpus.docs.items()}
+    lines = _overlap_table(found, corpus.docs, len(by_source.get(None, [])))
+    if not sum(o.compared for o in found.values()):
+        return Check(name, SKIP, "no document start far enough from an epoch edge to compare", lines)
+    bad = [f"{s}: {o.overlaps} on 2+ ranks, {o.repeats} repeated" for s, o in found.items() if o.examples]
+    return _verdict(name, bad, f"documents read twice within a source-epoch over {ranks} rank(s): ",
+                    f"0 documents read twice within a source-epoch over {ranks} rank(s)", lines, sep="; ")
+
+
+def _overlap_table(found: dict[str, Overlap], docs: dict[str, int], unknown: int) -> list[str]:
     lines = ["| source | documents | starts | epochs (part) | compared | on 2+ ranks | twice on a rank | |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
-    bad, examples, compared = [], [], 0
-    for source, n in corpus.docs.items():
-        o = epoch_overlap(by_source.get(source, []), n, corpus.margin.get(source, 0) * len(ranks))
-        compared += o.compared
-        if o.overlaps or o.repeats:
-            bad.append(f"{source}: {o.overlaps} on 2+ ranks, {o.repeats} repeated")
-            examples += o.examples
+    for source, o in found.items():
+        n = docs[source]
         lines.append(f"| {source} | {n:,} | {o.starts:,} | {o.starts / max(n, 1):.2f} | {o.compared:,} | "
                      f"{o.overlaps} | {o.repeats} | {'**OVERLAP**' if o.overlaps or o.repeats else 'ok'} |")
     if unknown:
-        lines.append("")
-        lines.append(f"{unknown} document start(s) of no known source (a different corpus?) left out.")
-    if examples:
-        lines.append("")
-        lines.append("For example: " + "; ".join(examples[:3]) + ".")
-    if not compared:
-        return Check(name, SKIP, "no document start far enough from an epoch edge to compare", lines)
-    summary = (f"documents read twice within a source-epoch over {len(ranks)} rank(s): " + "; ".join(bad) if bad
-               else f"0 documents read twice within a source-epoch over {len(ranks)} rank(s)")
-    return Check(name, FAIL if bad else PASS, summary, lines)
+        lines += ["", f"{unknown} document start(s) of no known source (a different corpus?) left out."]
+    examples = [x for o in found.values() for x in o.examples]
+    return lines + (["", "For example: " + "; ".join(examples[:3]) + "."] if examples else [])
 
 
 # -- 5. implied epochs -------------------------------------------------------------------------------
@@ -409,87 +397,89 @@ def check_epochs(sources: list[str], tokens: np.ndarray, weights: np.ndarray, co
                  planned_run: dict[str, float] | None, th: Thresholds) -> Check:
     name = "implied epochs: realised vs planned"
     if not len(tokens):
-        return Check(name, SKIP, "no order log")
+        return Check(name, SKIP, "no order log (--data.order_log true)")
     per_step = tokens.sum(axis=1)
-    planned = (weights * per_step[:, None]).sum(axis=0)
-    realised = tokens.sum(axis=0)
-    step_tokens = float(per_step.max())
-    head = "| source | planned (these steps) | realised | difference | tolerance |"
-    sep = "|---|---:|---:|---:|---:|"
-    if corpus is not None:
-        head += " epochs planned | epochs realised |"
-        sep += "---:|---:|"
-    if planned_run:
-        head += " epochs over the whole schedule |" if corpus is not None else " planned over the whole schedule |"
-        sep += "---:|"
-    lines = [head + " |", sep + "---|"]
-    bad = []
-    for j, s in enumerate(sources):
-        tol = th.epoch_rtol * planned[j] + step_tokens
-        ok = abs(realised[j] - planned[j]) <= tol
-        if not ok:
-            bad.append(f"{s} ({realised[j] - planned[j]:+,.0f} tokens)")
-        row = (f"| {s} | {planned[j]:,.0f} | {realised[j]:,.0f} | {realised[j] - planned[j]:+,.0f} | {tol:,.0f} |")
-        if corpus is not None:
-            e = max(corpus.stream_tokens.get(s, 0), 1)
-            row += f" {planned[j] / e:.3f} | {realised[j] / e:.3f} |"
-        if planned_run:
-            if corpus is not None:
-                row += f" {planned_run.get(s, 0) / max(corpus.stream_tokens.get(s, 0), 1):.3f} |"
-            else:
-                row += f" {planned_run.get(s, 0):,.0f} |"
-        lines.append(row + f" {'ok' if ok else '**OFF PLAN**'} |")
+    planned, realised = (weights * per_step[:, None]).sum(axis=0), tokens.sum(axis=0)
+    tol = th.epoch_rtol * planned + float(per_step.max())
+    off = np.abs(realised - planned) > tol
+    columns = {"source": sources, "planned (these steps)": _fmt(planned, ",.0f"), "realised": _fmt(realised, ",.0f"),
+               "difference": _fmt(realised - planned, "+,.0f"), "tolerance": _fmt(tol, ",.0f")}
+    columns.update(_epoch_columns(sources, planned, realised, planned_run, corpus))
+    if not planned_run:
+        columns.popitem()
+    lines = _table({**columns, "": np.where(off, "**OFF PLAN**", "ok").tolist()})
     if np.isnan(planned).any():
         return Check(name, SKIP, "the order log has no target weights", lines)
-    summary = ("tokens per source off the plan: " + ", ".join(bad) if bad else
-               f"every source within {th.epoch_rtol:g} of its plan + one step's tokens"
-               + ("" if corpus is not None else " (corpus not found: tokens only, no epochs)"))
-    return Check(name, FAIL if bad else PASS, summary, lines)
+    return _verdict(name, [f"{s} ({d:+,.0f} tokens)" for s, d, o in zip(sources, realised - planned, off) if o],
+                    "tokens per source off the plan: ", f"every source within {th.epoch_rtol:g} of its plan + one "
+                    "step's tokens" + ("" if corpus is not None else " (corpus not found: tokens only, no epochs)"),
+                    lines)
+
+
+def _epoch_columns(sources: list[str], planned: np.ndarray, realised: np.ndarray, planned_run: dict[str, float] | None,
+                   corpus: Corpus | None) -> dict[str, list[str]]:
+    """The tokens in epochs of each source (with the corpus), and last what the whole schedule plans."""
+    whole = np.array([(planned_run or {}).get(s, 0) for s in sources], float)
+    if corpus is None:
+        return {"planned over the whole schedule": _fmt(whole, ",.0f")}
+    epoch = np.array([max(corpus.stream_tokens.get(s, 0), 1) for s in sources])
+    return {"epochs planned": _fmt(planned / epoch, ".3f"), "epochs realised": _fmt(realised / epoch, ".3f"),
+            "epochs over the whole schedule": _fmt(whole / epoch, ".3f")}
+
+
+def _fmt(values: np.ndarray, spec: str) -> list[str]:
+    return [format(v, spec) for v in values]
+
+
+def _table(columns: dict[str, list[str]]) -> list[str]:
+    """A markdown table, the first and last columns left-aligned, the others right-aligned."""
+    names = list(columns)
+    align = ["---"] + ["---:"] * (len(names) - 2) + ["---"]
+    return (["| " + " | ".join(names) + " |", "|" + "|".join(align) + "|"]
+            + ["| " + " | ".join(row) + " |" for row in zip(*columns.values())])
 
 
 # -- the run -------------------------------------------------------------------------------------------
 def corpus_of(config: dict, corpus_dir: Path | None = None, roots: tuple[Path, ...] = ()) -> Corpus | None:
     """The manifest of the run's corpus (its config's source globs, or ``corpus_dir``); None if not found."""
-
-    from data.config import corpus_sources, parse_data_config
-    from data.errors import ConfigError
-    from data.manifest import build_manifest
-
     section = dict(config.get("data") or {})
-    names = list(section.get("sources") or {})
+    manifest = _manifest(section, corpus_dir, roots)
+    if manifest is None:
+        return None
+    stem_source: dict[str, str | None] = {}
+    for name, stem in ((n, manifest.shards[i].stem) for n, src in manifest.sources.items() for i in src.shards):
+        # a file that feeds two sources (filters on a column): its documents' source is not in the log
+        stem_source[stem] = name if stem_source.get(stem, name) == name else None
+    return Corpus(lambda doc_id: stem_source.get(doc_id.rsplit(":", 1)[0]),
+                  {n: s.docs for n, s in manifest.sources.items()},
+                  {n: s.stream_tokens for n, s in manifest.sources.items()}, _margins(section, manifest))
+
+
+def _margins(section: dict, manifest) -> dict[str, int]:
+    """Per source, what one rank's consumers hold around an epoch edge: its workers' buffers and the
+    documents of their open chunks."""
+    workers, buffer = max(1, int(section.get("num_workers") or 1)), int(section.get("buffer_size") or 0)
+    held = int(section.get("open_shards") or 1)
+    return {name: int(workers * (buffer + held * src.docs / max(len(src.chunks), 1)))
+            for name, src in manifest.sources.items()}
+
+
+def _manifest(section: dict, corpus_dir: Path | None, roots: tuple[Path, ...]):
+    """The manifest of a saved config's data section, its relative globs taken from each of ``roots`` in
+    turn (where the run started; default: here); ``corpus_dir`` replaces the sources' globs."""
     cwd = os.getcwd()
     for root in (roots or (Path(cwd),)):
         try:
-            os.chdir(root)  # relative globs in a saved config are relative to where the run started
+            os.chdir(root)
             if corpus_dir is not None:
-                section["sources"] = {n: {"paths": [str(p) for p in src.paths]}
-                                      for n, src in corpus_sources(Path(cwd) / corpus_dir, names).items()}
-            manifest = build_manifest(parse_data_config(section, origin="config.yaml"))
-            break
+                found = corpus_sources(Path(cwd) / corpus_dir, list(section.get("sources") or {}))
+                section["sources"] = {n: {"paths": [str(p) for p in src.paths]} for n, src in found.items()}
+            return build_manifest(parse_data_config(section, origin="config.yaml"))
         except (ConfigError, FileNotFoundError, OSError, ValueError, TypeError, KeyError):
             continue
         finally:
             os.chdir(cwd)
-    else:
-        return None
-    stem_source: dict[str, str | None] = {}
-    for name, src in manifest.sources.items():
-        for shard in src.shards:
-            stem = manifest.shards[shard].stem
-            # a file that feeds two sources (filters on a column): its documents' source is not in the log
-            stem_source[stem] = name if stem_source.get(stem, name) == name else None
-    workers = max(1, int(section.get("num_workers") or 1))
-    buffer = int(section.get("buffer_size") or 0)
-    margins = {}
-    for name, src in manifest.sources.items():
-        per_chunk = src.docs / max(len(src.chunks), 1)
-        margins[name] = int(workers * (buffer + int(section.get("open_shards") or 1) * per_chunk))
-
-    def source_of(doc_id: str) -> str | None:
-        return stem_source.get(doc_id.rsplit(":", 1)[0])
-
-    return Corpus(source_of, {n: s.docs for n, s in manifest.sources.items()},
-                  {n: s.stream_tokens for n, s in manifest.sources.items()}, margins)
+    return None
 
 
 def diagnose(run_dir: Path, corpus: Corpus | None = None, th: Thresholds | None = None,
@@ -497,131 +487,57 @@ def diagnose(run_dir: Path, corpus: Corpus | None = None, th: Thresholds | None 
     """The five checks of one run; also the series they read (for the plots)."""
     th = th or Thresholds()
     rows = read_metrics(run_dir)
-    sources = sorted({k.split("/", 2)[2] for r in rows[:1] for k in r if k.startswith("train/loss/")})
     lines = read_order_log(run_dir, required=False)
-    if lines:
-        sources = list(lines[0]["source_tokens"]) or sources
+    sources = list(lines[0]["source_tokens"]) if lines else []
+    sources = sources or sorted(k.split("/", 2)[2] for k in (rows or [{}])[0] if k.startswith("train/loss/"))
     losses = {s: series(rows, f"train/loss/{s}") for s in sources}
     distances = series(rows, "train/share_distance")
-    steps, tokens, weights = per_step_tokens(lines, sources) if lines else (np.array([]), np.zeros((0, 0)),
-                                                                            np.zeros((0, 0)))
-    cumulative = cumulative_distance(tokens, weights) if len(steps) and not np.isnan(weights).any() else None
-    boundaries = {}
-    if corpus is not None and len(steps):
-        # the step a logged micro-batch counts toward: order-log steps are data steps, the CSV's optimizer steps
-        accum = max(1, round(len(steps) / max(1, max((s for s, _ in distances), default=len(steps) - 1) + 1)))
-        boundaries = {s: [(e, int(st) // accum) for e, st in epoch_boundaries(steps, tokens[:, j],
-                                                                             corpus.stream_tokens.get(s, 0))]
-                      for j, s in enumerate(sources)}
+    steps, tokens, weights = per_step_tokens(lines, sources)
+    per_step = tokens.sum(axis=1)
+    cumulative = None if np.isnan(weights).any() else cumulative_distance(tokens, weights)
+    boundaries = _boundaries(steps, tokens, sources, corpus, distances) if corpus is not None else {}
     baseline = histogram_baseline(lines, weights)
     checks = [
-        check_histogram(distances, cumulative, th, baseline),
+        check_histogram(distances, cumulative, th, baseline, float(per_step.max(initial=0) / max(per_step.sum(), 1))),
         check_sawtooth(losses, th),
-        check_boundaries(losses, boundaries, th) if corpus is not None else
-        Check("loss across epoch boundaries", SKIP, "corpus not found: epochs not located (use --corpus DIR)"),
-        check_overlap(doc_starts(lines), corpus) if lines else
-        Check("document overlap between ranks per source-epoch", SKIP, "no order log (--data.order_log true)"),
-        check_epochs(sources, tokens, weights, corpus, planned_run, th) if lines else
-        Check("implied epochs: realised vs planned", SKIP, "no order log (--data.order_log true)"),
+        check_boundaries(losses, boundaries, th),
+        check_overlap(doc_starts(lines), corpus),
+        check_epochs(sources, tokens, weights, corpus, planned_run, th),
     ]
     return checks, {"losses": losses, "distances": distances, "boundaries": boundaries, "steps": steps,
                     "tokens": tokens, "weights": weights, "sources": sources,
                     "histogram_limit": histogram_limit(th, baseline)}
 
 
-def histogram_figure(data: dict):
-    """The per-batch distance from the target along the run, its moving mean, and the limit the check
-    judges the mean against (dashed, with where it comes from)."""
-    from matplotlib.figure import Figure
-
-    from data.plotting import plot_smoothed
-
-    fig = Figure(figsize=(7, 3.4))
-    ax = fig.subplots()
-    pts = [(s, v) for s, v in data["distances"] if not math.isnan(v)]
-    plot_smoothed(ax, pts, "C0", "per batch (faint), moving mean")
-    mean = float(np.mean([v for _, v in pts])) if pts else math.nan
-    ax.axhline(mean, color="k", lw=1, label=f"mean over the run {mean:.3f}")
-    limit, what = data.get("histogram_limit", (None, ""))
-    if limit is not None:
-        ax.axhline(limit, color="C3", ls="--", lw=1.2, label=f"limit on the mean {limit:.3f} ({what})")
-    ax.set(xlabel="step", ylabel="share distance from target", title="per-batch source histogram: distance "
-           "from the target" + ("" if limit is not None else " (no limit: no baseline without the order log)"))
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def loss_figure(data: dict):
-    """Per-source train loss, smoothed over the raw points, one colour per source (data/plotting.py:
-    the same as loss_per_source.png); dotted: a source starts a new epoch."""
-    from matplotlib.figure import Figure
-
-    from data.plotting import plot_source_losses
-
-    fig = Figure(figsize=(8, 4))
-    ax = fig.subplots()
-    colors = plot_source_losses(ax, data["losses"])
-    for s, marks in data["boundaries"].items():
-        for _, step in marks:
-            ax.axvline(step, color=colors.get(s, "k"), ls=":", lw=1)
-    ax.set_title("per-source train loss (faint: each step; line: moving average; dotted: a new epoch)", fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def write_plots(out_dir: Path, data: dict) -> dict[str, str]:
-    """diag_histogram.png, diag_loss.png; {} without matplotlib."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return {}
-    from data.files import atomic_path
-
-    def save(fig, name: str) -> str:
-        with atomic_path(out_dir / name) as tmp:
-            fig.savefig(tmp, dpi=100, format="png")
-        return name
-
-    plots = {}
-    if data["distances"]:
-        plots["histogram"] = save(histogram_figure(data), "diag_histogram.png")
-    if any(data["losses"].values()):
-        plots["loss"] = save(loss_figure(data), "diag_loss.png")
-    return plots
+def _boundaries(steps: np.ndarray, tokens: np.ndarray, sources: list[str], corpus: Corpus,
+                distances: list[tuple[int, float]]) -> dict[str, list[tuple[int, int]]]:
+    """Per source, (epoch, optimizer step) where it starts a new epoch. Order-log steps are data steps
+    (micro-batches), the CSV's optimizer steps: a logged micro-batch counts toward step // accumulation."""
+    accum = max(1, round(len(steps) / max(1, max((s for s, _ in distances), default=len(steps) - 1) + 1)))
+    epochs = {s: epoch_boundaries(steps, tokens[:, j], corpus.stream_tokens.get(s, 0)) for j, s in enumerate(sources)}
+    return {s: [(e, int(st) // accum) for e, st in found] for s, found in epochs.items()} if len(steps) else {}
 
 
 def render(run_dir: Path, checks: list[Check], plots: dict[str, str], corpus_note: str) -> str:
-    failed = [c for c in checks if c.status == FAIL]
+    failed = ", ".join(c.name for c in checks if c.status == FAIL)
+    pictures = {1: ("per-batch histogram distance", plots.get("histogram")), 2: ("per-source train loss",
+                                                                                 plots.get("loss"))}
     md = [f"# Run diagnostics: {Path(run_dir).name}", "",
           f"From `{run_dir}`: the CSV log, the order logs and the saved config. {corpus_note}", "",
-          f"**{'FAIL' if failed else 'PASS'}**: " + (", ".join(c.name for c in failed) + " failed."
-                                                     if failed else "every diagnostic that could run passed."),
+          f"**FAIL**: {failed} failed." if failed else "**PASS**: every diagnostic that could run passed.",
           "", "| diagnostic | verdict | summary |", "|---|---|---|"]
     md += [f"| {c.name} | {'**FAIL**' if c.status == FAIL else c.status} | {c.summary} |" for c in checks]
-    md.append("")
     for i, c in enumerate(checks, 1):
-        md += [f"## {i}. {c.name}: {c.status}", "", c.summary + ".", ""]
-        if c.lines:
-            md += c.lines + [""]
-        if i == 1 and "histogram" in plots:
-            md += [f"![per-batch histogram distance]({plots['histogram']})", ""]
-        if i == 2 and "loss" in plots:
-            md += [f"![per-source train loss]({plots['loss']})", ""]
-    md.append("How each diagnostic is computed and what makes it fail: docs/diagnostics.md.")
-    md.append("")
-    return "\n".join(md)
+        alt, png = pictures.get(i, ("", None))
+        md += ["", f"## {i}. {c.name}: {c.status}", "", c.summary + "."] + ([""] + c.lines if c.lines else []) \
+            + (["", f"![{alt}]({png})"] if png else [])
+    return "\n".join(md + ["", "How each diagnostic is computed and what makes it fail: docs/diagnostics.md.", ""])
 
 
 def write_report(run_dir: Path, out: Path | None = None, corpus_dir: Path | None = None,
                  th: Thresholds | None = None, plots: bool = True) -> tuple[Path, list[Check]]:
     """Diagnose ``run_dir`` and write ``out`` (default RUN/diagnostics.md) atomically, plots beside it."""
     from ablations.outcomes import planned_tokens
-    from data.files import write_text
 
     run_dir = Path(run_dir)
     root = Path(__file__).resolve().parents[1]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -38,6 +39,17 @@ documents back between steps: ``continuations``). A version-1 cursor describes a
 longer produces, so it is refused rather than continued inexactly."""
 
 _DAMAGED = "the cursor is damaged or was edited: resume from another checkpoint (or cursor file)"
+
+
+class DamagedCursor(ConfigError):
+    """A cursor (or a cursor file) refused: ``problem``, then one way out. A caller that gives its own way
+    out (train/checkpoint.py's resume check) shows ``problem`` alone, so the line says what to do once."""
+
+    def __init__(self, problem: str, way_out: str = _DAMAGED):
+        self.problem = problem
+        super().__init__(f"{problem}; {way_out}")
+
+
 _LEFTOVER_KEYS = ("rows", "pending", "continuations")
 
 
@@ -178,7 +190,7 @@ def _int(value) -> int | None:
 
 
 def _bad(who: str, field: str, value, rule: str) -> ConfigError:
-    return ConfigError(f"{who}: {field} = {value!r} is out of range ({rule}); {_DAMAGED}")
+    return DamagedCursor(f"{who}: {field} = {value!r} is out of range ({rule})")
 
 
 class _Reader:
@@ -204,11 +216,13 @@ class _Reader:
             mixer = self.mixer(d["mixer"], len(sources))
             leftovers = {key: self.leftovers(key, d[key] if key == "rows" else d.get(key, []), len(sources))
                          for key in _LEFTOVER_KEYS}
-            fingerprint, seed = d["fingerprint"], d["seed"]
+            seed, fingerprint = self.need("seed", d["seed"]), d["fingerprint"]
+            if not isinstance(fingerprint, str):
+                raise _bad(self.who, "fingerprint", fingerprint, "the corpus fingerprint, a string")
         except (KeyError, TypeError, AttributeError, ValueError, zlib.error) as e:  # zlib: a damaged packed buffer
             if isinstance(e, ConfigError):
                 raise
-            raise ConfigError(f"{self.who}: malformed ({type(e).__name__}: {e}); {_DAMAGED}") from None
+            raise DamagedCursor(f"{self.who}: malformed ({type(e).__name__}: {e})") from None
         return ConsumerCursor(fingerprint=fingerprint, seed=seed, consumer=consumer, num_consumers=n,
                               next_step=next_step, sources=sources, mixer=mixer, **leftovers)
 
@@ -231,21 +245,25 @@ class _Reader:
         return SourceCursor(taken, tuple(pairs), buffer if isinstance(buffer, str) else addrs, st["rng"])
 
     def mixer(self, mixer: dict, n_sources: int) -> MixerCursor:
-        counts = {}
-        for key in ("emitted", "committed"):
-            values = list(mixer[key])
-            if len(values) != n_sources:
-                raise _bad(self.who, f"mixer.{key}", values, f"one count per source ({n_sources})")
-            counts[key] = [self.need(f"mixer.{key}[{i}]", v) for i, v in enumerate(values)]
-        for i, (e, k) in enumerate(zip(counts["emitted"], counts["committed"])):
+        emitted = self.counts("mixer.emitted", mixer["emitted"], n_sources)
+        committed = self.counts("mixer.committed", mixer["committed"], n_sources)
+        for i, (e, k) in enumerate(zip(emitted, committed)):
             if k < e:
                 raise _bad(self.who, f"mixer.committed[{i}]", k, f">= mixer.emitted[{i}] = {e}")
         target = [float(t) for t in mixer["target"]]
         if len(target) != n_sources:
             raise _bad(self.who, "mixer.target", target, f"one value per source ({n_sources})")
+        if not all(math.isfinite(t) and t >= 0 for t in target):
+            raise _bad(self.who, "mixer.target", target, "token targets, finite and >= 0")
         if not isinstance(mixer["rng"], dict):
             raise _bad(self.who, "mixer.rng", mixer["rng"], "a PCG64 state")
-        return MixerCursor(tuple(counts["emitted"]), tuple(counts["committed"]), tuple(target), mixer["rng"])
+        return MixerCursor(tuple(emitted), tuple(committed), tuple(target), mixer["rng"])
+
+    def counts(self, field: str, values, n_sources: int) -> list[int]:
+        values = list(values)
+        if len(values) != n_sources:
+            raise _bad(self.who, field, values, f"one count per source ({n_sources})")
+        return [self.need(f"{field}[{i}]", v) for i, v in enumerate(values)]
 
     def leftovers(self, key: str, addrs: list, n_sources: int) -> tuple[LeftoverAddress | None, ...]:
         out: list[LeftoverAddress | None] = []
@@ -272,26 +290,37 @@ def read_order_state(state: dict, ranks: list[int] | None = None) -> list[list[C
 
     With ``ranks``, the consumers are the rows of those ranks only (a checkpoint's per-rank cursor files,
     train/cursor_files.py): errors name the real rank, and ``world_size`` is not compared with the rows."""
-    step = _int(state.get("step", state.get("next_step")))
+    raw_step = state.get("step", state.get("next_step"))
+    step = _int(raw_step)
     if step is None or step < 0:
-        raise _bad("data order state", "step", state.get("step", state.get("next_step")), "an integer >= 0")
+        raise _bad("data order state", "step", raw_step, "an integer >= 0")
     consumers = state.get("consumers", state.get("cursors"))
-    if not isinstance(consumers, list) or not consumers or not all(isinstance(r, list) and r for r in consumers):
-        raise ConfigError(f"data order state: consumers must be [rank][worker] cursors; {_DAMAGED}")
+    if not _rows_of_cursors(consumers):
+        raise DamagedCursor("data order state: consumers must be [rank][worker] cursors")
     workers = len(consumers[0])
     if ranks is not None and len(ranks) != len(consumers):
         raise ConfigError(f"data order state: cursors of {len(consumers)} rank(s) given for ranks {ranks}")
-    keys = {"num_workers": workers} if ranks is not None else {"world_size": len(consumers), "num_workers": workers}
+    _check_layout(state, len(consumers), workers, ranks is None)
+    return [_read_rank(row, step, rank, workers) for rank, row in zip(ranks or range(len(consumers)), consumers)]
+
+
+def _rows_of_cursors(consumers) -> bool:
+    return isinstance(consumers, list) and bool(consumers) and all(isinstance(r, list) and r for r in consumers)
+
+
+def _check_layout(state: dict, n_ranks: int, workers: int, all_ranks: bool) -> None:
+    """The state's ``num_workers`` (and with every rank's row, ``world_size``) against its cursors."""
+    keys = {"world_size": n_ranks, "num_workers": workers} if all_ranks else {"num_workers": workers}
     for key, want in keys.items():
         if key in state and _int(state[key]) != want:
-            raise ConfigError(f"data order state: {key} = {state[key]!r} but the cursors are {len(consumers)} "
-                              f"rank(s) x {workers} worker(s); {_DAMAGED}")
-    out = []
-    for rank, row in zip(ranks if ranks is not None else range(len(consumers)), consumers):
-        if len(row) != workers:
-            raise ConfigError(f"data order state: rank {rank} has {len(row)} cursors, rank 0 {workers}; {_DAMAGED}")
-        out.append([None if cur is None else _agreeing(cur, step, rank, w, workers) for w, cur in enumerate(row)])
-    return out
+            raise DamagedCursor(f"data order state: {key} = {state[key]!r} but the cursors are {n_ranks} "
+                                f"rank(s) x {workers} worker(s)")
+
+
+def _read_rank(row: list, step: int, rank: int, workers: int) -> list[ConsumerCursor | None]:
+    if len(row) != workers:
+        raise DamagedCursor(f"data order state: rank {rank} has {len(row)} cursors, rank 0 {workers}")
+    return [None if cur is None else _agreeing(cur, step, rank, w, workers) for w, cur in enumerate(row)]
 
 
 def check_order_state(state: dict, ranks: list[int] | None = None) -> None:
@@ -303,10 +332,9 @@ def _agreeing(d: Any, step: int, rank: int, w: int, workers: int) -> ConsumerCur
     cur = as_cursor(d)
     want = step + (w - step) % workers
     if cur.next_step != want:
-        raise ConfigError(
+        raise DamagedCursor(
             f"data order state: step = {step}, but the cursor of rank {rank} worker {w} continues at step "
-            f"{cur.next_step} (it must be {want}, the first step >= {step} that worker {w} of {workers} owns); "
-            f"{_DAMAGED}")
+            f"{cur.next_step} (it must be {want}, the first step >= {step} that worker {w} of {workers} owns)")
     return cur
 
 

@@ -110,33 +110,27 @@ def redistribute(cursors: list[list[ConsumerCursor | dict | None]], manifest: Ma
     workers = max(1, num_workers)
     n_new = world_size * workers
     wanted = None if ranks is None else {r * workers + w for r in ranks for w in range(workers)}
-    per_source = {
-        name: redistribute_source(
-            [None if c is None else c.sources[name] for c in old], n_new, name, seed, resume_step, wanted
-        )
-        for name in manifest.source_names
-    }
+    per_source = _per_source(old, manifest, n_new, seed, resume_step, wanted)
     # Row leftovers: a consumer's own rows first, then what an earlier elastic resume left pending.
     # Documents handed back between steps (bounded commitment) are leftovers like any other.
     leftovers = [row for c in old if c is not None for row in c.leftovers()]
     mixers = _PooledMixer(old, len(manifest.source_names))
-    new: list[list[ConsumerCursor | None]] = []
-    for rank in range(world_size):
-        row_of_rank = []
-        for worker in range(workers):
-            c = rank * workers + worker
-            if wanted is not None and c not in wanted:
-                row_of_rank.append(None)
-                continue
-            row_of_rank.append(ConsumerCursor(
-                fingerprint=fingerprint, seed=seed, consumer=c, num_consumers=n_new,
-                next_step=resume_step + (worker - resume_step) % workers,
-                sources={name: states[c] for name, states in per_source.items()},
-                mixer=mixers.share(c, n_new, seed, resume_step),
-                **_dealt_rows(leftovers[c::n_new], batch_size),
-            ))
-        new.append(row_of_rank)
+    new: list[list[ConsumerCursor | None]] = [[None] * workers for _ in range(world_size)]
+    for c in range(n_new) if wanted is None else sorted(wanted):  # a new consumer's share depends on c alone
+        new[c // workers][c % workers] = ConsumerCursor(
+            fingerprint=fingerprint, seed=seed, consumer=c, num_consumers=n_new,
+            next_step=resume_step + (c % workers - resume_step) % workers,
+            sources={name: states[c] for name, states in per_source.items()},
+            mixer=mixers.share(c, n_new, seed, resume_step),
+            **_dealt_rows(leftovers[c::n_new], batch_size),
+        )
     return new
+
+
+def _per_source(old: list[ConsumerCursor | None], manifest: Manifest, n_new: int, seed: int, resume_step: int,
+                wanted: set[int] | None) -> dict[str, list[SourceCursor | None]]:
+    return {name: redistribute_source([None if c is None else c.sources[name] for c in old], n_new, name, seed,
+                                      resume_step, wanted) for name in manifest.source_names}
 
 
 def _checked_old_cursors(cursors: list[list[ConsumerCursor | dict | None]], seed: int,

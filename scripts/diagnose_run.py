@@ -7,7 +7,8 @@ verdict per diagnostic (the library is ablations/diagnose.py; what each check do
 Reads the run's csv/metrics.csv, order_log/rank*.jsonl (train with --data.order_log true) and
 config.yaml; the corpus (the config's source globs, or --corpus DIR with DIR/<source>/*.parquet) for
 the checks that need each document's source and each source's size. Exit status 1 when a diagnostic
-fails, 0 otherwise (a skipped one does not fail).
+fails, 0 otherwise: a check without the inputs it needs, or with too few of them (a short or killed
+run), is SKIP with the reason and does not fail.
 """
 
 from __future__ import annotations
@@ -34,19 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", type=Path, default=None,
                    help="corpus dir DIR/<source>/*.parquet (default: the config's)")
     p.add_argument("--no-plots", action="store_true")
-    d = Thresholds()
-    p.add_argument("--max-batch-distance", type=float, default=d.max_batch_distance,
-                   help="default: the distance of batches whose rows each hold one random source")
-    p.add_argument("--max-cumulative-distance", type=float, default=d.max_cumulative_distance)
-    p.add_argument("--alpha", type=float, default=d.alpha, help="sawtooth test's false-alarm rate on white noise")
-    p.add_argument("--window", type=int, default=d.window, help="steps each side of an epoch boundary")
-    p.add_argument("--min-drop", type=float, default=d.min_drop, help="nats: a smaller drop at a boundary passes")
-    p.add_argument("--epoch-rtol", type=float, default=d.epoch_rtol)
+    flags = {"max_batch_distance": "default: the distance of batches whose rows each hold one random source",
+             "max_cumulative_distance": "plus one step's share of the tokens trained (docs/diagnostics.md)",
+             "min_steps": "fewer logged steps: the histogram check is SKIP", "epoch_rtol": None,
+             "alpha": "sawtooth test's false-alarm rate on white noise", "window": "steps each side of an epoch "
+             "boundary", "min_drop": "nats: a smaller drop at a boundary passes"}
+    for name, text in flags.items():
+        default = getattr(Thresholds(), name)
+        p.add_argument("--" + name.replace("_", "-"), type=float if default is None else type(default),
+                       default=default, help=text)
     args = p.parse_args(argv)
     if not RunDir(args.run_dir).metrics_csv.is_file():
         raise ConfigError(f"{args.run_dir}/csv/metrics.csv not found (a run directory of python -m train fit?)")
-    th = Thresholds(max_batch_distance=args.max_batch_distance, max_cumulative_distance=args.max_cumulative_distance,
-                    alpha=args.alpha, window=args.window, min_drop=args.min_drop, epoch_rtol=args.epoch_rtol)
+    th = Thresholds(**{name: getattr(args, name) for name in flags})
     out, checks = write_report(args.run_dir, args.out, args.corpus, th, plots=not args.no_plots)
     for c in checks:
         print(f"{c.status:4}  {c.name}: {c.summary}")

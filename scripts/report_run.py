@@ -68,6 +68,22 @@ def plot(rows, sources: list[str], out: Path) -> None:
         figure(rows, sources).savefig(tmp, format="png", dpi=110)
 
 
+def held_out_table(rows, sources: list[str]) -> list[str]:
+    """Held-out loss per source (and over all) at the first and the last evaluation."""
+    lines = [f"{'source':<10} {'held-out start':>15} {'held-out end':>13} {'change':>8}"]
+    for s in sources + ["all"]:
+        va = series(rows, "val/loss" if s == "all" else f"val/loss/{s}")
+        if va:
+            lines.append(f"{s:<10} {va[0][1]:>15.3f} {va[-1][1]:>13.3f} {va[-1][1] - va[0][1]:>+8.3f}")
+    return lines
+
+
+def entropy_lines(rows, corpus: Path) -> list[str]:
+    h, end = unigram_entropy(corpus), series(rows, "val/loss")
+    return [f"unigram entropy of {corpus}: {h:.3f} nats/token"] + (
+        [f"final held-out loss is {h - end[-1][1]:.3f} nats below it"] if end else [])
+
+
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,19 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_metrics(args.run_dir)
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
-    sources = sorted({k.split("/")[-1] for r in rows[:1] for k in r
-                      if k.startswith("val/loss/") or k.startswith("train/loss/")})
-    lines = [f"{'source':<10} {'held-out start':>15} {'held-out end':>13} {'change':>8}"]
-    for s in sources + ["all"]:
-        va = series(rows, "val/loss" if s == "all" else f"val/loss/{s}")
-        if len(va) >= 1:
-            lines.append(f"{s:<10} {va[0][1]:>15.3f} {va[-1][1]:>13.3f} {va[-1][1] - va[0][1]:>+8.3f}")
-    if args.corpus:
-        h = unigram_entropy(args.corpus)
-        lines.append(f"unigram entropy of {args.corpus}: {h:.3f} nats/token")
-        end = series(rows, "val/loss")
-        if end:
-            lines.append(f"final held-out loss is {h - end[-1][1]:.3f} nats below it")
+    sources = sorted({k.split("/")[-1] for k in (rows or [{}])[0] if k.startswith(("val/loss/", "train/loss/"))})
+    lines = held_out_table(rows, sources) + (entropy_lines(rows, args.corpus) if args.corpus else [])
     print("\n".join(lines))
     out = args.out or args.run_dir / "loss_per_source.png"
     plot(rows, sources, out)

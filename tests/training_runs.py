@@ -156,14 +156,17 @@ def global_step_of(path: Path) -> int:
 
 
 def copy_checkpoint(path: Path, ckpt_dir: Path) -> Path:
-    """A checkpoint file copied into another run's ``checkpoints/``, with the data cursor folder it
-    references (train/cursor_files.py): the copy resumes like the original."""
+    """A checkpoint file copied into another run's ``checkpoints/``, with its sidecar and the data cursor
+    folder it references (train/cursor_files.py): the copy resumes like the original."""
     import shutil
 
     import torch
 
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(path, ckpt_dir / path.name)
+    sidecar = path.with_name(path.name + ".sha256")
+    if sidecar.exists():  # a checkpoint without its sidecar is refused (train/checkpoint.py)
+        shutil.copy(sidecar, ckpt_dir / sidecar.name)
     cursor_dir = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["WellMixedData"]["cursor_dir"]
     shutil.copytree(path.parent / cursor_dir, ckpt_dir / cursor_dir)
     return ckpt_dir / path.name

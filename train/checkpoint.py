@@ -1,48 +1,49 @@
 """Checkpoints, in one module: write, verify, find, fall back.
 
-1. **Write** (:class:`AtomicCheckpointIO`, :class:`FinalCheckpoint`, :func:`link_checkpoint`): torch.save to
-   a temporary file, fsync, rename over the target, then the sidecar ``NAME.sha256``; each step's
-   checkpoint is written once, ``last.ckpt`` at a step file is a hard link to it, and a separate file at
-   the final step. :func:`remove_stale_temp_files` clears what a killed write left.
-2. **Verify**, the same way for every reader: ``train fit``'s resume (:func:`resolve_checkpoint`, and the
-   CLI's read of the checkpoint's hparams), ``scripts/evaluate.py``, ``scripts/export_hf.py`` and the
-   ablation report (:func:`read_checkpoint`). In order:
+1. **Write** (train/checkpoint_io.py): torch.save to a temporary file, fsync, rename over the target, then
+   the sidecar ``NAME.sha256``; ``last.ckpt`` at a step file is a hard link to it.
+2. **Verify**, the same way for every reader: ``train fit``'s resume (:func:`resolve_checkpoint`,
+   :func:`requested_hparams`), ``scripts/evaluate.py``, ``scripts/export_hf.py`` and the ablation report
+   (:func:`read_checkpoint`). In order:
 
    a. **What the file is**: an empty file, a parquet or text file, a folder that is not a sharded
       checkpoint, a truncated file, a saved tensor, a pickle that holds objects other than tensors and
       plain types (never unpickled: ``weights_only=True`` always) are each named as what they are.
-   b. **The sidecar** ``NAME.sha256`` (``sha256sum -c`` format). A wrong digest or a malformed sidecar
-      is an error; a missing one is a warning naming the file (a run from before checksums, or a kill
-      between the rename and the sidecar), and the file is then only opened. Sharded (FSDP) checkpoint
-      folders have no sidecar: their shards are written by every rank through torch.distributed.checkpoint.
+   b. **The sidecar** ``NAME.sha256`` (``sha256sum -c`` format, read by :func:`sidecar_digest` alone). A
+      wrong digest or a malformed sidecar is an error, and so is a missing one (a run from before
+      checksums, or a kill between the rename and the sidecar): such a file cannot be told from one with
+      flipped bits. ``--run.allow_unverified_ckpt true`` resumes from it with a warning; any reader takes
+      it once its sidecar is written (``sha256sum NAME > NAME.sha256``). Sharded (FSDP) checkpoint folders
+      have no sidecar: their shards are written by every rank through torch.distributed.checkpoint.
    c. **The structure**: a Lightning checkpoint holds ``state_dict`` and ``global_step``; the data cursor
       files it names exist and are range-checked (:func:`cursor_problem`).
 
+   :func:`open_checkpoint` is the one place that opens a checkpoint for its small entries (a sharded
+   folder: its ``meta.pt``): the step, the hparams, the data state and the cursor folder it references.
 3. **Find**: ``last`` is the checkpoint of the highest step *recorded inside* the ``last*.ckpt`` files
    (file times say nothing after a copy or a restore); without any ``last*.ckpt``, the step files.
 4. **Fall back** (:func:`resolve_checkpoint`, what ``--ckpt_path`` means): ``last`` where the run has no
-   checkpoint is refused; ``last_or_new`` starts such a run at step 0 (the SLURM requeue's choice: its
-   first launch has nothing to resume); an unusable file is refused in one line, or with
-   ``run.ckpt_fallback`` the newest valid checkpoint beside it is used.
+   checkpoint is refused; ``last_or_new`` starts such a run at step 0 (the SLURM requeue's choice);
+   ``best``/``hpc``/``registry`` are refused (this CLI writes none); an unusable file is refused in one
+   line, or with ``run.ckpt_fallback`` the newest valid checkpoint beside it is used.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import pickle
 import re
-import shutil
 import time
 from pathlib import Path
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from data import files
+from data.cursor import DamagedCursor
 from data.errors import ConfigError
-from train import lightning_internals as internals
+from train import cursor_files
 
 log = logging.getLogger("wellmixed")
 
@@ -62,15 +63,6 @@ class CheckpointError(ConfigError):
         super().__init__(" ".join(message.split()))
 
 
-# -- 1. write ---------------------------------------------------------------------------------------
-
-
-def _temporary(path: Path) -> Path:
-    """Where a checkpoint is written before its rename: ``.NAME.tmpPID`` beside it (what
-    :func:`remove_stale_temp_files` clears after a kill)."""
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
-
-
 CHECKSUM_SUFFIX = ".sha256"
 _HASH_BLOCK = 16 << 20  # 16 MB reads when verifying
 
@@ -88,159 +80,6 @@ def file_sha256(path: Path, block: int = _HASH_BLOCK) -> str:
         while chunk := f.read(block):
             h.update(chunk)
     return h.hexdigest()
-
-
-def read_checksum(path: Path) -> str | None:
-    """The digest the sidecar of checkpoint ``path`` records; None without a (well-formed) sidecar."""
-    try:
-        words = checksum_path(path).read_text().split()
-    except OSError:
-        return None
-    return words[0].lower() if words and len(words[0]) == 64 else None
-
-
-def _write_checksum(path: Path, digest: str) -> None:
-    """Atomically, after ``path`` is in place. A failure leaves the checkpoint unverified, not lost."""
-    try:
-        files.write_text(checksum_path(path), f"{digest}  {path.name}\n")
-    except OSError as e:
-        log.warning("could not write %s (%s); %s is intact but its checksum cannot be verified on resume",
-                    checksum_path(path), e, path)
-
-
-def link_checkpoint(src: Path, dst: Path) -> None:
-    """``dst`` becomes the file ``src`` (a hard link; a copy where the filesystem has none), replaced
-    atomically through a temporary like AtomicCheckpointIO's writes; ``src``'s checksum goes with it."""
-    try:
-        with files.atomic_path(dst, fsync=False, tmp=_temporary(dst)) as tmp:
-            try:
-                os.link(src, tmp)
-            except OSError:
-                shutil.copyfile(src, tmp)
-                with open(tmp, "rb+") as f:
-                    os.fsync(f.fileno())
-            checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
-    except OSError as e:  # out of space or inodes: the copy (a link needs an inode too) failed
-        raise files.write_error(dst, e, f"resume with --ckpt_path {src}",
-                                f"{src} holds the same state and is intact") from e
-    digest = read_checksum(src)
-    if digest is not None:
-        _write_checksum(dst, digest)
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """torch.save to a temporary file in the same folder, fsync, then rename over the target.
-
-    A kill (or a full disk) during the write leaves the previous checkpoint intact, never a
-    truncated ``last.ckpt``. Each file gets a sidecar ``NAME.sha256``: hashed from the page cache after
-    the fsync (about 0.7 s/GB on this CPU, ~3 s for the 350M run's 4.3 GB), written atomically after the
-    rename; the old sidecar is removed before the rename, so a kill in between leaves a checkpoint
-    without a checksum, never a wrong one. Every reader verifies it (section 2). Removing a
-    checkpoint (``keep_last_k``) removes its sidecar.
-    """
-
-    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:  # a stale temporary of this pid, or a link left there, is removed first: never written through
-            with files.atomic_path(path, fsync=False, tmp=_temporary(path)) as tmp:
-                with open(tmp, "xb") as f:
-                    torch.save(checkpoint, f)  # a real file: torch's fast path (a hashing wrapper cost 4x the re-read)
-                    f.flush()
-                    os.fsync(f.fileno())
-                digest = file_sha256(tmp)  # from the page cache, just written
-                checksum_path(path).unlink(missing_ok=True)
-        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError (its zip writer)
-            raise files.write_error(f"checkpoint {path}", e, "resume with --ckpt_path last", "the previous "
-                                    "checkpoint is intact and the partial file was removed") from e
-        _write_checksum(path, digest)
-
-    def remove_checkpoint(self, path) -> None:
-        super().remove_checkpoint(path)
-        checksum_path(Path(path)).unlink(missing_ok=True)
-
-
-class FinalCheckpoint(internals.CheckpointHooks):
-    """ModelCheckpoint that writes each checkpoint once, and ``last.ckpt`` at the final step too.
-
-    Lightning writes ``last.ckpt`` at the end of training only when it wrote no checkpoint during the
-    run: a 308-step run with checkpoints every 50 steps ended with ``last.ckpt`` at step 300, so the
-    exported (or evaluated, or ablation-compared) model missed the end of the anneal and the LR
-    decay. A run stopped early by a signal is left to StopOnSignal, which wrote its own checkpoint.
-
-    With ``save_last=True`` Lightning serializes the step file and then ``last.ckpt`` again, the same
-    state twice (for the 350M run ~4.3 GB of weights and AdamW moments, on the training's critical
-    path). Here ``last.ckpt`` at the step of a step file is a hard link to it, put in place with a
-    rename (atomic, as every checkpoint write); the step file is written with the callback state
-    that ``last.ckpt`` holds, so the two names are interchangeable for a resume.
-
-    After each save, removal (``keep_last_k``) or link, global rank 0 deletes the data cursor folders
-    (train/cursor_files.py) that no checkpoint in ``dirpath`` references any more.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._cursor_refs: dict = {}  # checkpoint name and stat -> the cursor folder it references
-
-    def save_step_file(self, trainer, monitor_candidates) -> None:
-        if self.save_last is True:  # the state the step file saves is then the one last.ckpt holds
-            self.last_model_path = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-        super().save_step_file(trainer, monitor_candidates)
-        self._remove_unreferenced_cursors(trainer)
-
-    def save_last_file(self, trainer, monitor_candidates) -> None:
-        self._save_or_link_last(trainer, monitor_candidates)
-        self._remove_unreferenced_cursors(trainer)
-
-    def _save_or_link_last(self, trainer, monitor_candidates) -> None:
-        src = self.last_saved_path
-        last = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-        if not (self.save_last is True and src and self.last_saved_step == trainer.global_step
-                and os.path.basename(src) != os.path.basename(last) and "://" not in src):
-            return super().save_last_file(trainer, monitor_candidates)
-        # rank 0 decides for all ranks: a sharded checkpoint is a folder, and other nodes may not see it
-        if not trainer.strategy.broadcast(os.path.isfile(src) if trainer.is_global_zero else None, src=0):
-            return super().save_last_file(trainer, monitor_candidates)
-        self.last_model_path = last
-        if trainer.is_global_zero:
-            link_checkpoint(Path(src), Path(last))
-        trainer.strategy.barrier()
-
-    def _remove_unreferenced_cursors(self, trainer) -> None:
-        """Here rather than in AtomicCheckpointIO: sharded FSDP checkpoints do not go through it."""
-        if trainer.is_global_zero and self.dirpath and "://" not in str(self.dirpath):
-            from train.cursor_files import remove_unreferenced
-
-            remove_unreferenced(self.dirpath, self._cursor_refs)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        super().on_train_end(trainer, pl_module)  # last.ckpt when nothing was saved during the run
-        finished = trainer.max_steps is not None and trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
-        if self.save_last and finished and self.last_saved_step != trainer.global_step:
-            self.save_last_file(trainer, self.monitor_candidates(trainer))
-
-    @property
-    def state_key(self) -> str:
-        # ModelCheckpoint's key: checkpoints stay interchangeable with it (keep_last_k and last.ckpt's
-        # path are restored on resume, so last.ckpt is overwritten instead of a new last-v1.ckpt)
-        return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
-
-
-def remove_stale_temp_files(ckpt_dir: Path) -> list[Path]:
-    """Half-written ``.NAME.tmpPID`` files of a save that was killed (AtomicCheckpointIO); they can be
-    as large as a checkpoint. Called before training starts, when no save can be in progress.
-
-    Also the temporaries of checksum sidecars, and sidecars whose checkpoint is gone (a kill between
-    keep_last_k's removal of a file and of its sidecar)."""
-    stale = []
-    if ckpt_dir.is_dir():
-        stale = sorted(ckpt_dir.glob(".*.ckpt.tmp*")) + sorted(ckpt_dir.glob(f".*.ckpt{CHECKSUM_SUFFIX}.*.tmp"))
-        stale += [p for p in sorted(ckpt_dir.glob(f"*.ckpt{CHECKSUM_SUFFIX}"))
-                  if not p.with_name(p.name[: -len(CHECKSUM_SUFFIX)]).exists()]
-    for p in stale:
-        p.unlink(missing_ok=True)
-        log.warning("removed %s, left by a checkpoint write that did not finish", p)
-    return stale
 
 
 # -- 2. verify: the sidecar -------------------------------------------------------------------------
@@ -276,12 +115,17 @@ def _digest(path: Path) -> str:
     return digest
 
 
-def checksum_problem(path: Path) -> str | None:
-    """None when ``path`` matches its sidecar or has none (see :func:`has_sidecar`); else what is wrong."""
+NO_SIDECAR = "no sidecar"
+ALLOW_UNVERIFIED = "--run.allow_unverified_ckpt true"
+
+
+def checksum_problem(path: Path, unverified_ok: bool = False) -> str | None:
+    """None when ``path`` matches its sidecar, else what is wrong. A missing sidecar is a problem too
+    (the bytes cannot be told from flipped ones), unless ``unverified_ok``: then a warning, once per file."""
     try:
         want = sidecar_digest(path)
         if want is None:
-            return None
+            return _unverified(path, unverified_ok)
         got = _digest(path)
     except ValueError as e:
         return str(e)
@@ -293,21 +137,25 @@ def checksum_problem(path: Path) -> str | None:
             "bits changed after the write (disk, copy or memory error)")
 
 
-def has_sidecar(path: Path) -> bool:
-    return Path(path).is_dir() or checksum_path(path).exists()
-
-
-def warn_unverified(path: Path) -> None:
-    """The warning for a checkpoint file without a sidecar (it is used, only opened); once per file."""
-    if has_sidecar(path):
-        return
+def _unverified(path: Path, ok: bool) -> str | None:
+    problem = (f"{NO_SIDECAR} {checksum_path(path).name}, so its bytes cannot be verified (written before "
+               "checksums, or a kill between its rename and the sidecar)")
     st = path.stat()
     key = (str(path.resolve()), st.st_ino, st.st_mtime_ns)
-    if key not in _WARNED:
+    if ok and key not in _WARNED:
         _WARNED.add(key)
-        log.warning("checkpoint %s has no sidecar %s: its bytes cannot be verified (written before checksums, "
-                    "or a kill between its rename and the sidecar); used as it opens", path,
-                    checksum_path(path).name)
+        log.warning("checkpoint %s: %s; used as it opens (%s)", path, problem, ALLOW_UNVERIFIED)
+    return None if ok else problem
+
+
+def _way_out(path: Path, problem: str, way_out: str, flag: bool = False) -> str:
+    """What to do after ``problem``: for a file without a sidecar, how to accept it (``flag``: train fit's
+    flag; else writing the sidecar, which every reader then checks), else ``way_out``."""
+    if not problem.startswith(NO_SIDECAR):
+        return way_out
+    if flag:
+        return f"if you trust it, pass {ALLOW_UNVERIFIED}, or resume from another file with --ckpt_path FILE"
+    return f"if you trust it, write its sidecar (in {path.parent}: sha256sum {path.name} > {path.name}.sha256)"
 
 
 # -- 2. verify: what a file is ----------------------------------------------------------------------
@@ -368,7 +216,7 @@ def _folder_problem(path: Path) -> str:
     return "a directory, not a checkpoint (no .metadata index of a sharded checkpoint)"
 
 
-def load_file(path: Path, lightning: bool = True) -> tuple[dict | None, str | None]:
+def load_file(path: Path, lightning: bool = True, unverified_ok: bool = False) -> tuple[dict | None, str | None]:
     """(the checkpoint, None) or (None, what is wrong): format, sidecar, structure. mmap: tensors stay
     on disk, so this costs milliseconds besides the hash even for a multi-GB checkpoint. ``lightning``:
     require ``state_dict`` and ``global_step`` (else any dict, e.g. a bare state dict for the export)."""
@@ -382,21 +230,49 @@ def load_file(path: Path, lightning: bool = True) -> tuple[dict | None, str | No
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
         problem = load_problem(e)  # a truncated file is named so; else a failing sidecar is the better reason
-        return None, problem if problem.startswith("truncated") else checksum_problem(path) or problem
-    problem = checksum_problem(path)  # what opens may still hold flipped bits (a tensor, a zip member)
-    if problem is not None:
-        return None, problem
+        mismatch = None if problem.startswith("truncated") else checksum_problem(path)
+        return None, mismatch if mismatch and not mismatch.startswith(NO_SIDECAR) else problem
+    problem = _structure(obj, lightning) or checksum_problem(path, unverified_ok)  # opens: may hold flipped bits
+    return (None, problem) if problem else (obj, None)
+
+
+def _structure(obj, lightning: bool) -> str | None:
     if not isinstance(obj, dict):
-        return None, f"holds a bare {type(obj).__name__}, not a checkpoint (a dict of weights and state)"
+        return f"holds a bare {type(obj).__name__}, not a checkpoint (a dict of weights and state)"
     if lightning and ("state_dict" not in obj or "global_step" not in obj):
-        return None, "not a Lightning checkpoint (no state_dict / global_step)"
-    return obj, None
+        return "not a Lightning checkpoint (no state_dict / global_step)"
+    return None
+
+
+def open_checkpoint(path: str | Path) -> dict:
+    """The small entries of a checkpoint (step, hparams, data state): a file, memory-mapped (the weights
+    are not read), or a sharded folder's ``meta.pt``. Not verified (see :func:`checkpoint_problem`);
+    raises whatever torch raises for an unreadable file."""
+    path = Path(path)
+    return torch.load(entries_file(path), map_location="cpu", weights_only=True, mmap=not path.is_dir())
+
+
+def entries_file(path: Path) -> Path:
+    """The file that holds a checkpoint's small entries: the checkpoint file, or a sharded folder's
+    ``meta.pt`` (Lightning's: step, loops, hparams, the data state; the weights are in the shards)."""
+    return path / "meta.pt" if path.is_dir() else path
+
+
+def saved_hparams(path: str | Path) -> dict | None:
+    """A checkpoint's ``hyper_parameters``; None when it has none (a sharded folder may keep them elsewhere)."""
+    try:
+        ckpt = open_checkpoint(path)
+    except Exception:  # noqa: BLE001 -- verified already
+        return None
+    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
+    return hparams if isinstance(hparams, dict) else None
 
 
 # -- 2. verify: the structure, the cursors ----------------------------------------------------------
 
 
-def checkpoint_problem(path: Path, cursor_ranks: list[int] | None = None, cursors: bool = True) -> str | None:
+def checkpoint_problem(path: Path, cursor_ranks: list[int] | None = None, cursors: bool = True,
+                       unverified_ok: bool = False) -> str | None:
     """None if ``path`` (a file or a sharded folder) opens as a checkpoint, else what is wrong.
 
     ``cursors``: check the data cursor files it names -- every one present, those of ``cursor_ranks``
@@ -405,52 +281,31 @@ def checkpoint_problem(path: Path, cursor_ranks: list[int] | None = None, cursor
     """
     path = Path(path)
     if path.is_dir():
-        return _sharded_checkpoint_problem(path, cursor_ranks if cursors else None, cursors)
-    ckpt, problem = load_file(path)
-    if problem is not None:
+        if not (path / ".metadata").is_file():
+            return _folder_problem(path)
+        try:
+            ckpt = open_checkpoint(path)
+        except Exception as e:  # noqa: BLE001
+            return f"meta.pt: {load_problem(e)}"
+        problem = None if isinstance(ckpt, dict) and "global_step" in ckpt else "meta.pt holds no global_step"
+    else:
+        ckpt, problem = load_file(path, unverified_ok=unverified_ok)
+    if problem is not None or not cursors:
         return problem
-    return cursor_problem(ckpt, path, cursor_ranks) if cursors else None
-
-
-def _sharded_checkpoint_problem(path: Path, cursor_ranks: list[int] | None, cursors: bool) -> str | None:
-    """A sharded folder: its ``.metadata`` index and Lightning's ``meta.pt`` (step, loops, the data
-    state naming the cursor files, which lie beside the folder)."""
-    if not (path / ".metadata").is_file():
-        return _folder_problem(path)
-    try:
-        meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001
-        return f"meta.pt: {load_problem(e)}"
-    if not isinstance(meta, dict) or "global_step" not in meta:
-        return "meta.pt holds no global_step"
-    return cursor_problem(meta, path, cursor_ranks) if cursors else None
+    return cursor_problem(ckpt, path, cursor_ranks)
 
 
 def cursor_problem(ckpt: dict, path: Path, ranks: list[int] | None) -> str | None:
-    """The data cursors a checkpoint names: every rank's file present, those of ``ranks`` (None: all)
-    range-checked and against its step (data/cursor.py). A missing or damaged cursor is refused here,
-    naming the file or the field, instead of crashing a DataLoader worker later."""
-    from data.cursor import ConsumerCursor, check_order_state
-    from train.cursor_files import cursor_files, load_checkpoint_cursors
-
+    """The data cursors a checkpoint names (train/cursor_files.py ``check_checkpoint_cursors``): a missing or
+    damaged cursor is refused here, naming the file or the field (without its own way out: the caller says
+    what to do), instead of crashing a DataLoader worker later."""
     state = ckpt.get("WellMixedData")
     if not isinstance(state, dict) or (state.get("cursors") is None and state.get("cursor_dir") is None):
         return None  # another datamodule, or an older fresh data order (run.allow_changed_data)
-    missing = [f for f in cursor_files(path, state) if not f.is_file()]
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        return f"data cursor file {missing[0]}{more} missing (a checkpoint moved without its cursors/ folder?)"
     try:
-        cursors = load_checkpoint_cursors(path, state, ranks)
-    except ConfigError as e:
-        return str(e)
-    if any(isinstance(c, dict) and not ConsumerCursor.is_current(c)
-           for rank in cursors if isinstance(rank, list) for c in rank):
-        return None  # another version of the data path: the datamodule's own error says what to do
-    if not cursors:
-        return None
-    try:
-        check_order_state({**state, "cursors": cursors}, ranks=ranks)
+        cursor_files.check_checkpoint_cursors(path, state, ranks)
+    except DamagedCursor as e:
+        return e.problem
     except ConfigError as e:
         return str(e)
     return None
@@ -460,9 +315,8 @@ def cursor_problem(ckpt: dict, path: Path, ranks: list[int] | None) -> str | Non
 
 
 def read_checkpoint(path: str | Path, what: str, way_out: str, lightning: bool = True) -> dict:
-    """The checkpoint at ``path``, verified as every reader does (the weights stay memory-mapped):
-    a missing sidecar is a warning naming the file; anything else wrong raises :class:`CheckpointError`
-    ``<what> <path>: <problem>; <way_out>``."""
+    """The checkpoint at ``path``, verified as every reader does (the weights stay memory-mapped); anything
+    wrong raises :class:`CheckpointError` ``<what> <path>: <problem>; <way_out>``."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{what} {path}: no such file; {way_out}")
@@ -473,8 +327,7 @@ def read_checkpoint(path: str | Path, what: str, way_out: str, lightning: bool =
         raise CheckpointError(f"{what} {path}: {problem}")
     ckpt, problem = load_file(path, lightning)
     if problem is not None:
-        raise CheckpointError(f"{what} {path}: {problem}; {way_out}")
-    warn_unverified(path)
+        raise CheckpointError(f"{what} {path}: {problem}; {_way_out(path, problem, way_out)}")
     return ckpt
 
 
@@ -484,12 +337,8 @@ def read_checkpoint(path: str | Path, what: str, way_out: str, lightning: bool =
 def recorded_step(path: Path) -> int | None:
     """The ``global_step`` a checkpoint (file or sharded folder) records; None when it does not open."""
     try:
-        if path.is_dir():
-            meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=True)
-        else:
-            meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        step = meta.get("global_step") if isinstance(meta, dict) else None
-    except Exception:  # noqa: BLE001 -- unreadable: the caller names it
+        step = open_checkpoint(path).get("global_step")
+    except Exception:  # noqa: BLE001 -- unreadable (or not a dict): the caller names it
         return None
     return int(step) if isinstance(step, int) else None
 
@@ -512,127 +361,135 @@ def find_last(ckpt_dir: Path, label: str = "--ckpt_path last") -> Path | None:
     """The ``last*.ckpt`` of the highest recorded step (one that does not open is returned first, so that
     it is named rather than passed over: it may be the newest); None when there is none. ``label``:
     who asks, in the note logged when there are several."""
-    lasts = sorted(ckpt_dir.glob("last*.ckpt")) if ckpt_dir.is_dir() else []
-    steps = {p: recorded_step(p) for p in lasts}
-    unreadable = [p for p in _by_step(lasts) if steps[p] is None]
-    if unreadable or not lasts:
-        return unreadable[0] if unreadable else None
-    best = max(lasts, key=lambda p: (steps[p], p.name == "last.ckpt", p.name))
-    if len(lasts) > 1:
-        log.warning("%s: %s records the highest step of %s (%d); using it", label, best.name,
-                    ", ".join(p.name for p in lasts), steps[best])
-    return best
+    lasts = _by_step(list(ckpt_dir.glob("last*.ckpt")))
+    unreadable = [p for p in lasts if recorded_step(p) is None]
+    if unreadable or len(lasts) < 2:
+        return (unreadable or lasts or [None])[0]
+    log.warning("%s: %s records the highest step of %s (%d); using it", label, lasts[0].name,
+                ", ".join(sorted(p.name for p in lasts)), recorded_step(lasts[0]))
+    return lasts[0]
 
 
-
-def _newest_step_file(ckpt_dir: Path, mode: str, cursor_ranks: list[int] | None, cursors: bool) -> str:
-    """``--ckpt_path last`` without a ``last*.ckpt``: the step file of the highest recorded step that loads.
-
-    A kill between a step file's rename and its ``last.ckpt`` link (or a deleted ``last.ckpt``) leaves
-    step files only; starting from step 0 would retrain the run and rewrite its order log. A run dir
-    whose files all fail to load is an error.
-    """
+def _first_valid(paths: list[Path], problem_of) -> tuple[Path | None, list[str]]:
+    """The first of ``paths`` without a problem, and what was wrong with those before it."""
     skipped = []
-    for path in _by_step(list(ckpt_dir.glob("*.ckpt"))):
-        problem = checkpoint_problem(path, cursor_ranks, cursors)
+    for path in paths:
+        problem = problem_of(path)
         if problem is None:
-            log.warning("--ckpt_path %s: no last.ckpt in %s; resuming from the newest loadable step file %s%s",
-                        mode, ckpt_dir, path, f" (unusable, skipped: {', '.join(skipped)})" if skipped else "")
-            warn_unverified(path)
-            return str(path)
+            return path, skipped
         skipped.append(f"{path.name}: {problem}")
-    raise CheckpointError(
-        f"--ckpt_path {mode}: {ckpt_dir} holds checkpoint files but none loads ({'; '.join(skipped)}); "
-        "restore a checkpoint, or move them away to start from step 0 deliberately"
-    )
+    return None, skipped
 
 
 # -- 4. fall back: what --ckpt_path means ---------------------------------------------------------------
 
 
-def _no_checkpoint(ckpt_dir: Path, mode: str) -> None:
-    if mode == LAST_OR_NEW:
+def _without_last(ckpt_dir: Path, mode: str, problem_of) -> str | None:
+    """``--ckpt_path last``/``last_or_new`` without a ``last*.ckpt``: the step file of the highest recorded
+    step that loads (a kill between a step file's rename and its ``last.ckpt`` link, or a deleted
+    ``last.ckpt``: starting from step 0 would retrain the run and rewrite its order log). No checkpoint
+    at all starts ``last_or_new`` at step 0, and is an error for ``last``; so is a folder whose files all
+    fail to load."""
+    paths = _by_step(list(ckpt_dir.glob("*.ckpt")))
+    if not paths and mode == LAST_OR_NEW:
         log.warning("--ckpt_path last_or_new: no checkpoint in %s yet; starting from step 0", ckpt_dir)
         return None
-    raise CheckpointError(
-        f"--ckpt_path last: {ckpt_dir.parent} has no checkpoint to resume ({ckpt_dir} holds no *.ckpt); to start "
-        f"a new run there leave out --ckpt_path, or pass --ckpt_path last_or_new (resume if there is one)"
-    )
+    if not paths:
+        raise CheckpointError(
+            f"--ckpt_path last: {ckpt_dir.parent} has no checkpoint to resume ({ckpt_dir} holds no *.ckpt); to "
+            "start a new run there leave out --ckpt_path, or pass --ckpt_path last_or_new (resume if there is one)")
+    path, skipped = _first_valid(paths, problem_of)
+    if path is None:
+        raise CheckpointError(
+            f"--ckpt_path {mode}: {ckpt_dir} holds checkpoint files but none loads ({'; '.join(skipped)}); "
+            "restore a checkpoint, or move them away to start from step 0 deliberately")
+    log.warning("--ckpt_path %s: no last.ckpt in %s; resuming from the newest loadable step file %s%s",
+                mode, ckpt_dir, path, f" (unusable, skipped: {', '.join(skipped)})" if skipped else "")
+    return str(path)
 
 
-def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool,
-                       cursor_ranks: list[int] | None = None, cursors: bool = True) -> str | None:
-    """The checkpoint ``--ckpt_path`` means, verified; None to start from step 0.
-
-    ``last``: :func:`find_last`, or without any ``last*.ckpt`` the newest step file that loads
-    (:func:`_newest_step_file`); no checkpoint at all is an error. ``last_or_new``: the same, but no
-    checkpoint starts from step 0. ``best``/``hpc``/``registry`` are refused (this CLI writes none).
-    An unusable file raises :class:`CheckpointError` naming it, unless ``fallback``: then the newest valid
-    checkpoint beside it is used, and logged.
+def resolve_checkpoint(ckpt_path: str | None, ckpt_dir: Path, fallback: bool, cursor_ranks: list[int] | None = None,
+                       cursors: bool = True, unverified_ok: bool = False) -> str | None:
+    """The checkpoint ``--ckpt_path`` means, verified (section 4 of the module doc); None to start from step
+    0. An unusable file raises :class:`CheckpointError` naming it, unless ``fallback``: then the newest valid
+    checkpoint beside it is used, logged. ``unverified_ok`` (``run.allow_unverified_ckpt``): a file without
+    a sidecar is used, with a warning.
 
     ``cursor_ranks``: whose data cursor files are read and range-checked (default: all; every file's
-    presence is always checked). Every rank resolves the checkpoint on its own, before the ranks can
-    talk, so each must decide from the same facts or a fallback could pick different checkpoints on
-    different ranks. The CLI passes ``[]`` on several ranks (presence only, the same answer everywhere;
-    each rank then range-checks its own file when it loads it, an error naming the file) rather than
-    have every rank read every rank's cursors here, which this layout exists to avoid. ``cursors=False``
-    (``train validate``, which reads no data state): the cursor files are not looked at.
+    presence is always checked). Every rank resolves the checkpoint before the ranks can talk, so each
+    must decide from the same facts or a fallback could pick different checkpoints: the CLI passes ``[]``
+    on several ranks (each rank range-checks its own file when it loads it) rather than have every rank
+    read every rank's cursors. ``cursors=False`` (``train validate``): the cursor files are not looked at.
     """
-    if ckpt_path is None:
-        return None
+    problem_of = functools.partial(checkpoint_problem, cursor_ranks=cursor_ranks, cursors=cursors,
+                                   unverified_ok=unverified_ok)
+    path = _named_path(ckpt_path, ckpt_dir)
+    if path is None:
+        return None if ckpt_path is None else _without_last(ckpt_dir, ckpt_path, problem_of)
+    problem = problem_of(path)
+    if problem is None:
+        return str(path)
+    if not fallback:
+        raise CheckpointError(f"--ckpt_path {path}: {problem}; " + _way_out(
+            path, problem, "resume from another file with --ckpt_path FILE, or pass --run.ckpt_fallback true to "
+            f"use the newest valid checkpoint in {path.parent}", flag=True))
+    other, _ = _first_valid([p for p in _by_step(list(path.parent.glob("*.ckpt"))) if p != path], problem_of)
+    if other is None:
+        raise CheckpointError(f"--ckpt_path {path}: {problem}; and {path.parent} holds no valid checkpoint to "
+                              "fall back to")
+    log.warning("checkpoint %s is unusable (%s); falling back to %s (run.ckpt_fallback)", path, problem, other)
+    return str(other)
+
+
+def _named_path(ckpt_path: str | None, ckpt_dir: Path) -> Path | None:
+    """The file (or sharded folder) ``--ckpt_path`` names: ``last*.ckpt`` for ``last``/``last_or_new``
+    (None without one), the path itself (refused when it does not exist), None for no ``--ckpt_path``."""
     if ckpt_path in REFUSED_NAMES:
         raise CheckpointError(f"--ckpt_path {ckpt_path}: this CLI writes no {ckpt_path!r} checkpoint; use "
                               "--ckpt_path last (the newest of --run.dir), last_or_new, or a checkpoint file")
-    if ckpt_path in (LAST, LAST_OR_NEW):
-        path = find_last(ckpt_dir, f"--ckpt_path {ckpt_path}")
-        if path is None:
-            files = list(ckpt_dir.glob("*.ckpt")) if ckpt_dir.is_dir() else []
-            if not files:
-                return _no_checkpoint(ckpt_dir, ckpt_path)
-            return _newest_step_file(ckpt_dir, ckpt_path, cursor_ranks, cursors)
-    else:
-        path = Path(ckpt_path)
-        if not path.exists():  # a file, or a sharded FSDP checkpoint's folder
-            raise CheckpointError(f"--ckpt_path {path}: no such file or folder; name a checkpoint file, or use "
-                                  "--ckpt_path last (the newest of --run.dir)")
-    problem = checkpoint_problem(path, cursor_ranks, cursors)
-    if problem is None:
-        warn_unverified(path)
-        return str(path)
-    where = path.parent
-    if not fallback:
-        raise CheckpointError(f"--ckpt_path {path}: {problem}; resume from another file with --ckpt_path FILE, "
-                              f"or pass --run.ckpt_fallback true to use the newest valid checkpoint in {where}")
-    for other in _by_step(list(where.glob("*.ckpt"))):
-        if other != path and checkpoint_problem(other, cursor_ranks, cursors) is None:
-            log.warning("checkpoint %s is unusable (%s); falling back to %s (run.ckpt_fallback)", path, problem, other)
-            warn_unverified(other)
-            return str(other)
-    raise CheckpointError(f"--ckpt_path {path}: {problem}; and {where} holds no valid checkpoint to fall back to")
+    if ckpt_path is None or ckpt_path in (LAST, LAST_OR_NEW):
+        return None if ckpt_path is None else find_last(ckpt_dir, f"--ckpt_path {ckpt_path}")
+    if not Path(ckpt_path).exists():  # a file, or a sharded FSDP checkpoint's folder
+        raise CheckpointError(f"--ckpt_path {ckpt_path}: no such file or folder; name a checkpoint file, or use "
+                              "--ckpt_path last (the newest of --run.dir)")
+    return Path(ckpt_path)
 
 
-def requested_hparams(ckpt_path: str | None, ckpt_dir: Path, fallback: bool) -> dict:
+def requested_hparams(ckpt_path: str | None, ckpt_dir: Path, fallback: bool, unverified_ok: bool = False) -> dict:
     """What ``--ckpt_path`` asks for, checked when the command line is parsed, before anything is built
     or written: a name this CLI writes no checkpoint for, ``last`` in a run without any, a path that
-    does not exist or is no checkpoint are refused here. For a file, its ``hyper_parameters``, verified
-    as every reader does (with ``fallback`` an unusable file gives ``{}``: :func:`resolve_checkpoint`
-    falls back when the run starts)."""
-    if ckpt_path is None or ckpt_path == LAST_OR_NEW:
+    does not exist or is no checkpoint are refused here, as :func:`resolve_checkpoint` refuses them (its
+    cursor files are checked when the run starts; with ``fallback`` so is a file, to fall back from it).
+    Returns the checkpoint's ``hyper_parameters`` ({} when not read)."""
+    if ckpt_path in (None, LAST_OR_NEW) or (ckpt_path == LAST and any(ckpt_dir.glob("*.ckpt"))):
         return {}
-    if ckpt_path == LAST or ckpt_path in REFUSED_NAMES:
-        if ckpt_path in REFUSED_NAMES or not (ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt"))):
-            resolve_checkpoint(ckpt_path, ckpt_dir, fallback)  # raises the refusal
+    path = _named_path(ckpt_path, ckpt_dir)
+    if fallback and path is not None and path.is_file():
         return {}
-    path = Path(ckpt_path)
-    if path.is_dir() and not (path / ".metadata").is_file():
-        raise CheckpointError(f"--ckpt_path {path}: {_folder_problem(path)}")
-    if path.is_dir():
-        return {}
-    way_out = "resume from another file with --ckpt_path FILE, or pass --run.ckpt_fallback true"
-    try:
-        hparams = read_checkpoint(path, "--ckpt_path", way_out).get("hyper_parameters")
-    except CheckpointError:
-        if fallback and path.exists():
-            return {}
-        raise
-    return hparams if isinstance(hparams, dict) else {}
+    verified = resolve_checkpoint(ckpt_path, ckpt_dir, False, cursors=False, unverified_ok=unverified_ok)
+    return saved_hparams(verified) or {}
+
+
+# -- the data cursor folders no checkpoint references --------------------------------------------------
+
+
+def remove_unreferenced(ckpt_dir: str | os.PathLike, cache: dict | None = None) -> list[Path]:
+    """Delete the cursor step directories (train/cursor_files.py) that no ``*.ckpt`` in ``ckpt_dir``
+    references, never the newest. If any checkpoint cannot be read, nothing is removed (its references
+    are unknown; logged). ``cache`` (kept by the caller between calls) maps a checkpoint's name and stat
+    to its reference, so a run that keeps every checkpoint does not re-open all of them at each save."""
+    cache = {} if cache is None else cache
+    keep = set()
+    for ckpt in sorted(Path(ckpt_dir).glob("*.ckpt")):
+        try:
+            st = entries_file(ckpt).stat()
+            key = (ckpt.name, st.st_ino, st.st_size, st.st_mtime_ns)
+            if key not in cache:
+                state = open_checkpoint(ckpt).get("WellMixedData")
+                cache[key] = state.get("cursor_dir") if isinstance(state, dict) else None
+        except Exception as e:  # noqa: BLE001 -- a corrupt or half-copied checkpoint: leave everything
+            log.warning("data cursor clean-up skipped: %s is unreadable (%s: %s), so which cursor directory it "
+                        "references is unknown", ckpt, type(e).__name__, str(e).strip()[:200])
+            return []
+        keep.add(Path(cache[key] or ".").name)
+    return cursor_files.remove_step_dirs(Path(ckpt_dir), keep)

@@ -42,15 +42,9 @@ from train import lightning_internals as internals
 from train import loggers as run_loggers
 from train import signals
 from train.callbacks import DataStateCallback, ProgressLog, ThroughputCallback
-from train.checkpoint import (
-    AtomicCheckpointIO,
-    FinalCheckpoint,
-    remove_stale_temp_files,
-    requested_hparams,
-    resolve_checkpoint,
-)
+from train.checkpoint import remove_unreferenced, requested_hparams, resolve_checkpoint, saved_hparams
+from train.checkpoint_io import AtomicCheckpointIO, FinalCheckpoint, remove_stale_temp_files
 from train.config import ConfigCLI, RunConfig
-from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
 from train.model import ModelConfigError
 from train.module import PretrainModule
@@ -65,18 +59,6 @@ from train.signals import (
 )
 
 log = logging.getLogger("wellmixed")
-
-
-def saved_hparams(path: Path) -> dict | None:
-    """A checkpoint's ``hyper_parameters`` (a file, or a sharded folder's ``meta.pt``); None when it has
-    none. Called after :func:`resolve_checkpoint` has verified the checkpoint."""
-    try:
-        ckpt = torch.load(path / "meta.pt" if path.is_dir() else path, map_location="cpu", weights_only=True,
-                          mmap=not path.is_dir())
-    except Exception:  # noqa: BLE001 -- verified already; a sharded folder may keep them elsewhere
-        return None
-    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
-    return hparams if isinstance(hparams, dict) else None
 
 
 def check_tokenizer() -> None:
@@ -107,7 +89,8 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         if not self.config.get("subcommand"):
             return
         section = self.config[self.config.subcommand]
-        requested_hparams(section.get("ckpt_path"), RunDir(section.run.dir).checkpoints, section.run.ckpt_fallback)
+        requested_hparams(section.get("ckpt_path"), RunDir(section.run.dir).checkpoints, section.run.ckpt_fallback,
+                          section.run.allow_unverified_ckpt)
 
     def before_instantiate_classes(self) -> None:
         cfg = self._section()
@@ -175,7 +158,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         Lightning's own lookup of the newest file; its model settings compared as for fit."""
         section, run = self._section(), self._section().run
         ckpt_path = resolve_checkpoint(section.get("ckpt_path"), RunDir(run.dir).checkpoints, run.ckpt_fallback,
-                                       cursors=False)
+                                       cursors=False, unverified_ok=run.allow_unverified_ckpt)
         self._check_resume_settings(ckpt_path)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         self.trainer.loggers = self._loggers(run.loggers)
@@ -196,7 +179,8 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         # On several ranks only the presence of the cursor files is checked here (the same answer on
         # every rank); each rank range-checks its own file when it loads it.
         cursor_ranks = None if self.trainer.world_size == 1 else []
-        ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback, cursor_ranks)
+        ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback, cursor_ranks,
+                                       unverified_ok=run.allow_unverified_ckpt)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         self._check_resume_settings(ckpt_path)

@@ -87,6 +87,9 @@ class RunConfig:
     ckpt_fallback: bool = False
     """If the checkpoint to resume from is truncated or corrupt, use the newest valid one in
     <dir>/checkpoints (logged) instead of stopping with an error."""
+    allow_unverified_ckpt: bool = False
+    """Resume from a checkpoint without its ``.sha256`` sidecar (a run from before checksums, or a kill
+    between its rename and the sidecar), whose bytes cannot be verified; logged."""
     elastic: bool = True
     """Resume with other ranks x workers (or micro-batch, accumulation) than the checkpoint's: the old
     consumers' pending work is redistributed (exactly-once kept; the order differs; logged).

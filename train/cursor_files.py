@@ -9,28 +9,22 @@ writes its own DataLoader workers' cursors beside the checkpoints::
     <checkpoint dir>/cursors/step0000123/rank00000.pt   rank 0's cursors, one per worker
                                         /rank00001.pt   rank 1's ...
 
-- **Written once.** Global rank 0 claims the step directory (``mkdir``) and broadcasts its name; a name
-  already taken (a checkpoint of the same step written before: StopOnSignal's ``last.ckpt``, or a
-  resume from an older checkpoint that reaches the step again) gets ``-v1``, ``-v2``, ..., so the files
-  a checkpoint references are never rewritten. Each file is written atomically (data/files.py), and
-  every rank's file is in place (a barrier) before rank 0 writes the checkpoint that names them: a
-  kill in between leaves a directory no checkpoint references, and the previous checkpoint whole.
-- **Relative to the checkpoint's folder** (the folder of a ``.ckpt`` file, or of a sharded FSDP
-  checkpoint folder): ``checkpoints/`` can be moved as a whole; a single checkpoint copied elsewhere
-  needs its ``cursors/<step>`` directory beside it.
-- **Verified.** Each rank's file is hashed as it is written (sha256 of its bytes); the digests of all
-  ranks are gathered (32 bytes per rank) into the checkpoint's data state as ``cursor_sha256``, and
-  every read checks the file against it before unpickling: an edited address, a flipped bit of an
-  RNG state or of a packed buffer is refused, naming the file. A checkpoint written before digests
-  existed loads its files unverified, with a warning naming each.
-- **Read what is needed.** A resume with the same ranks x workers reads only the rank's own file
-  (~318 KB x workers). An elastic resume reads every old rank's file on every rank: the re-cut
-  (data/elastic.py) pools the pending work of all old consumers, so that cost is inherent to it.
-- **Cleaned up.** :func:`remove_unreferenced` (global rank 0, after each checkpoint save or removal and
-  at start-up) deletes the step directories no checkpoint in the folder references, never the newest.
-- Checkpoints from before this layout, and the DataModule used without a checkpoint directory
-  (library use, one rank), hold the cursors inline as ``"cursors": [rank][worker]``;
-  :func:`load_checkpoint_cursors` reads both, so this module is the one place that knows the layout.
+- **Written once.** Global rank 0 claims the step directory (``mkdir``; a name already taken gets
+  ``-v1``, ``-v2``, ...) and broadcasts it, so the files a checkpoint references are never rewritten. Each
+  file is written atomically, and every rank's file is in place (a barrier) before rank 0 writes the
+  checkpoint that names them: a kill in between leaves only a directory no checkpoint references.
+- **Relative to the checkpoint's folder**: ``checkpoints/`` can be moved as a whole; a single checkpoint
+  copied elsewhere needs its ``cursors/<step>`` directory beside it.
+- **Verified.** Each rank's file is hashed as it is written; the digests of all ranks are gathered into
+  the checkpoint's data state as ``cursor_sha256``, and every read checks the file against it before
+  unpickling (a checkpoint written before digests loads its files unverified, with a warning).
+- **Read what is needed.** A same-layout resume reads only the rank's own file; an elastic resume reads
+  every old rank's file (the re-cut, data/elastic.py, pools the pending work of all old consumers).
+- **Cleaned up.** :func:`remove_step_dirs` (through train/checkpoint.py, which reads what the checkpoints
+  reference) deletes the step directories no checkpoint references, never the newest.
+- Checkpoints from before this layout, and the DataModule without a checkpoint directory (library use,
+  one rank), hold the cursors inline as ``"cursors": [rank][worker]``; :func:`load_checkpoint_cursors`
+  reads both, so this module is the one place that knows the layout.
 """
 
 from __future__ import annotations
@@ -47,6 +41,7 @@ from typing import Any
 import torch
 
 from data import files
+from data.cursor import ConsumerCursor, DamagedCursor, check_order_state
 from data.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -84,6 +79,26 @@ def claim_step_dir(ckpt_dir: str | PathLike, step: int) -> str:
 
 def rank_file(step_dir: str | PathLike, rank: int) -> Path:
     return Path(step_dir) / f"rank{rank:05d}.pt"
+
+
+def check_checkpoint_cursors(ckpt_path: str | PathLike, state: dict[str, Any], ranks: list[int] | None = None) -> None:
+    """The cursors a checkpoint's data state names: every rank's file present; those of ``ranks`` (None: all)
+    read, verified and range-checked against its step (data/cursor.py ``check_order_state``). A cursor of
+    another version of the data path is left to the datamodule, whose error says what to do."""
+    missing = [f for f in cursor_files(ckpt_path, state) if not f.is_file()]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise DamagedCursor(f"data cursor file {missing[0]}{more} missing (a checkpoint moved without its cursors/ "
+                            "folder?)", f"copy it back, or {_EARLIER}")
+    rows = load_checkpoint_cursors(ckpt_path, state, ranks)
+    if rows and _all_current(rows):
+        check_order_state({**state, "cursors": rows}, ranks=ranks)
+
+
+def _all_current(rows: list) -> bool:
+    """Whether every serialised cursor is of this data path's version (None: a worker that never produced one)."""
+    return all(not isinstance(c, dict) or ConsumerCursor.is_current(c)
+               for rank in rows if isinstance(rank, list) for c in rank)
 
 
 def way_out_on_several_ranks(message: str) -> str:
@@ -142,30 +157,30 @@ def load_checkpoint_cursors(ckpt_path: str | PathLike | None, state: dict[str, A
                           "checkpoint they lie beside: load it through Trainer.fit(ckpt_path=...)")
     step_dir = Path(ckpt_path).parent / state["cursor_dir"]
     digests = _recorded_digests(ckpt_path, state)
-    rows = []
-    for rank in ranks:
-        path = rank_file(step_dir, rank)
-        what = f"data cursor file {path} (rank {rank} of checkpoint {ckpt_path})"
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            raise ConfigError(f"{what} is missing (a checkpoint moved without its {CURSOR_ROOT}/ folder, or a "
-                              f"partial copy?); copy it back, or {_EARLIER}") from None
-        except OSError as e:
-            raise ConfigError(f"{what} is unreadable ({e.strerror or e}); {_EARLIER}") from None
-        _verify(raw, digests, rank, what, path)
-        try:
-            data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise ConfigError(f"{what} is unreadable ({type(e).__name__}: {first[:200]}); {_EARLIER}") from None
-        if (not isinstance(data, dict) or data.get("rank") != rank or data.get("next_step") != state["next_step"]
-                or not isinstance(data.get("cursors"), list)):
-            found = (data.get("rank"), data.get("next_step")) if isinstance(data, dict) else type(data).__name__
-            raise ConfigError(f"{what} does not belong to it (rank, next step {found}, expected "
-                              f"{(rank, state['next_step'])}); {_EARLIER}")
-        rows.append(data["cursors"])
-    return rows
+    return [_read_rank_file(rank_file(step_dir, rank), rank, ckpt_path, state, digests) for rank in ranks]
+
+
+def _read_rank_file(path: Path, rank: int, ckpt_path, state: dict[str, Any], digests: list[str] | None) -> list:
+    """One rank's cursors from its file: present, matching its digest, loadable, of this rank and step."""
+    what = f"data cursor file {path} (rank {rank} of checkpoint {ckpt_path})"
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DamagedCursor(f"{what} is missing (a checkpoint moved without its {CURSOR_ROOT}/ folder, or a "
+                            "partial copy?)", f"copy it back, or {_EARLIER}") from None
+    except OSError as e:
+        raise DamagedCursor(f"{what} is unreadable ({e.strerror or e})", _EARLIER) from None
+    _verify(raw, digests, rank, what, path)
+    try:
+        data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- any failure to load means "not usable"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise DamagedCursor(f"{what} is unreadable ({type(e).__name__}: {first[:200]})", _EARLIER) from None
+    found = (data.get("rank"), data.get("next_step")) if isinstance(data, dict) else type(data).__name__
+    if found != (rank, state["next_step"]) or not isinstance(data.get("cursors"), list):
+        raise DamagedCursor(f"{what} does not belong to it (rank, next step {found}, expected "
+                            f"{(rank, state['next_step'])})", _EARLIER)
+    return data["cursors"]
 
 
 def _recorded_digests(ckpt_path, state: dict[str, Any]) -> list[str] | None:
@@ -176,8 +191,8 @@ def _recorded_digests(ckpt_path, state: dict[str, Any]) -> list[str] | None:
     world = int(state["world_size"])
     if (not isinstance(digests, list) or len(digests) != world
             or not all(isinstance(d, str) and len(d) == 64 for d in digests)):
-        raise ConfigError(f"checkpoint {ckpt_path}: its data state's cursor_sha256 is malformed (not {world} "
-                          f"sha256 digests); {_EARLIER}")
+        raise DamagedCursor(f"checkpoint {ckpt_path}: its data state's cursor_sha256 is malformed (not {world} "
+                            "sha256 digests)", _EARLIER)
     return digests
 
 
@@ -194,9 +209,9 @@ def _verify(raw: bytes, digests: list[str] | None, rank: int, what: str, path: P
         return
     got = hashlib.sha256(raw).hexdigest()
     if got != digests[rank]:
-        raise ConfigError(f"{what} does not match the sha256 its checkpoint records ({got[:16]}... vs "
-                          f"{digests[rank][:16]}...): changed after it was written (an edit, a disk or copy "
-                          f"error); {_EARLIER}")
+        raise DamagedCursor(f"{what} does not match the sha256 its checkpoint records ({got[:16]}... vs "
+                            f"{digests[rank][:16]}...): changed after it was written (an edit, a disk or copy "
+                            "error)", _EARLIER)
 
 
 def _step_dir_order(path: Path) -> tuple[int, int]:
@@ -204,48 +219,22 @@ def _step_dir_order(path: Path) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
-def referenced_cursor_dir(ckpt: Path) -> str | None:
-    """The ``cursor_dir`` a checkpoint names (a file, or a sharded folder's ``meta.pt``); None if none.
-    mmap: the weights are not read. Raises whatever torch raises for an unreadable file."""
-    path = ckpt / "meta.pt" if ckpt.is_dir() else ckpt
-    obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    state = obj.get("WellMixedData") if isinstance(obj, dict) else None
-    return state.get("cursor_dir") if isinstance(state, dict) else None
-
-
-def remove_unreferenced(ckpt_dir: str | PathLike, cache: dict | None = None) -> list[Path]:
-    """Delete the step directories under ``ckpt_dir/cursors`` that no ``*.ckpt`` in ``ckpt_dir`` references.
-
-    The newest directory (highest step, then version) is always kept: it may belong to a checkpoint
-    being written. If any checkpoint cannot be read, nothing is removed (its references are unknown;
-    logged). Global rank 0 only, when no save is in progress. Returns the directories removed.
-    ``cache`` (kept by the caller between calls) maps a checkpoint's name and stat to its reference, so
-    a run that keeps every checkpoint does not re-open all of them at each save."""
-    ckpt_dir = Path(ckpt_dir)
+def remove_step_dirs(ckpt_dir: Path, keep: set[str]) -> list[Path]:
+    """Delete the step directories under ``ckpt_dir/cursors`` not named in ``keep`` (the ``cursor_dir`` names
+    the checkpoints reference: train/checkpoint.py ``remove_unreferenced`` reads them), never the newest
+    (highest step, then version: it may belong to a checkpoint being written). Global rank 0 only, when
+    no save is in progress. Returns the directories removed."""
     root = ckpt_dir / CURSOR_ROOT
-    if not root.is_dir() or root.is_symlink():  # never delete through a link (claim_step_dir refuses one)
+    if root.is_symlink() or not root.is_dir():  # never delete through a link (claim_step_dir refuses one)
         return []
-    dirs = sorted((p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)), key=_step_dir_order)
-    if len(dirs) <= 1:
-        return []
-    keep = {dirs[-1].name}
-    for ckpt in sorted(ckpt_dir.glob("*.ckpt")):
-        try:
-            st = (ckpt / "meta.pt" if ckpt.is_dir() else ckpt).stat()
-            key = (ckpt.name, st.st_ino, st.st_size, st.st_mtime_ns)
-            ref = cache[key] if cache is not None and key in cache else referenced_cursor_dir(ckpt)
-            if cache is not None:
-                cache[key] = ref
-        except Exception as e:  # noqa: BLE001 -- a corrupt or half-copied checkpoint: leave everything
-            log.warning("data cursor clean-up skipped: %s is unreadable (%s: %s), so which cursor directory it "
-                        "references is unknown", ckpt, type(e).__name__, str(e).strip()[:200])
-            return []
-        if ref is not None:
-            keep.add(Path(ref).name)
-    removed = [d for d in dirs if d.name not in keep]
+    dirs = sorted(filter(_is_step_dir, root.iterdir()), key=_step_dir_order)
+    removed = [d for d in dirs[:-1] if d.name not in keep]
     for d in removed:
         shutil.rmtree(d, ignore_errors=True)
-    if removed:
-        log.debug("removed %d data cursor folder(s) no checkpoint references: %s", len(removed),
-                  ", ".join(d.name for d in removed))
+    log.debug("removed %d data cursor folder(s) no checkpoint references: %s", len(removed),
+              ", ".join(d.name for d in removed))
     return removed
+
+
+def _is_step_dir(path: Path) -> bool:
+    return path.is_dir() and _STEP_DIR.match(path.name) is not None

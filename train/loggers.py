@@ -30,7 +30,7 @@ import yaml
 from lightning.pytorch.cli import SaveConfigCallback
 
 from data.errors import ConfigError
-from data.files import refuse_link, temp_path, write_text
+from data.files import refuse_link, temp_path, write_error, write_text
 from train.rundir import RunDir, read_config
 
 if TYPE_CHECKING:
@@ -54,46 +54,37 @@ def resolve(names: Sequence[str], wandb: bool | None) -> list[str]:
     unknown = [n for n in names if n not in KNOWN]
     if unknown:
         raise ConfigError(f"run.loggers: unknown logger(s) {unknown}; choose from {list(KNOWN)}")
-    out = ["csv"] + [n for n in dict.fromkeys(names) if n != "csv"]
-    if wandb is True and "wandb" not in out:
-        out.append("wandb")
-    elif wandb is False and "wandb" in out:
-        out.remove("wandb")
-    for name in out:
-        modules, package = REQUIRES.get(name, ((), ""))
-        if modules and not any(importlib.util.find_spec(m) for m in modules):
-            raise ConfigError(f"run.loggers: '{name}' needs the {package!r} package (pip install {package}), "
-                              f"or leave it out of run.loggers")
+    wanted = {"csv": True, **dict.fromkeys(names, True), **({} if wandb is None else {"wandb": wandb})}
+    out = [n for n, on in wanted.items() if on]
+    missing = [n for n in out if not _installed(n)]
+    if missing:
+        raise ConfigError(f"run.loggers: '{missing[0]}' needs the {REQUIRES[missing[0]][1]!r} package (pip install "
+                          f"{REQUIRES[missing[0]][1]}), or leave it out of run.loggers")
     return out
+
+
+def _installed(name: str) -> bool:
+    return name not in REQUIRES or any(importlib.util.find_spec(m) for m in REQUIRES[name][0])
 
 
 def build(names: Sequence[str], run_dir: Path, *, wandb_project: str, wandb_name: str | None,
           wandb_group: str | None) -> list:
     """The Lightning loggers for ``names`` (already :func:`resolve`-d), all writing under ``run_dir``."""
+    from lightning.pytorch import loggers as pl
+
     from train.lightning_internals import ResumableCSVLogger
 
-    loggers: list = []
-    for name in names:
-        if name == "csv":
-            loggers.append(ResumableCSVLogger(save_dir=str(run_dir), name="csv", version=""))
-        elif name == "wandb":
-            from lightning.pytorch.loggers import WandbLogger
-
-            online = wandb_online()
-            loggers.append(WandbLogger(project=wandb_project, name=wandb_name or run_dir.name, group=wandb_group,
-                                       save_dir=str(run_dir), offline=not online,
-                                       id=wandb_run_id(run_dir)))  # Lightning resumes it ("allow")
-        elif name == "tensorboard":
-            from lightning.pytorch.loggers import TensorBoardLogger
-
-            loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="",
-                                             default_hp_metric=False))
-        elif name == "mlflow":
-            from lightning.pytorch.loggers import MLFlowLogger
-
-            loggers.append(MLFlowLogger(experiment_name=wandb_project, run_name=wandb_name or run_dir.name,
-                                        tracking_uri=(run_dir / "mlruns").resolve().as_uri()))
-    return loggers
+    name = wandb_name or run_dir.name
+    makers = {
+        "csv": lambda: ResumableCSVLogger(save_dir=str(run_dir), name="csv", version=""),
+        "wandb": lambda: pl.WandbLogger(project=wandb_project, name=name, group=wandb_group, save_dir=str(run_dir),
+                                        offline=not wandb_online(), id=wandb_run_id(run_dir)),  # resumed ("allow")
+        "tensorboard": lambda: pl.TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="",
+                                                    default_hp_metric=False),
+        "mlflow": lambda: pl.MLFlowLogger(experiment_name=wandb_project, run_name=name,
+                                          tracking_uri=(run_dir / "mlruns").resolve().as_uri()),
+    }
+    return [makers[n]() for n in names]
 
 
 def wandb_online() -> bool:
@@ -147,25 +138,24 @@ def log_evaluation(run_dir: Path, step: int, metrics: dict[str, float]) -> list[
     """
     paths = RunDir(run_dir)
     run = (read_config(paths.root).get("run") or {})
-    names = [n for n in (run.get("loggers") or ["csv"]) if n in KNOWN]
+    others = [n for n in (run.get("loggers") or ["csv"]) if n in KNOWN and n != "csv"]
     sent = [_write_eval_csv(paths, step, metrics)]
-    others = [n for n in names if n != "csv"]
-    missing = [n for n in others if not any(importlib.util.find_spec(m) for m in REQUIRES[n][0])]
-    for name in missing:
-        sent.append(f"{name}: not sent, the {REQUIRES[name][1]!r} package is not installed here")
+    sent += [f"{n}: not sent, the {REQUIRES[n][1]!r} package is not installed here" for n in others
+             if not _installed(n)]
+    return sent + [_send(kind, paths, run, step, metrics) for kind in filter(_installed, others)]
+
+
+def _send(kind: str, paths: RunDir, run: dict, step: int, metrics: dict[str, float]) -> str:
+    """Log ``metrics`` at ``step`` to a new logger of ``kind`` for the run; where they went."""
     name = run.get("wandb_name") or paths.root.name
-    for kind in (n for n in others if n not in missing):
-        (logger,) = build([kind], paths.root, wandb_project=run.get("wandb_project") or "wellmixed",
-                          wandb_name=f"{name}/eval" if kind == "mlflow" else name, wandb_group=run.get("wandb_group"))
-        logger.log_metrics(metrics, step=step)
-        logger.finalize("success")
-        if kind == "wandb":
-            logger.experiment.finish()
-            sent.append(f"wandb: run {wandb_run_id(paths.root)} ({'online' if wandb_online() else 'offline'}), "
-                        f"in {paths.wandb}")
-        else:
-            sent.append(f"{kind}: " + (str(logger.log_dir) if kind == "tensorboard" else f"run {name}/eval"))
-    return sent
+    (logger,) = build([kind], paths.root, wandb_project=run.get("wandb_project") or "wellmixed",
+                      wandb_name=f"{name}/eval" if kind == "mlflow" else name, wandb_group=run.get("wandb_group"))
+    logger.log_metrics(metrics, step=step)
+    logger.finalize("success")
+    if kind == "wandb":
+        logger.experiment.finish()
+        return f"wandb: run {wandb_run_id(paths.root)} ({'online' if wandb_online() else 'offline'}), in {paths.wandb}"
+    return f"{kind}: " + (str(logger.log_dir) if kind == "tensorboard" else f"run {name}/eval")
 
 
 def _write_eval_csv(paths: RunDir, step: int, metrics: dict[str, float]) -> str:
@@ -236,14 +226,21 @@ def save_launch_config(run_dir: Path, text: str) -> Path:
     """``<run>/config-NNN.yaml`` for this launch (NNN counts launches: a resume never overwrites the
     config a run started with) and ``config.yaml``, replaced atomically, for the latest one."""
     paths = RunDir(run_dir)
-    paths.root.mkdir(parents=True, exist_ok=True)
-    taken = [int(p.stem[7:]) for p in paths.root.glob("config-*.yaml") if p.stem[7:].isdigit()]
-    path = paths.launch_config(max(taken, default=0) + 1)
     refuse_link(paths.config, "the run's config")
-    # exclusive (O_EXCL): two launches racing for a number do not overwrite each other, a link is not followed
-    with open(path, "x") as f:
-        f.write(text)
-    write_text(paths.config, text)
+    path, created = paths.root / "config-NNN.yaml", False
+    try:
+        paths.root.mkdir(parents=True, exist_ok=True)
+        taken = [int(p.stem[7:]) for p in paths.root.glob("config-*.yaml") if p.stem[7:].isdigit()]
+        path = paths.launch_config(max(taken, default=0) + 1)
+        # exclusive (O_EXCL): two launches racing for a number do not overwrite each other, a link is not followed
+        with open(path, "x") as f:
+            created = True
+            f.write(text)
+        write_text(paths.config, text)
+    except OSError as e:  # out of space or inodes: one line, before the first step, and no partial file
+        if created:
+            path.unlink(missing_ok=True)
+        raise write_error(path, e, "launch again", "nothing was trained or changed in the run directory") from e
     return path
 
 

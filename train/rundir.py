@@ -22,7 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -32,56 +32,40 @@ from data.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+_LAYOUT = {"config": "config.yaml", "csv": "csv", "metrics_csv": "csv/metrics.csv",
+           "eval_metrics_csv": "csv/eval_metrics.csv", "checkpoints": "checkpoints",
+           "last_ckpt": "checkpoints/last.ckpt", "order_log_dir": "order_log", "wandb": "wandb", "evals": "evals"}
+
+
+def _derived():
+    return field(init=False, compare=False, repr=False)
+
+
 @dataclass(frozen=True)
 class RunDir:
-    """The paths of one run directory."""
+    """The paths of one run directory (``_LAYOUT``; the module docstring says what each holds)."""
 
     root: Path
+    config: Path = _derived()
+    csv: Path = _derived()
+    metrics_csv: Path = _derived()
+    eval_metrics_csv: Path = _derived()
+    checkpoints: Path = _derived()
+    last_ckpt: Path = _derived()
+    order_log_dir: Path = _derived()
+    wandb: Path = _derived()
+    evals: Path = _derived()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
-
-    @property
-    def config(self) -> Path:
-        return self.root / "config.yaml"
+        for name, rel in _LAYOUT.items():
+            object.__setattr__(self, name, self.root / rel)
 
     def launch_config(self, n: int) -> Path:
         return self.root / f"config-{n:03d}.yaml"
 
-    @property
-    def csv(self) -> Path:
-        return self.root / "csv"
-
-    @property
-    def metrics_csv(self) -> Path:
-        return self.csv / "metrics.csv"
-
-    @property
-    def eval_metrics_csv(self) -> Path:
-        return self.csv / "eval_metrics.csv"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def last_ckpt(self) -> Path:
-        return self.checkpoints / "last.ckpt"
-
-    @property
-    def order_log_dir(self) -> Path:
-        return self.root / "order_log"
-
     def order_log(self, rank: int) -> Path:
         return self.order_log_dir / f"rank{rank}.jsonl"
-
-    @property
-    def wandb(self) -> Path:
-        return self.root / "wandb"
-
-    @property
-    def evals(self) -> Path:
-        return self.root / "evals"
 
     @classmethod
     def of_checkpoint(cls, ckpt: str | Path) -> RunDir:
@@ -116,18 +100,22 @@ def one_row_per_step(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     the resume, train/lightning_internals.py, reads as one clean run too)."""
     merged: dict[int, dict[str, str]] = {}
     last = -1
-    for row in rows:
-        try:
-            step = int(row.get("step") or "")
-        except ValueError:
-            continue  # a row without a step (none is written so) cannot be placed
+    for step, row in _stepped(rows):
         if step < last:
             merged = {s: r for s, r in merged.items() if s < step}
         last = step
-        into = merged.setdefault(step, {})
-        into.update({k: v for k, v in row.items() if v not in (None, "")})
+        merged.setdefault(step, {}).update({k: v for k, v in row.items() if v not in (None, "")})
     keys = list(dict.fromkeys(k for r in rows for k in r))
     return [{k: merged[s].get(k, "") for k in keys} for s in sorted(merged)]
+
+
+def _stepped(rows: list[dict[str, str]]):
+    """(step, row) of each row that has a step (none is written without one: such a row cannot be placed)."""
+    for row in rows:
+        try:
+            yield int(row.get("step") or ""), row
+        except ValueError:
+            continue
 
 
 def read_eval_metrics(run_dir: str | Path) -> list[dict[str, str]]:

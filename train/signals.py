@@ -1,27 +1,17 @@
-"""Signals and fatal errors: the faults a cluster produces, and what a run does about them.
+"""Signals and fatal errors: the faults a cluster produces, and what a run does about them (the whole
+table, with the lines a user sees: docs/faults.md).
 
-- **Preemption** (SIGTERM, or SLURM's ``--signal=USR1@90``): :class:`StopOnSignal` -- the handler
-  only sets a flag; at the next optimizer-step boundary every rank agrees on it, ``last.ckpt`` is
-  written (model, optimizer and the data cursors of the batch just trained) and the run ends with exit
-  code 0. Resuming with ``--ckpt_path last`` continues the identical order: no batch skipped or
-  repeated. Lightning's own handlers are replaced for the duration of training: its SIGTERM handler
-  kills the other ranks' processes (a collective save then cannot happen) and its SLURM requeue on
-  SIGUSR1 checkpoints in the middle of a step, where the in-flight batch is lost on resume.
-- **A SIGKILL during a checkpoint write**: the write goes to a temporary file that is renamed into
-  place (train/checkpoint.py, ``AtomicCheckpointIO``), so the previous checkpoint stays loadable; the
-  half-written temporary is cleared at the next start (train/checkpoint.py ``remove_stale_temp_files``).
-- **A truncated, corrupt or wrong checkpoint**: every reader verifies it the same way before loading
-  it (train/checkpoint.py: sidecar checksum, format, structure, data cursor files) -- one line naming
-  the file and the way out, or with ``run.ckpt_fallback`` the newest valid checkpoint of the run.
-- **A killed DataLoader worker** (the OOM killer): :class:`StopOnSignal` again -- a checkpoint at the step
-  boundary with the last trained cursors, then :class:`DataLoaderWorkerDied` naming the worker (exit 1).
-- **Any other fatal error** in a ``python -m train`` process (:func:`arm_fatal_exit`, from
-  ``StopOnSignal.on_exception``, before Lightning's teardown): the DataLoader workers are ended at
-  once, and if the process is still alive ``FATAL_EXIT_AFTER_S`` later, every thread's stack is
-  printed (where it waits) and it exits 1 -- a crash never holds a SLURM allocation to its time limit.
-- **A changed schedule on resume** is refused where the resume rule lives (train/resume.py).
-- **A non-finite loss** and **a full disk** are handled where they happen (train/module.py:
-  ``on_nonfinite``; train/checkpoint.py: ``AtomicCheckpointIO``).
+- **Preemption** (SIGTERM, or SLURM's ``--signal=USR1@90``) and **a killed DataLoader worker** (the OOM
+  killer): :class:`StopOnSignal` -- the handler only sets a flag; at the next optimizer-step boundary
+  every rank agrees on it, ``last.ckpt`` is written (with the data cursors of the batch just trained)
+  and the run ends (exit 0; for a dead worker :class:`DataLoaderWorkerDied`, exit 1). Lightning's own
+  handlers are replaced while training: its SIGTERM handler kills the other ranks' processes, and its
+  SLURM requeue on SIGUSR1 checkpoints mid-step, where the in-flight batch is lost on resume.
+- **Any other fatal error** in a ``python -m train`` process (:func:`arm_fatal_exit`): the DataLoader
+  workers are ended at once, and if the process is still alive ``FATAL_EXIT_AFTER_S`` later, every
+  thread's stack is printed and it exits 1 -- a crash never holds a SLURM allocation to its time limit.
+- Checkpoint writes and reads (a kill mid-write, a corrupt file, a full disk) are train/checkpoint.py's
+  and train/checkpoint_io.py's; a non-finite loss is train/module.py's; a changed schedule train/resume.py's.
 """
 
 from __future__ import annotations

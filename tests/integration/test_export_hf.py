@@ -15,6 +15,7 @@ import torch
 
 from data.errors import ConfigError
 from data.tokenizer import EOT_ID, VOCAB_SIZE, get_encoding
+from train.checkpoint import checksum_path, file_sha256
 from train.model import GPT, ModelConfig, load_model_config
 from train.tools import export as export_hf
 
@@ -43,6 +44,12 @@ def save_lightning(model: GPT, path: Path) -> Path:
     torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
                 "hyper_parameters": {"model": dict(vars(model.config)), "optim": {}},
                 "global_step": 0}, path)
+    return with_sidecar(path)
+
+
+def with_sidecar(path: Path) -> Path:
+    """A file saved by hand gets the sidecar this code writes (a checkpoint without one is refused)."""
+    checksum_path(path).write_text(f"{file_sha256(path)}  {path.name}\n")
     return path
 
 
@@ -118,6 +125,7 @@ def test_cli_bare_state_dict_with_check(tmp_path):
     """A bare GPT state dict (as torch.compile would save it) + --model-config, bf16 weights, --check."""
     model = random_model(load_model_config(TINY), seed=4)
     torch.save({f"_orig_mod.{k}": v for k, v in model.state_dict().items()}, tmp_path / "bare.pt")
+    with_sidecar(tmp_path / "bare.pt")
     r = subprocess.run(
         [
             sys.executable,

@@ -21,7 +21,8 @@ import torch
 from training_runs import DDP, TINY, Run, assert_same_order, checkpoint_steps, global_step_of, order_log, run_to_end
 
 from data.errors import ConfigError
-from train.checkpoint import AtomicCheckpointIO, checkpoint_problem, remove_stale_temp_files, resolve_checkpoint
+from train.checkpoint import checkpoint_problem, checksum_path, resolve_checkpoint
+from train.checkpoint_io import AtomicCheckpointIO, remove_stale_temp_files
 
 SHORT = ["--data.schedule.train_tokens", "800"]  # 7 steps: for the faults that need no long run
 
@@ -167,6 +168,7 @@ def test_resolve_checkpoint_names_the_bad_file_and_falls_back(tmp_path):
         )
         os.utime(ckpts / f"step{step:07d}.ckpt", (step, step))  # mtimes in step order
     shutil.copy(ckpts / "step0000006.ckpt", ckpts / "last.ckpt")
+    shutil.copy(checksum_path(ckpts / "step0000006.ckpt"), checksum_path(ckpts / "last.ckpt"))
     assert resolve_checkpoint("last", ckpts, fallback=False) == str(ckpts / "last.ckpt")
 
     data = (ckpts / "last.ckpt").read_bytes()

@@ -150,8 +150,16 @@ def _no_inode_for_the_last_link(monkeypatch):
     monkeypatch.setattr(shutil, "copyfile", _no_space)
 
 
+def _no_inode_for_the_launch_config(monkeypatch):
+    """Creating config-001.yaml needs an inode (before: a raw OSError traceback from train/loggers.py)."""
+    from train import loggers
+
+    monkeypatch.setattr(loggers, "open", _no_space, raising=False)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", [_full_while_saving_weights, _no_inode_for_the_last_link])
+@pytest.mark.parametrize("fault", [_full_while_saving_weights, _no_inode_for_the_last_link,
+                                   _no_inode_for_the_launch_config])
 def test_a_full_disk_while_training_is_one_line_and_exit_2(workdir, tmp_path, monkeypatch, capsys, fault):
     """Before: the "could not write checkpoint ... (disk full?)" line came last of three chained tracebacks,
     and no inode left for last.ckpt's hard link (and its copy fallback) was a raw OSError traceback."""
@@ -165,11 +173,15 @@ def test_a_full_disk_while_training_is_one_line_and_exit_2(workdir, tmp_path, mo
         want = (f"error: could not write {ckpts / 'last.ckpt'}: No space left on device (disk full or out of "
                 f"inodes?); {ckpts / 'step0000001.ckpt'} holds the same state and is intact; free space (or inodes), "
                 f"then resume with --ckpt_path {ckpts / 'step0000001.ckpt'}")
-    else:
+    elif fault is _no_inode_for_the_launch_config:
+        want = (f"error: could not write {run_dir / 'config-001.yaml'}: No space left on device (disk full or out of "
+                "inodes?); nothing was trained or changed in the run directory; free space (or inodes), then launch "
+                "again")
+    else:  # the run's first checkpoint: there is no previous one to resume (before: "the previous ... is intact")
         want = (f"error: could not write checkpoint {ckpts / 'step0000001.ckpt'}: [enforce fail at "
                 "inline_container.cc:783] . PytorchStreamWriter failed writing file data/0: file write failed (disk "
-                "full or out of inodes?); the previous checkpoint is intact and the partial file was removed; free "
-                "space (or inodes), then resume with --ckpt_path last")
+                "full or out of inodes?); this was the run's first checkpoint, so there is none to resume; the "
+                "partial file was removed; free space (or inodes), then start again with --ckpt_path last_or_new")
     assert errors == [want], err[-3000:]
 
 

@@ -18,11 +18,11 @@ import torch
 from data.cursor import ConsumerCursor
 from data.errors import ConfigError
 from data.simulate import OrderSimulator
-from train.checkpoint import AtomicCheckpointIO
+from train.checkpoint import remove_unreferenced
+from train.checkpoint_io import AtomicCheckpointIO
 from train.cursor_files import (
     claim_step_dir,
     load_checkpoint_cursors,
-    remove_unreferenced,
     save_rank_cursors,
 )
 from train.datamodule import WellMixedData
@@ -285,9 +285,14 @@ def test_a_changed_cursor_file_is_refused_naming_it_and_the_way_out(make_cfg, tr
                                               r"match the sha256 its checkpoint records .*--ckpt_path FILE.*"
                                               r"--run.ckpt_fallback true\)$"):
             load_checkpoint_cursors(ckpt, state, ranks)
-    from train.checkpoint import checkpoint_problem  # resume's check of --ckpt_path, and the fallback's
+    from train.checkpoint import checkpoint_problem, resolve_checkpoint  # resume's check, and the fallback's
 
     assert "does not match the sha256" in checkpoint_problem(ckpt)
+    with pytest.raises(ConfigError) as info:  # before: both ways out, "--ckpt_path FILE" twice
+        resolve_checkpoint(str(ckpt), tmp_path, fallback=False)
+    assert str(info.value).startswith(f"--ckpt_path {ckpt}: data cursor file {path} (rank 1 of checkpoint {ckpt}) "
+                                      "does not match the sha256 its checkpoint records")
+    assert str(info.value).count("--ckpt_path FILE") == 1 and str(info.value).count(";") == 1, str(info.value)
     assert state["cursor_sha256"][0] == hashlib.sha256((tmp_path / state["cursor_dir"] / "rank00000.pt")
                                                        .read_bytes()).hexdigest()
 

@@ -16,7 +16,8 @@ import yaml
 from scripts_in_process import load_script
 
 from data.errors import ConfigError
-from train.checkpoint import AtomicCheckpointIO, resolve_checkpoint
+from train.checkpoint import resolve_checkpoint
+from train.checkpoint_io import AtomicCheckpointIO
 from train.rundir_lock import LOCK_NAME, acquire_run_dir, release_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,7 +203,8 @@ def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
     of last.ckpt) passed the pre-check and loaded silently (or failed inside Lightning's load)."""
     import hashlib
 
-    from train.checkpoint import checksum_path, link_checkpoint
+    from train.checkpoint import checksum_path
+    from train.checkpoint_io import link_checkpoint
 
     ckpts = tmp_path / "checkpoints"
     io = AtomicCheckpointIO()
@@ -234,14 +236,22 @@ def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
     assert "--run.ckpt_fallback true" in str(info.value)
     assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000006.ckpt")
 
-    checksum_path(last).unlink()  # no sidecar (an older run): only opened, as before
-    assert resolve_checkpoint("last", ckpts, fallback=False) == str(last)
+    checksum_path(last).unlink()  # no sidecar: the flipped byte cannot be seen, so it is refused unless allowed
+    with pytest.raises(ConfigError) as info:
+        resolve_checkpoint("last", ckpts, fallback=False)
+    assert str(info.value) == (
+        f"--ckpt_path {last}: no sidecar last.ckpt.sha256, so its bytes cannot be verified (written before "
+        "checksums, or a kill between its rename and the sidecar); if you trust it, pass "
+        "--run.allow_unverified_ckpt true, or resume from another file with --ckpt_path FILE")
+    assert resolve_checkpoint("last", ckpts, fallback=True) == str(ckpts / "step0000006.ckpt")
+    assert resolve_checkpoint("last", ckpts, fallback=False, unverified_ok=True) == str(last)
 
 
 def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
     """keep_last_k's removal takes the sidecar along; a kill's leftovers (sidecar temporaries, sidecars of
     removed files) go at the next start; a rewrite never leaves the old checksum beside the new file."""
-    from train.checkpoint import checksum_path, file_sha256, read_checksum, remove_stale_temp_files
+    from train.checkpoint import checksum_path, file_sha256, sidecar_digest
+    from train.checkpoint_io import remove_stale_temp_files
 
     io = AtomicCheckpointIO()
     a, b = tmp_path / "step0000003.ckpt", tmp_path / "step0000006.ckpt"
@@ -250,7 +260,7 @@ def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
     io.remove_checkpoint(a)
     assert not a.exists() and not checksum_path(a).exists()
     io.save_checkpoint({"state_dict": {"x": torch.ones(3)}, "global_step": 6}, b)  # rewritten in place
-    assert read_checksum(b) == file_sha256(b)
+    assert sidecar_digest(b) == file_sha256(b)
     (tmp_path / ".step0000006.ckpt.sha256.123.4.tmp").write_text("half")
     (tmp_path / "step0000009.ckpt.sha256").write_text("0" * 64)  # its checkpoint is gone
     removed = remove_stale_temp_files(tmp_path)
@@ -299,6 +309,12 @@ CURSOR_ATTACKS = [
     (lambda c: c["sources"]["web"].__setitem__("rng", 3), r"sources\.web\.rng = 3 is out of range \(a PCG64 state\)"),
     (lambda c: c.__delitem__("fingerprint"), r"malformed \(KeyError: 'fingerprint'\)"),
     (lambda c: c.__setitem__("continuations", [[0, 1, 2, 3]]), r"continuations\[0\] = \[0, 1, 2, 3\] is out of range"),
+    # before: accepted; a NaN target changed the order, a string seed read "saved with seed 1234, not 1234"
+    (lambda c: c["mixer"]["target"].__setitem__(1, float("nan")), r"mixer\.target = \[[\d.]+, nan, .*\] is out of "
+                                                                   r"range \(token targets, finite and >= 0\)"),
+    (lambda c: c.__setitem__("seed", str(c["seed"])), r"seed = '\d+' is out of range \(an integer >= 0\)"),
+    (lambda c: c.__setitem__("fingerprint", 5), r"fingerprint = 5 is out of range \(the corpus fingerprint, a "
+                                                r"string\)"),
 ]
 
 
@@ -580,6 +596,8 @@ def test_a_malformed_sidecar_is_an_error_and_a_file_changed_after_its_check_is_c
         checksum_path(path).write_text(bad)
         assert checkpoint_problem(path).startswith("its sidecar last.ckpt.sha256 is malformed ("), bad
     checksum_path(path).unlink()
+    assert checkpoint_problem(path).startswith("no sidecar last.ckpt.sha256, so its bytes cannot be verified")
     with caplog.at_level("WARNING"):
-        assert resolve_checkpoint(str(path), tmp_path, fallback=False) == str(path)
-    assert f"checkpoint {path} has no sidecar last.ckpt.sha256: its bytes cannot be verified" in caplog.text
+        assert resolve_checkpoint(str(path), tmp_path, fallback=False, unverified_ok=True) == str(path)
+    assert (f"checkpoint {path}: no sidecar last.ckpt.sha256, so its bytes cannot be verified" in caplog.text
+            and "--run.allow_unverified_ckpt true" in caplog.text)

@@ -11,6 +11,7 @@ import pytest
 from scripts_in_process import load_script
 
 from ablations import diagnose as dg
+from ablations import diagnose_plots as dplots
 from ablations.decision import DecisionRule, Difference, decide
 from data.plotting import SOURCE_COLORS, smooth, source_colors
 
@@ -62,7 +63,7 @@ def test_loss_per_source_and_diag_loss_share_the_palette_and_draw_a_smoothed_lin
     assert legend_colors(train_ax) == want
     assert legend_colors(fig.axes[1]) == want  # the held-out panel too
 
-    diag = dg.loss_figure({"losses": losses, "boundaries": {"books": [(1, 30)]}})
+    diag = dplots.loss_figure({"losses": losses, "boundaries": {"books": [(1, 30)]}})
     assert legend_colors(diag.axes[0]) == want
     # per source: the raw points (faint) and the moving average (opaque, smoother: less variance)
     for ax in (train_ax, diag.axes[0]):
@@ -79,12 +80,12 @@ def test_the_histogram_plot_draws_the_limit_it_judges_against():
     distances = [(t, 0.2 + 0.05 * math.sin(t)) for t in range(40)]
     limit, what = dg.histogram_limit(dg.Thresholds(), 0.15)
     assert limit == pytest.approx(0.30)
-    fig = dg.histogram_figure({"distances": distances, "histogram_limit": (limit, what)})
+    fig = dplots.histogram_figure({"distances": distances, "histogram_limit": (limit, what)})
     ax = fig.axes[0]
     flat = {round(ln.get_ydata()[0], 6): ln.get_label() for ln in ax.get_lines() if len(set(ln.get_ydata())) == 1}
     assert round(limit, 6) in flat and "limit" in flat[round(limit, 6)] and what in flat[round(limit, 6)]
     assert dg.check_histogram(distances, None, dg.Thresholds(), 0.15).summary.count(f"{limit:.3f}") == 1
-    no_limit = dg.histogram_figure({"distances": distances, "histogram_limit": (None, "no baseline")})
+    no_limit = dplots.histogram_figure({"distances": distances, "histogram_limit": (None, "no baseline")})
     assert "no limit" in no_limit.axes[0].get_title()
 
 

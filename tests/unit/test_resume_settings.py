@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from training_runs import fit_in_process as fit
+
+from train.checkpoint_io import AtomicCheckpointIO
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -37,7 +38,7 @@ def hparams(**changes) -> dict:
 
 def fake_checkpoint(path: Path, hp: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": {}, "global_step": 2, "hyper_parameters": hp}, path)
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {}, "global_step": 2, "hyper_parameters": hp}, path)
     return path
 
 

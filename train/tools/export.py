@@ -47,7 +47,6 @@ from train.checkpoint import (
     file_problem,
     load_problem,
     read_checkpoint,
-    warn_unverified,
 )
 from train.model import GPT, ModelConfig, load_model_config
 
@@ -64,8 +63,9 @@ EXPORT_ANOTHER = "name another checkpoint (e.g. a stepNNNNNNN.ckpt in the run's 
 
 def read_weights(path: str | Path, trust: bool = False) -> dict:
     """The checkpoint (or bare state dict) at ``path``, verified as every reader does (train/checkpoint.py:
-    format, sidecar checksum; a missing sidecar is a warning). Loaded with ``weights_only=True`` (no code
-    runs) unless ``trust``; only a file refused for holding other objects is pointed at ``--trust-checkpoint``."""
+    format, sidecar checksum; a missing sidecar is refused, with ``trust`` a warning). Loaded with
+    ``weights_only=True`` (no code runs) unless ``trust``; only a file refused for holding other objects is
+    pointed at ``--trust-checkpoint``."""
     path = Path(path)
     if not trust or not path.is_file():
         try:
@@ -75,7 +75,7 @@ def read_weights(path: str | Path, trust: bool = False) -> dict:
                 raise
             raise CheckpointError(f"{e}; if you trust the file and its source, --trust-checkpoint unpickles it "
                                   "(that runs whatever code it holds)") from None
-    problem = file_problem(path, pickle_ok=True) or checksum_problem(path)
+    problem = file_problem(path, pickle_ok=True) or checksum_problem(path, unverified_ok=True)
     if problem is None:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=False)
@@ -83,7 +83,6 @@ def read_weights(path: str | Path, trust: bool = False) -> dict:
             problem = load_problem(e)
     if problem is not None:
         raise CheckpointError(f"checkpoint {path}: {problem}; {EXPORT_ANOTHER}")
-    warn_unverified(path)
     return obj
 
 
