@@ -19,14 +19,20 @@ One family, one base: ``except WellMixedError`` catches every refusal of the rep
 Every entry point -- ``python -m train fit`` and each ``main(argv) -> int`` of scripts/ and ablations/ --
 prints such an error with :func:`error_lines` (``error: ...``, no traceback) and exits 2
 (:func:`one_line_errors`). docs/faults.md lists the refusals.
+
+:func:`parser_error_line` is the one wording of a configuration the parser (jsonargparse) refuses, for
+``train fit``, every tool and ``ScheduleConfig.from_dict``; :func:`unknown_empty_keys` finds the misspelt
+keys it drops without a word.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 import sys
-from typing import Callable
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable
 
 REFUSED_EXIT = 2
 """Exit status of a refusal (bad configuration, flag or input): nothing was computed."""
@@ -92,3 +98,86 @@ def one_line_errors(main: Callable[..., int] | None = None, *,
         return entry
 
     return wrap if main is None else wrap(main)
+
+
+_UNKNOWN = re.compile(r"(?:Group '([\w.]+)'|Subcommand '\w+') does not accept option '([\w.]+)'"
+                      r"|Option '([\w.]+)' is not accepted"
+                      r"|unrecognized arguments: (\S+)")
+_PARSER_KEY = re.compile(r'^(?:- )?Parser key "([\w.]+)":?\s*')
+
+
+def parser_error_line(message: str, known: Iterable[str] = (), files: Iterable[tuple[str, Mapping]] = (),
+                      hints: Mapping[str, str] | None = None) -> str:
+    """jsonargparse's refusal as one line, the same wherever the configuration came from.
+
+    - a key nothing accepts: ``FILE: KEY: unknown key (did you mean KEY2?)``, FILE being the first of
+      ``files`` (name, contents) that holds KEY; a flag: ``--KEY: unknown flag (did you mean --KEY2?)``;
+    - anything else: ``KEY: `` and jsonargparse's own words (``Expected a <class 'float'>. Got value: abc``);
+    - ``hints``: the whole line for a key with a known replacement (a key this CLI sets, a removed key).
+    """
+    keys, text = [], ""
+    for line in message.splitlines():
+        line = line.strip()
+        while _PARSER_KEY.match(line):
+            keys.append(_PARSER_KEY.match(line).group(1))
+            line = _PARSER_KEY.sub("", line, count=1)
+        if line and not text and not line.startswith("Problem with given class_path"):
+            text = line
+    unknown = _UNKNOWN.search(message)
+    if unknown:
+        group, option, alone, flag = unknown.groups()
+        key = flag.split("=")[0] if flag else ".".join([group] if group else list(dict.fromkeys(keys)))
+        key = ".".join(filter(None, (key, option or alone)))
+    else:
+        key = ".".join(dict.fromkeys(keys))
+    bare = key.lstrip("-")
+    hint = next((line for k, line in (hints or {}).items() if bare == k or bare.startswith(k + ".")), None)
+    if hint or not unknown:
+        return hint or f"{key}: {text or message}"
+    return unknown_key_line(key, known, files)
+
+
+def unknown_key_line(key: str, known: Iterable[str] = (), files: Iterable[tuple[str, Mapping]] = ()) -> str:
+    """``FILE: KEY: unknown key (did you mean KEY2?)`` (FILE: the first of ``files`` that holds KEY), or for a
+    flag ``--KEY: unknown flag (did you mean --KEY2?)``: the closest of ``known``, or those it abbreviates."""
+    dash = "--" if key.startswith("--") else ""
+    bare, known = key.lstrip("-"), list(known)
+    close = [k for k in known if k.startswith(bare) and k != bare][:3] or difflib.get_close_matches(bare, known, 1)
+    where = next((f"{name}: " for name, given in files if not dash and _holds(given, bare.split("."))), "")
+    maybe = f" (did you mean {' or '.join(dash + k for k in close)}?)" if close else ""
+    return f"{where}{key}: unknown {'flag' if dash else 'key'}{maybe}"
+
+
+def _holds(given: Any, parts: list[str]) -> bool:
+    for part in parts:
+        if not isinstance(given, Mapping) or part not in given:
+            return False
+        given = given[part]
+    return True
+
+
+_ABSENT = object()
+
+
+def unknown_empty_keys(given: Mapping, parsed: Any, prefix: str = "") -> list[str]:
+    """The keys of ``given`` (a config as written) holding an empty mapping that ``parsed`` (what the parser
+    made of it) lacks: jsonargparse reads a misspelt ``wieghts: {}`` as nothing at all."""
+    out = []
+    for name, value in given.items():
+        inner, key = _child(parsed, name), f"{prefix}{name}"
+        if inner is _ABSENT:
+            out += [key] if value == {} else []
+        elif isinstance(value, Mapping):
+            out += unknown_empty_keys(value, inner, f"{key}.")
+        elif isinstance(value, list) and isinstance(inner, (list, tuple)):
+            out += [k for i, (v, p) in enumerate(zip(value, inner)) if isinstance(v, Mapping)
+                    for k in unknown_empty_keys(v, p, f"{key}[{i}].")]
+    return out
+
+
+def _child(node: Any, name: str) -> Any:
+    if isinstance(node, Mapping):
+        return node.get(name, _ABSENT)
+    if hasattr(node, "__contains__") and hasattr(node, "__getitem__"):  # jsonargparse's Namespace
+        return node[name] if name in node else _ABSENT
+    return getattr(node, name, _ABSENT)

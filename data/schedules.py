@@ -21,14 +21,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from data.errors import ConfigError
+from data.errors import ConfigError, parser_error_line, unknown_empty_keys, unknown_key_line
 
 WEIGHT_SUM_TOLERANCE = 1e-6
 ANNEAL = "anneal"  # a phase start that means "at schedule.anneal_start"
@@ -174,10 +173,20 @@ class ScheduleConfig:
         """
         if not isinstance(d, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {d!r}")
+        for name in ("mixture", "seq_len", "lr"):  # jsonargparse fails on a scalar here with a TypeError naming no key
+            if name in d and not isinstance(d[name], (Mapping, str)):
+                raise ConfigError(f"{key}.{name}: expected a mapping or a YAML file, got {d[name]!r}")
+        given = {key.rpartition(".")[2]: dict(d)}
+        for outer in reversed(key.split(".")[:-1]):  # data.schedule: {"data": {"schedule": d}}
+            given = {outer: given}
+        parser = _parser(cls, key)
         try:
-            return _parser(cls).instantiate(_parser(cls).parse_object({"schedule": dict(d)})).schedule
-        except Exception as e:  # jsonargparse's ArgumentError (or a TypeError from a scalar where a group goes)
-            raise ConfigError(_parse_error(str(e), d, key)) from None
+            parsed = parser.parse_object(given)
+        except Exception as e:  # jsonargparse's ArgumentError
+            raise ConfigError(parser_error_line(str(e), parser.get_defaults().keys())) from None
+        for empty in unknown_empty_keys(given, parsed):
+            raise ConfigError(unknown_key_line(empty, parser.get_defaults().keys()))
+        return functools.reduce(getattr, key.split("."), parser.instantiate(parsed))
 
     def validate(self) -> None:
         """Checks every relation that does not need the total steps; ``build`` checks the rest."""
@@ -442,81 +451,13 @@ def _check_step(step: int) -> int:
 
 
 @functools.cache
-def _parser(config_class: type) -> Any:
-    """A parser of one ``--schedule`` argument of ``config_class``, built once per class."""
+def _parser(config_class: type, key: str) -> Any:
+    """A parser of one ``--KEY`` argument of ``config_class``, built once per class and key."""
     from jsonargparse import ArgumentParser  # here: a built Schedule needs no parser
 
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--schedule", type=config_class, sub_configs=True)  # sub_configs: FILE.yaml values
+    parser.add_argument(f"--{key}", type=config_class, sub_configs=True)  # sub_configs: FILE.yaml values
     return parser
-
-
-_EXPECTED = {"float": "a number", "int": "an integer", "str": "a string", "tuple": "a list of phases",
-             "PhaseConfig": "a phase (a mapping)", "MixtureConfig": "a mixture (a mapping or a YAML file)"}
-_GROUPS = ("mixture", "seq_len", "lr")
-"""The schedule's dataclass fields: each a mapping, or the path of a YAML file holding one."""
-
-
-def _parse_error(message: str, d: Mapping, key: str) -> str:
-    """jsonargparse's message as one line: the innermost key it names, and what is wrong there."""
-    scalar = next((name for name in _GROUPS if name in d and not isinstance(d[name], (Mapping, str))), None)
-    if scalar:  # jsonargparse fails on it with a TypeError that names no key
-        return f"{key}.{scalar}: expected a mapping or a YAML file, got {d[scalar]!r}"
-    path, value = _key_path(d, _message_keys(message), key)
-    return f"{path}: {_problem(message, value)}"
-
-
-_UNKNOWN = re.compile(r"(?:does not accept option|Option) '([\w.]+)'")
-_MISSING = re.compile(r"arguments are required: ([\w.]+)")
-
-
-def _message_keys(message: str) -> list[str]:
-    """The keys below ``schedule`` that the message names, outermost first (a phase's own are relative)."""
-    outer = re.search(r'Parser key "schedule\.?([\w.]*)"|Group \'schedule\.?([\w.]*)\'', message)
-    parts = [p for p in (outer.group(1) or outer.group(2) or "").split(".") if p] if outer else []
-    parts += re.findall(r'\n\s+Parser key "([\w.]+)"', message)
-    unknown, missing = _UNKNOWN.search(message), _MISSING.search(message)
-    if unknown or missing:
-        parts += unknown.group(1).split(".") if unknown else [missing.group(1)]
-    return parts
-
-
-def _problem(message: str, value: Any) -> str:
-    """What the message says is wrong, in a few words; ``value`` is the one at its key, where found."""
-    if _UNKNOWN.search(message) or _MISSING.search(message):
-        return "unknown key; check its spelling" if _UNKNOWN.search(message) else "missing"
-    no_file = re.search(r"Unable to load config '([^']+)'|Expected a path but (\S+)", message)
-    if no_file:
-        return f"no YAML file {no_file.group(1) or no_file.group(2)} (from the working directory)"
-    expected = re.search(r"(?:Expected a <class '|Not a valid subclass of )(\w+)", message)
-    got = re.search(r"(?:Got|Given) value: (.*)", message)
-    if expected and got:  # the value itself where the path reaches it, else the text the message shows
-        shown = got.group(1) if isinstance(value, (Mapping, list, type(None))) else value
-        return f"expected {_EXPECTED.get(expected.group(1), expected.group(1))}, got {shown!r}"
-    return " ".join(message.split())
-
-
-def _key_path(d: Any, parts: list[str], key: str) -> tuple[str, Any]:
-    """``key.a.b`` for the parts, and the value there, with the index of the first phase that does not
-    parse on its own (the message names the list only): ``schedule.mixture.phases[1].weights``."""
-    out, value = [key], d
-    for part in parts:
-        value = value.get(part) if isinstance(value, Mapping) else None
-        out.append(part)
-        if part == "phases" and isinstance(value, list):
-            bad = [i for i, phase in enumerate(value) if not (isinstance(phase, Mapping) and _parses_as_phase(phase))]
-            if bad:
-                out[-1], value = f"phases[{bad[0]}]", value[bad[0]]
-    return ".".join(out), value
-
-
-def _parses_as_phase(phase: Any) -> bool:
-    """Whether jsonargparse accepts ``phase`` as a PhaseConfig on its own."""
-    try:
-        _parser(PhaseConfig).parse_object({"schedule": phase})
-    except Exception:  # noqa: BLE001 -- any refusal marks the phase at fault
-        return False
-    return True
 
 
 def _weight_problems(weights: dict[str, float], key: str) -> list[str]:
