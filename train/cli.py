@@ -43,13 +43,16 @@ from train import loggers as run_loggers
 from train import signals
 from train.callbacks import DataStateCallback, ProgressLog, ThroughputCallback
 from train.checkpoint import (
+    LAST,
+    LAST_OR_NEW,
     AtomicCheckpointIO,
     FinalCheckpoint,
+    recorded_step,
     remove_stale_temp_files,
     requested_hparams,
     resolve_checkpoint,
 )
-from train.config import ConfigCLI, RunConfig
+from train.config import ConfigCLI, RunConfig, config_sources
 from train.cursor_files import remove_unreferenced
 from train.datamodule import WellMixedData
 from train.model import ModelConfigError
@@ -197,6 +200,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         # every rank); each rank range-checks its own file when it loads it.
         cursor_ranks = None if self.trainer.world_size == 1 else []
         ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback, cursor_ranks)
+        self._refuse_rewind_from_a_config_file(ckpt_path, ckpt_dir)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         self._check_resume_settings(ckpt_path)
@@ -212,6 +216,25 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
 
             write_mapping_report(data.manifest.mapping, run.dir)  # filter patterns -> values, kept in the run dir
         self.trainer.loggers = self._loggers(run.loggers)
+
+    def _refuse_rewind_from_a_config_file(self, ckpt_path: str | None, ckpt_dir: Path) -> None:
+        """A saved ``<run>/config.yaml`` records the checkpoint its launch resumed from: relaunched from that
+        file, a run would go back to that checkpoint and train the steps after it again without a word. A
+        ``ckpt_path`` file from a config file that is older than the run's newest checkpoint is refused; on
+        the command line it is a deliberate rewind."""
+        given = self._section().get("ckpt_path")
+        if ckpt_path is None or given in (LAST, LAST_OR_NEW) or any(
+                a.split("=")[0] == "--ckpt_path" for a in self.argv):
+            return
+        steps = {p: recorded_step(p) for p in ckpt_dir.glob("*.ckpt")}
+        newest = max((p for p in steps if steps[p] is not None), key=steps.get, default=None)
+        step = recorded_step(Path(ckpt_path))
+        if newest is not None and step is not None and steps[newest] > step:
+            raise ConfigError(
+                f"ckpt_path {given} (from {config_sources(self._section())}) is step {step}, but {ckpt_dir} holds "
+                f"step {steps[newest]} ({newest.name}): resuming from it would train steps {step + 1}-{steps[newest]} "
+                f"again. Continue with --ckpt_path last, or give --ckpt_path {given} on the command line to go "
+                "back on purpose")
 
     def _check_data(self, data: TrainingContext) -> None:
         """The manifest (bad files, null texts), the schedule against the model's context, the plan table

@@ -232,6 +232,7 @@ class ConfigCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         """A refusal is one ConfigError line (data/errors.py's wording, shared with every tool)."""
         argv = [] if isinstance(args, (dict, Namespace)) else list(sys.argv[1:] if args is None else args)
+        self.argv = argv  # the command line as given: what was asked on it, not in a config file
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as e:

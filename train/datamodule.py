@@ -58,7 +58,7 @@ from train.cursor_files import (
     save_rank_cursors,
     way_out_on_several_ranks,
 )
-from train.resume import check_schedule_unchanged, schedule_fingerprint
+from train.resume import check_data_settings, check_schedule_unchanged, data_settings, schedule_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +288,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
             "fingerprint": ctx.manifest.fingerprint() if ctx else None,
             "corpus_files": ctx.manifest.file_digests() if ctx else None,
             "schedule": schedule_fingerprint(self.schedule),
+            "data_settings": data_settings(self),
         }
         ckpt_dir = self._checkpoint_dir()
         if ckpt_dir is None:
@@ -372,6 +373,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         next_step = step * ctx.accumulate
         check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.schedule),
                                  self.allow_changed_schedule, step)
+        check_data_settings(state.get("data_settings"), data_settings(self), self.allow_changed_data, step)
         changed = []
         if state["fingerprint"] != manifest.fingerprint():
             files = manifest.changed_files(state.get("corpus_files"))
