@@ -115,21 +115,9 @@ def parser_error_line(message: str, known: Iterable[str] = (), files: Iterable[t
     - anything else: ``KEY: `` and jsonargparse's own words (``Expected a <class 'float'>. Got value: abc``);
     - ``hints``: the whole line for a key with a known replacement (a key this CLI sets, a removed key).
     """
-    keys, text = [], ""
-    for line in message.splitlines():
-        line = line.strip()
-        while _PARSER_KEY.match(line):
-            keys.append(_PARSER_KEY.match(line).group(1))
-            line = _PARSER_KEY.sub("", line, count=1)
-        if line and not text and not line.startswith("Problem with given class_path"):
-            text = line
+    keys, text = _read_message(message)
     unknown = _UNKNOWN.search(message)
-    if unknown:
-        group, option, alone, flag = unknown.groups()
-        key = flag.split("=")[0] if flag else ".".join([group] if group else list(dict.fromkeys(keys)))
-        key = ".".join(filter(None, (key, option or alone)))
-    else:
-        key = ".".join(dict.fromkeys(keys))
+    key = _unknown_key(unknown.groups(), keys) if unknown else ".".join(keys)
     bare = key.lstrip("-")
     hint = next((line for k, line in (hints or {}).items() if bare == k or bare.startswith(k + ".")), None)
     if hint or not unknown:
@@ -141,11 +129,37 @@ def unknown_key_line(key: str, known: Iterable[str] = (), files: Iterable[tuple[
     """``FILE: KEY: unknown key (did you mean KEY2?)`` (FILE: the first of ``files`` that holds KEY), or for a
     flag ``--KEY: unknown flag (did you mean --KEY2?)``: the closest of ``known``, or those it abbreviates."""
     dash = "--" if key.startswith("--") else ""
-    bare, known = key.lstrip("-"), list(known)
-    close = [k for k in known if k.startswith(bare) and k != bare][:3] or difflib.get_close_matches(bare, known, 1)
-    where = next((f"{name}: " for name, given in files if not dash and _holds(given, bare.split("."))), "")
+    bare = key.lstrip("-")
+    where = "" if dash else next((f"{name}: " for name, given in files if _holds(given, bare.split("."))), "")
+    close = _closest(bare, list(known))
     maybe = f" (did you mean {' or '.join(dash + k for k in close)}?)" if close else ""
     return f"{where}{key}: unknown {'flag' if dash else 'key'}{maybe}"
+
+
+def _read_message(message: str) -> tuple[list[str], str]:
+    """The keys jsonargparse's message names (outermost first) and its first line of prose."""
+    keys, text = [], ""
+    for line in message.splitlines():
+        line = line.strip()
+        while _PARSER_KEY.match(line):
+            keys.append(_PARSER_KEY.match(line).group(1))
+            line = _PARSER_KEY.sub("", line, count=1)
+        if line and not text and not line.startswith("Problem with given class_path"):
+            text = line
+    return list(dict.fromkeys(keys)), text
+
+
+def _unknown_key(groups: tuple, keys: list[str]) -> str:
+    """The key (or ``--flag``) an unknown-option message names, in full."""
+    group, option, alone, flag = groups
+    if flag:
+        return flag.split("=")[0]
+    return ".".join(filter(None, (group or ".".join(keys), option or alone)))
+
+
+def _closest(key: str, known: list[str]) -> list[str]:
+    """The known keys ``key`` abbreviates (up to three), else the one closest to it."""
+    return [k for k in known if k.startswith(key) and k != key][:3] or difflib.get_close_matches(key, known, 1)
 
 
 def _holds(given: Any, parts: list[str]) -> bool:

@@ -120,20 +120,11 @@ class MixtureConfig:
                 out.append(
                     f"{key}[{i}].weights: names sources {sorted(phase.weights)}, but {key}[0] names "
                     f"{sorted(self.phases[0].weights)}; every phase must name the same sources (0 is allowed)")
-            if i == 0 and phase.start != 0:
-                out.append(f"{key}[0].start: the first phase starts at step 0; omit start")
-                continue
-            fraction = anneal_start if phase.start == ANNEAL else phase.start
-            if phase.start == ANNEAL and anneal_start >= 1:
-                out.append(f"{key}[{i}].start: 'anneal' needs schedule.anneal_start < 1 (got {anneal_start})")
-                return out
-            if not 0 <= fraction < 1:
-                out.append(f"{key}[{i}].start: {phase.start!r} must be a fraction in [0, 1) or 'anneal'")
-                return out
-            if fraction <= previous:
-                out.append(f"{key}[{i}].start: {phase.start!r} must come after the previous phase's start")
-                return out
-            previous = fraction
+            problem, previous = _start_problem(phase, f"{key}[{i}].start", i, anneal_start, previous)
+            if problem:
+                out.append(problem)
+                if i:  # a later start is not judged against a start that is wrong
+                    return out
         if len(self.phases) > 1 and anneal_start < 1 and self.phases[-1].start != ANNEAL:
             out.append(
                 f"{key}[-1].start: {self.phases[-1].start!r} must be 'anneal' (= schedule.anneal_start) "
@@ -194,23 +185,14 @@ class ScheduleConfig:
 
     def problems(self) -> list[str]:
         """Every independent problem that does not need the total steps, each ``key: problem; what to do``."""
-        seq, lr, out = self.seq_len, self.lr, []
-        for name, value in (("train_tokens", self.train_tokens), ("global_batch_size", self.global_batch_size),
-                            ("seq_len.multiple", seq.multiple), ("seq_len.start", seq.start)):
-            if value <= 0:
-                out.append(f"schedule.{name}: {value} must be positive")
-        for name, value in (("seq_len.warmup_steps", seq.warmup_steps), ("lr.warmup_steps", lr.warmup_steps),
-                            ("lr.min", lr.min)):
-            if value < 0:
-                out.append(f"schedule.{name}: {value} is negative; give 0 or more")
-        if seq.multiple > 0:
-            for name, value in (("start", seq.start), ("end", seq.end)):
-                if value % seq.multiple:
-                    out.append(f"schedule.seq_len.{name}: {value} is not a multiple of "
-                               f"schedule.seq_len.multiple ({seq.multiple}); round it")
-        if seq.start > seq.end:
-            out.append(f"schedule.seq_len.start: {seq.start} is above schedule.seq_len.end ({seq.end}); "
-                       "the warmup goes from start up to end")
+        seq, lr = self.seq_len, self.lr
+        out = [f"schedule.{name}: {value} must be positive"
+               for name, value in (("train_tokens", self.train_tokens), ("global_batch_size", self.global_batch_size),
+                                   ("seq_len.multiple", seq.multiple), ("seq_len.start", seq.start)) if value <= 0]
+        out += [f"schedule.{name}: {value} is negative; give 0 or more"
+                for name, value in (("seq_len.warmup_steps", seq.warmup_steps), ("lr.warmup_steps", lr.warmup_steps),
+                                    ("lr.min", lr.min)) if value < 0]
+        out += _seq_len_problems(seq)
         if not lr.peak > 0:
             out.append(f"schedule.lr.peak: {lr.peak} must be positive")
         if lr.min > lr.peak:
@@ -246,40 +228,8 @@ class Schedule:
     def from_config(cls, config: ScheduleConfig, mixture_key: str = "schedule.mixture") -> Schedule:
         """Computes the step counts and resolves the mixture; ``mixture_key`` names it in errors."""
         config.validate()
-        seq, lr, mixture = config.seq_len, config.lr, config.mixture
-        one_batch = config.global_batch_size * seq.start
-        if config.train_tokens < one_batch:
-            raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens is below one batch "
-                              f"(schedule.global_batch_size x seq_len.start = {one_batch}); raise the budget")
-        segments = _seq_len_segments(seq)
-        warm_tokens = sum(config.global_batch_size * length * (stop - first)
-                          for (first, length), (stop, _) in zip(segments, segments[1:]))
-        if warm_tokens >= config.train_tokens:
-            raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens end within the "
-                              f"{seq.warmup_steps} steps of schedule.seq_len.warmup_steps")
-        after = -(-(config.train_tokens - warm_tokens) // (config.global_batch_size * seq.end))
-        total_steps = seq.warmup_steps + after
-        total_tokens = warm_tokens + after * config.global_batch_size * seq.end
-        if total_steps <= lr.warmup_steps:
-            raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} is not below the "
-                              f"{total_steps} total steps of schedule.train_tokens")
-        decay_start = round(config.anneal_start * total_steps)
-        if config.anneal_start < 1 and decay_start > total_steps - 2:
-            raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under 2 of the "
-                              f"{total_steps} steps of schedule.train_tokens ({config.train_tokens}); raise the "
-                              "budget or lower anneal_start")
-        if lr.warmup_steps > decay_start:
-            raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} reaches into the LR decay, "
-                              f"which starts at step {decay_start} (schedule.anneal_start)")
-
-        if mixture.fixed_equivalent_of is not None:
-            inner = dataclasses.replace(config, mixture=mixture.fixed_equivalent_of)
-            weights = fixed_equivalent_weights(cls.from_config(inner, f"{mixture_key}.fixed_equivalent_of"))
-            phases = [PhaseConfig(name="fixed", weights=weights)]
-        elif mixture.weights is not None:
-            phases = [PhaseConfig(name="fixed", weights=mixture.weights)]
-        else:
-            phases = list(mixture.phases)
+        total_steps, total_tokens, decay_start = _step_counts(config)
+        mixture, phases = config.mixture, _phases(config, mixture_key)
         boundaries = [decay_start if p.start == ANNEAL else round(p.start * total_steps) for p in phases]
         for i, (first, stop) in enumerate(zip(boundaries, boundaries[1:] + [total_steps])):
             ramp = mixture.ramp_steps if i else 0
@@ -442,6 +392,72 @@ def _seq_len_segments(seq: SeqLenConfig) -> list[tuple[int, int]]:
             break
         segments.append((first, length))
     return segments + [(seq.warmup_steps, seq.end)]
+
+
+def _phases(config: ScheduleConfig, mixture_key: str) -> list[PhaseConfig]:
+    """The mixture as phases: a fixed mixture (given, or the fixed equivalent of a schedule) is one."""
+    mixture = config.mixture
+    if mixture.fixed_equivalent_of is not None:
+        inner = dataclasses.replace(config, mixture=mixture.fixed_equivalent_of)
+        weights = fixed_equivalent_weights(Schedule.from_config(inner, f"{mixture_key}.fixed_equivalent_of"))
+        return [PhaseConfig(name="fixed", weights=weights)]
+    if mixture.weights is not None:
+        return [PhaseConfig(name="fixed", weights=mixture.weights)]
+    return list(mixture.phases)
+
+
+def _step_counts(config: ScheduleConfig) -> tuple[int, int, int]:
+    """(total steps, total tokens, the LR decay's first step) of the budget, the warmup's shorter sequences
+    counted; a budget that does not fit the warmups raises ConfigError."""
+    seq, lr, batch = config.seq_len, config.lr, config.global_batch_size
+    if config.train_tokens < batch * seq.start:
+        raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens is below one batch "
+                          f"(schedule.global_batch_size x seq_len.start = {batch * seq.start}); raise the budget")
+    segments = _seq_len_segments(seq)
+    warm_tokens = sum(batch * length * (stop - first) for (first, length), (stop, _) in zip(segments, segments[1:]))
+    if warm_tokens >= config.train_tokens:
+        raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens end within the "
+                          f"{seq.warmup_steps} steps of schedule.seq_len.warmup_steps")
+    after = -(-(config.train_tokens - warm_tokens) // (batch * seq.end))
+    total_steps = seq.warmup_steps + after
+    if total_steps <= lr.warmup_steps:
+        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} is not below the "
+                          f"{total_steps} total steps of schedule.train_tokens")
+    decay_start = round(config.anneal_start * total_steps)
+    if config.anneal_start < 1 and decay_start > total_steps - 2:
+        raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under 2 of the "
+                          f"{total_steps} steps of schedule.train_tokens ({config.train_tokens}); raise the "
+                          "budget or lower anneal_start")
+    if lr.warmup_steps > decay_start:
+        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} reaches into the LR decay, "
+                          f"which starts at step {decay_start} (schedule.anneal_start)")
+    return total_steps, warm_tokens + after * batch * seq.end, decay_start
+
+
+def _start_problem(phase: PhaseConfig, key: str, i: int, anneal_start: float,
+                   previous: float) -> tuple[str | None, float]:
+    """Phase ``i``'s start against the anneal and the previous start; and the start (a fraction) it sets."""
+    if i == 0:
+        return (None, 0.0) if phase.start == 0 else (f"{key}: the first phase starts at step 0; omit start", previous)
+    fraction = anneal_start if phase.start == ANNEAL else phase.start
+    if phase.start == ANNEAL and anneal_start >= 1:
+        return f"{key}: 'anneal' needs schedule.anneal_start < 1 (got {anneal_start})", previous
+    if not 0 <= fraction < 1:
+        return f"{key}: {phase.start!r} must be a fraction in [0, 1) or 'anneal'", previous
+    if fraction <= previous:
+        return f"{key}: {phase.start!r} must come after the previous phase's start", previous
+    return None, fraction
+
+
+def _seq_len_problems(seq: SeqLenConfig) -> list[str]:
+    """The warmup's lengths against ``multiple`` and each other."""
+    out = [f"schedule.seq_len.{name}: {value} is not a multiple of schedule.seq_len.multiple ({seq.multiple}); "
+           "round it" for name, value in (("start", seq.start), ("end", seq.end))
+           if seq.multiple > 0 and value % seq.multiple]
+    if seq.start > seq.end:
+        out.append(f"schedule.seq_len.start: {seq.start} is above schedule.seq_len.end ({seq.end}); "
+                   "the warmup goes from start up to end")
+    return out
 
 
 def _check_step(step: int) -> int:

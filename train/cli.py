@@ -82,6 +82,13 @@ def saved_hparams(path: Path) -> dict | None:
     return hparams if isinstance(hparams, dict) else None
 
 
+def newest_checkpoint(ckpt_dir: Path) -> tuple[Path | None, int]:
+    """The checkpoint of ``ckpt_dir`` that records the highest step, and that step ((None, -1): none opens)."""
+    steps = {p: recorded_step(p) for p in ckpt_dir.glob("*.ckpt")}
+    newest = max((p for p in steps if steps[p] is not None), key=steps.get, default=None)
+    return newest, -1 if newest is None else steps[newest]
+
+
 def check_tokenizer() -> None:
     """The cl100k file, loaded and hash-checked in the main process before the model is built (else a
     corrupt cache file shows up as a DataLoader-worker traceback after it)."""
@@ -226,13 +233,12 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         if ckpt_path is None or given in (LAST, LAST_OR_NEW) or any(
                 a.split("=")[0] == "--ckpt_path" for a in self.argv):
             return
-        steps = {p: recorded_step(p) for p in ckpt_dir.glob("*.ckpt")}
-        newest = max((p for p in steps if steps[p] is not None), key=steps.get, default=None)
+        newest, newest_step = newest_checkpoint(ckpt_dir)
         step = recorded_step(Path(ckpt_path))
-        if newest is not None and step is not None and steps[newest] > step:
+        if newest is not None and step is not None and newest_step > step:
             raise ConfigError(
                 f"ckpt_path {given} (from {config_sources(self._section())}) is step {step}, but {ckpt_dir} holds "
-                f"step {steps[newest]} ({newest.name}): resuming from it would train steps {step + 1}-{steps[newest]} "
+                f"step {newest_step} ({newest.name}): resuming from it would train steps {step + 1}-{newest_step} "
                 f"again. Continue with --ckpt_path last, or give --ckpt_path {given} on the command line to go "
                 "back on purpose")
 

@@ -260,18 +260,21 @@ def check_config_files(section: Namespace) -> None:
     empty mapping (``wieghts: {}``, read as nothing at all), and a ``data.elastic`` (etc.), which the link
     from ``run.elastic`` would overwrite without a word (the parser refuses only the command-line form)."""
     for path in section.get("config") or []:
-        name = str(getattr(path, "relative", path))
-        try:
-            given = yaml.safe_load(Path(str(getattr(path, "absolute", path))).read_text()) or {}
-        except (OSError, yaml.YAMLError):
-            continue  # jsonargparse read it already
-        data = given.get("data") if isinstance(given, dict) else None
-        found = [k for k in RESUME_POLICY if isinstance(data, dict) and k in data]
-        if found:
-            raise ConfigError(f"{name}: data.{found[0]} is a resume setting: write it as run.{found[0]} "
-                              f"(or --run.{found[0]})")
-        for key in unknown_empty_keys(given, section) if isinstance(given, dict) else []:
+        name, given = str(getattr(path, "relative", path)), _read_yaml(str(getattr(path, "absolute", path)))
+        data = given.get("data") if isinstance(given.get("data"), dict) else {}
+        for key in [k for k in RESUME_POLICY if k in data]:
+            raise ConfigError(f"{name}: data.{key} is a resume setting: write it as run.{key} (or --run.{key})")
+        for key in unknown_empty_keys(given, section):
             raise ConfigError(unknown_key_line(key, section.keys(), [(name, given)]))
+
+
+def _read_yaml(path: str) -> dict:
+    """A config file's mapping ({} when it is something else: jsonargparse read it already and said so)."""
+    try:
+        given = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return given if isinstance(given, dict) else {}
 
 
 def refuse_set_by_cli(section: Namespace) -> None:
@@ -375,21 +378,20 @@ def split_tool_args(own: argparse.ArgumentParser, argv: list[str]) -> tuple[list
     its own part with ``own.parse_args`` (an unknown flag is the configuration parser's to name, with a "did
     you mean")."""
     takes_value = {o: a.nargs != 0 for a in internals.parser_actions(own) for o in a.option_strings}
-    mine, rest = [], []
-    tokens = list(argv)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        name = token.split("=", 1)[0]
-        takes_next = "=" not in token and i + 1 < len(tokens)
-        if name in takes_value:
-            take = 2 if takes_value[name] and takes_next else 1
-            mine += tokens[i:i + take]
-        elif token.startswith("-"):  # a configuration flag; its value (if any) follows it
-            take = 2 if takes_next and not tokens[i + 1].startswith("--") else 1
-            rest += tokens[i:i + take]
-        else:  # a bare word no flag took: one of the tool's positional arguments
-            take = 1
-            mine.append(token)
+    mine, rest, i = [], [], 0
+    while i < len(argv):
+        own_word, take = _words_at(argv, i, takes_value)
+        (mine if own_word else rest).extend(argv[i:i + take])
         i += take
     return mine, rest
+
+
+def _words_at(argv: list[str], i: int, takes_value: dict[str, bool]) -> tuple[bool, int]:
+    """Whether the word at ``i`` is the tool's (its flag, or a bare word no flag took), and how many words it
+    takes: a flag's value follows it (unless written ``--flag=value``); a configuration flag's value does not
+    start with ``--``."""
+    token = argv[i]
+    name, following = token.split("=", 1)[0], argv[i + 1] if "=" not in token and i + 1 < len(argv) else None
+    if name in takes_value or not token.startswith("-"):
+        return True, 2 if takes_value.get(name) and following is not None else 1
+    return False, 2 if following is not None and not following.startswith("--") else 1

@@ -22,7 +22,7 @@ def test_a_relaunch_from_a_saved_config_that_would_rewind_is_refused(ref_single,
     older = run_dir / "checkpoints" / "step0000006.ckpt"
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     saved["ckpt_path"], saved["run"]["dir"] = str(older), str(run_dir)  # as a launch resumed from step 6 saves it
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))  # the sources in their order
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     last = global_step_of(run_dir / "checkpoints" / "last.ckpt")
 
