@@ -161,6 +161,7 @@ class WellMixedParser(LightningArgumentParser):
             "PL_FIT__DATA__SEED=7).\nOther lightning.pytorch.Trainer arguments are accepted as --trainer.NAME; "
             "these are set by this CLI and refused: " + ", ".join(f"trainer.{k}" for k in SET_BY_CLI) + ".\n")
 
+
 def error_hints() -> dict[str, str]:
     """The line for a key with a known replacement: a key this CLI sets itself, a removed ``data:`` key."""
     return {**{f"trainer.{k}": f"--trainer.{k} is set by this CLI, not given: {v}" for k, v in SET_BY_CLI.items()},
@@ -172,13 +173,7 @@ def config_files(argv: list[str]) -> list[tuple[str, dict]]:
     """The ``--config`` files of a command line, read (name, contents), for naming the file of an unknown key."""
     names = [b for a, b in zip(argv, argv[1:]) if a in ("-c", "--config")]
     names += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-    out = []
-    for name in names:
-        try:
-            out.append((name, yaml.safe_load(Path(name).read_text())))
-        except (OSError, yaml.YAMLError):
-            continue  # the parser names a missing or broken file itself
-    return out
+    return [(name, _read_yaml(name)) for name in names]
 
 
 class ConfigCLI(LightningCLI):

@@ -115,3 +115,12 @@ def test_a_resume_under_another_data_setting_names_the_key_and_its_two_values(ma
     message = str(info.value)
     assert f"data.{key}: {getattr(saved, key)!r} -> {value!r}" in message, message
     assert "allow_changed_data" not in message and "fingerprint" not in message
+
+
+def test_the_config_parser_reaches_into_no_private_parser_member_outside_lightning_internals():
+    """``_load_config`` patched in ConfigCLI, ``parser._actions``, ``self._logger``, ``WellMixedParser._argv``
+    and a ``sys.argv`` swap lived in train/config.py; what must remain is in train/lightning_internals.py,
+    with the version it was written for."""
+    text = (ROOT / "train" / "config.py").read_text()
+    for private in ("._actions", "._load_config", "._logger", "._argv", "sys.argv =", "global "):
+        assert private not in text, private
