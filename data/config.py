@@ -33,7 +33,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from data.errors import ConfigError, parser_error_line, unknown_empty_keys, unknown_key_line
+from data.errors import ConfigError
 from data.schedules import ScheduleConfig
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
@@ -250,14 +250,11 @@ def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataCo
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--data", type=DataConfig, sub_configs=True)  # `mixture: FILE.yaml` as train fit reads it
     try:
-        parsed = parser.parse_object({"data": section})
-        for key in unknown_empty_keys({"data": section}, parsed):  # `wieghts: {}`: read as nothing
-            raise ConfigError(unknown_key_line(key, parser.get_defaults().keys()))
-        return parser.instantiate(parsed).data
+        return parser.instantiate(parser.parse_object({"data": section})).data
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
-    except Exception as e:  # jsonargparse's ArgumentError: worded as train fit words it
-        raise ConfigError(f"{origin}: {parser_error_line(str(e), parser.get_defaults().keys())}") from None
+    except Exception as e:  # jsonargparse's ArgumentError names the key; keep its text
+        raise ConfigError(f"{origin}: invalid data section:\n{e}") from None
 
 
 def load_data_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> DataConfig:
