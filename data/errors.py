@@ -21,8 +21,8 @@ prints such an error with :func:`error_lines` (``error: ...``, no traceback) and
 (:func:`one_line_errors`). docs/faults.md lists the refusals.
 
 :func:`parser_error_line` is the one wording of a configuration the parser (jsonargparse) refuses, for
-``train fit``, every tool and ``ScheduleConfig.from_dict``; :func:`unknown_empty_keys` finds the misspelt
-keys it drops without a word.
+``train fit``, every tool and ``ScheduleConfig.from_dict``; :func:`misread_keys` finds what it lets through
+unread (a misspelt key holding ``{}``) or misread (a number where a group goes).
 """
 
 from __future__ import annotations
@@ -173,25 +173,43 @@ def _holds(given: Any, parts: list[str]) -> bool:
 _ABSENT = object()
 
 
-def unknown_empty_keys(given: Mapping, parsed: Any, prefix: str = "") -> list[str]:
-    """The keys of ``given`` (a config as written) holding an empty mapping that ``parsed`` (what the parser
-    made of it) lacks: jsonargparse reads a misspelt ``wieghts: {}`` as nothing at all."""
+def misread_keys(given: Mapping, parsed: Any, defaults: Any = None, prefix: str = "") -> list[tuple[str, Any]]:
+    """(key, value) of what ``given`` (a config as written) says that the parser did not read as written:
+    a misspelt key holding an empty mapping (``wieghts: {}``, read as nothing at all), and a number or a
+    list where ``defaults`` (the parser's) has a group (``lr: 0.1``, which failed later with a TypeError
+    naming no key). Tell them apart with :func:`misread_line`."""
     out = []
     for name, value in given.items():
-        inner, key = _child(parsed, name), f"{prefix}{name}"
+        inner, default, key = _child(parsed, name), _child(defaults, name), f"{prefix}{name}"
         if inner is _ABSENT:
-            out += [key] if value == {} else []
+            out += [(key, value)] if value == {} else []
         elif isinstance(value, Mapping):
-            out += unknown_empty_keys(value, inner, f"{key}.")
-        elif isinstance(value, list) and isinstance(inner, (list, tuple)):
-            out += [k for i, (v, p) in enumerate(zip(value, inner)) if isinstance(v, Mapping)
-                    for k in unknown_empty_keys(v, p, f"{key}[{i}].")]
+            out += misread_keys(value, inner, default, f"{key}.")
+        elif isinstance(value, list):
+            out += _misread_in_list(value, inner, key)
+        elif hasattr(default, "as_dict") and not isinstance(value, str):  # a group: a mapping or a file
+            out.append((key, value))
     return out
 
 
+def _misread_in_list(given: list, parsed: Any, key: str) -> list[tuple[str, Any]]:
+    """:func:`misread_keys` of each mapping of a list (``phases: [...]``)."""
+    items = zip(given, parsed) if isinstance(parsed, (list, tuple)) else ()
+    return [k for i, (v, p) in enumerate(items) if isinstance(v, Mapping)
+            for k in misread_keys(v, p, None, f"{key}[{i}].")]
+
+
+def misread_line(key: str, value: Any, known: Iterable[str] = (), files: Iterable[tuple[str, Mapping]] = ()) -> str:
+    """The line for one of :func:`misread_keys`."""
+    if value == {}:
+        return unknown_key_line(key, known, files)
+    where = next((f"{name}: " for name, given in files if _holds(given, key.split("."))), "")
+    return f"{where}{key}: expected a mapping or a YAML file, got {value!r}"
+
+
 def _child(node: Any, name: str) -> Any:
-    if isinstance(node, Mapping):
-        return node.get(name, _ABSENT)
+    if node is None or isinstance(node, Mapping):
+        return (node or {}).get(name, _ABSENT)
     if hasattr(node, "__contains__") and hasattr(node, "__getitem__"):  # jsonargparse's Namespace
         return node[name] if name in node else _ABSENT
     return getattr(node, name, _ABSENT)

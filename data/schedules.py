@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from data.errors import ConfigError, parser_error_line, unknown_empty_keys, unknown_key_line
+from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
 
 WEIGHT_SUM_TOLERANCE = 1e-6
 ANNEAL = "anneal"  # a phase start that means "at schedule.anneal_start"
@@ -164,9 +164,6 @@ class ScheduleConfig:
         """
         if not isinstance(d, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {d!r}")
-        for name in ("mixture", "seq_len", "lr"):  # jsonargparse fails on a scalar here with a TypeError naming no key
-            if name in d and not isinstance(d[name], (Mapping, str)):
-                raise ConfigError(f"{key}.{name}: expected a mapping or a YAML file, got {d[name]!r}")
         given = {key.rpartition(".")[2]: dict(d)}
         for outer in reversed(key.split(".")[:-1]):  # data.schedule: {"data": {"schedule": d}}
             given = {outer: given}
@@ -175,8 +172,9 @@ class ScheduleConfig:
             parsed = parser.parse_object(given)
         except Exception as e:  # jsonargparse's ArgumentError
             raise ConfigError(parser_error_line(str(e), parser.get_defaults().keys())) from None
-        for empty in unknown_empty_keys(given, parsed):
-            raise ConfigError(unknown_key_line(empty, parser.get_defaults().keys()))
+        defaults = parser.get_defaults()
+        for bad, value in misread_keys(given, parsed, defaults):
+            raise ConfigError(misread_line(bad, value, defaults.keys()))
         return functools.reduce(getattr, key.split("."), parser.instantiate(parsed))
 
     def validate(self) -> None:

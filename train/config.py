@@ -41,7 +41,7 @@ from jsonargparse import ArgumentError, Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from data.config import REMOVED_KEYS, DataConfig, parse_data_config, removed_key_error
-from data.errors import ConfigError, parser_error_line, unknown_empty_keys, unknown_key_line
+from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
 from train import lightning_internals as internals
 from train.datamodule import WellMixedData
 from train.model import ModelConfig
@@ -234,7 +234,7 @@ class ConfigCLI(LightningCLI):
             known = [k for p in self.command_parsers for k in p.get_defaults().keys()]
             raise ConfigError(parser_error_line(str(e), known, config_files(argv), error_hints())) from None
         section = self._section()
-        check_config_files(section)
+        check_config_files(section, self.command_parsers[0].get_defaults())
         refuse_set_by_cli(section)
 
 
@@ -250,17 +250,18 @@ def find_model_file(load, launch_dir: str):
     return load_model_group
 
 
-def check_config_files(section: Namespace) -> None:
+def check_config_files(section: Namespace, defaults: Namespace) -> None:
     """What the parser lets through in a ``--config`` file, refused naming the file: a misspelt key holding an
-    empty mapping (``wieghts: {}``, read as nothing at all), and a ``data.elastic`` (etc.), which the link
+    empty mapping (``wieghts: {}``, read as nothing at all), a number where a group goes (``lr: 0.1``; the
+    parser's ``defaults`` tell), and a ``data.elastic`` (etc.), which the link
     from ``run.elastic`` would overwrite without a word (the parser refuses only the command-line form)."""
     for path in section.get("config") or []:
         name, given = str(getattr(path, "relative", path)), _read_yaml(str(getattr(path, "absolute", path)))
         data = given.get("data") if isinstance(given.get("data"), dict) else {}
         for key in [k for k in RESUME_POLICY if k in data]:
             raise ConfigError(f"{name}: data.{key} is a resume setting: write it as run.{key} (or --run.{key})")
-        for key in unknown_empty_keys(given, section):
-            raise ConfigError(unknown_key_line(key, section.keys(), [(name, given)]))
+        for key, value in misread_keys(given, section, defaults):
+            raise ConfigError(misread_line(key, value, section.keys(), [(name, given)]))
 
 
 def _read_yaml(path: str) -> dict:

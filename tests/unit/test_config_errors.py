@@ -99,6 +99,16 @@ def test_a_misspelt_key_holding_an_empty_mapping_is_refused_by_every_tool(tmp_pa
         ScheduleConfig.from_dict({"mixture": {"weights": {"web": 1.0}, "wieghts": {}}})
 
 
+def test_a_number_where_a_group_goes_is_one_line_naming_the_file_from_fit_and_from_dict(tmp_path, capsys):
+    """``lr: 0.1`` in a config file ended ``train fit`` in a TypeError traceback naming no key."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  schedule:\n    lr: 0.1\n")
+    line = "data.schedule.lr: expected a mapping or a YAML file, got 0.1"
+    assert fit_error(["--config", DEMO, "--config", str(bad)], capsys) == f"error: {bad}: {line}"
+    with pytest.raises(ConfigError, match=f"^{re.escape(line)}$"):
+        ScheduleConfig.from_dict({"lr": 0.1, "mixture": {"weights": {"web": 1.0}}}, key="data.schedule")
+
+
 @pytest.mark.parametrize(("key", "value"), [("val_tokens_per_source", 512), ("min_chunks_per_source", 3)])
 def test_a_resume_under_another_data_setting_names_the_key_and_its_two_values(make_cfg, key, value):
     """It said "the corpus changed (fingerprint ...)" and offered --run.allow_changed_data (which restarts
