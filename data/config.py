@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import glob
 import os
 import re
@@ -33,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 
-from data.errors import ConfigError
+from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
 from data.schedules import ScheduleConfig, validate_sources
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
@@ -262,8 +262,8 @@ def data_parser() -> ArgumentParser:
 def resolve_data_config(argv: list[str]) -> DataConfig:
     """The :class:`DataConfig` that ``python -m train fit ARGV`` builds (``--config`` files, ``--data.*``
     overrides), resolved without importing torch or Lightning; a bad key or value is a ConfigError."""
-    parser = data_parser()
-    return _instantiated(parser, lambda: parser.parse_args([a for a in argv if a != "fit"]))
+    parser, args = data_parser(), [a for a in argv if a != "fit"]
+    return _instantiated(parser, lambda: parser.parse_args(args), config_files(args))
 
 
 def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataConfig:
@@ -275,38 +275,70 @@ def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataCo
         raise ConfigError(f"{origin}: {e}") from None
 
 
-def _instantiated(parser: ArgumentParser, parse) -> DataConfig:
-    """The DataConfig that ``parse()`` gives ``parser``; jsonargparse's refusal as one ConfigError."""
+def _instantiated(parser: ArgumentParser, parse, files: list[tuple[str, dict]] = ()) -> DataConfig:
+    """The DataConfig that ``parse()`` gives ``parser``; a refusal is one ConfigError line in data/errors.py's
+    wording (the one ``train fit`` gives), ``files`` naming the config file of an unknown key."""
+    known = list(parser.get_defaults().keys())
     try:
-        return parser.instantiate(parse()).data
+        parsed = parse()
     except ArgumentError as e:
-        raise ConfigError(parse_error(str(e), ["--" + key for key in parser.get_defaults().keys()])) from None
+        hints = {f"data.{key}": removed_key_error(key) for key in REMOVED_KEYS}
+        raise ConfigError(parser_error_line(str(e), known, files, hints)) from None
+    refuse_misread(parsed, parser.get_defaults())
+    return parser.instantiate(parsed).data
 
 
-def parse_error(message: str, known: list[str]) -> str:
-    """jsonargparse's refusal of a data config in a few words: a removed key names its replacement, an
-    unknown flag the ``known`` ones closest to it."""
-    for key in REMOVED_KEYS:
-        if re.search(rf"(does not accept (nested key|option) '|'data\.|--data\.){key}\b", message):
-            return removed_key_error(key)
-    unknown = re.match(r"unrecognized arguments: (--[\w.]+)", message)
-    close = difflib.get_close_matches(unknown.group(1), known, n=3, cutoff=0.75) if unknown else []
-    if close:
-        return f"{message.splitlines()[0]} (did you mean {' or '.join(close)}?)"
-    missing = re.search(r'Parser key "([\w.]+)": File does not exist: \'?([^\'\n]+)', message)
-    if missing:
-        return f"--{missing.group(1)} {missing.group(2)}: file not found"
-    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-    return re.sub(r'^Parser key "([\w.]+)":?\s*', r"--\1: ", " ".join(lines[:4]))
+def config_files(argv: list[str]) -> list[tuple[str, dict]]:
+    """The ``--config`` files of a command line, read (name, contents), for naming the file of an unknown key."""
+    names = [b for a, b in zip(argv, argv[1:]) if a in ("-c", "--config")]
+    names += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    return [(name, _read_yaml(name)) for name in names]
 
 
-def split_tool_args(own: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+def read_config_files(parsed: Any) -> list[tuple[str, dict]]:
+    """(name as given, contents) of the ``--config`` files a parse read."""
+    return [(str(getattr(p, "relative", p)), _read_yaml(str(getattr(p, "absolute", p))))
+            for p in parsed.get("config") or []]
+
+
+def refuse_misread(parsed: Any, defaults: Any) -> None:
+    """What jsonargparse lets through in a ``--config`` file, refused naming the file: a misspelt key holding an
+    empty mapping (``wieghts: {}``, read as nothing at all) and a number where a group goes (``lr: 0.1``)."""
+    for name, given in read_config_files(parsed):
+        for key, value in misread_keys(given, parsed, defaults):
+            raise ConfigError(misread_line(key, value, parsed.keys(), [(name, given)]))
+
+
+def _read_yaml(path: str) -> dict:
+    """A config file's mapping ({} when it is something else: jsonargparse read it already and said so)."""
+    try:
+        given = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return given if isinstance(given, dict) else {}
+
+
+class ToolParser(argparse.ArgumentParser):
+    """A tool's own parser, remembering which of its flags take a value (for :func:`split_tool_args`;
+    argparse keeps its list of actions private)."""
+
+    def __init__(self, *args, **kwargs):
+        self.takes_value: dict[str, bool] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        self.takes_value.update({o: action.nargs != 0 for o in action.option_strings})
+        return action
+
+
+def split_tool_args(own: ToolParser, argv: list[str]) -> tuple[list[str], list[str]]:
     """A tool's command line split into its own flags (``own``'s options, with their values) and the rest,
     for the configuration parser (``--config``, ``--data.*``, ...): a configuration flag keeps the word after it
     as its value, and a bare word no flag took is one of the tool's positional arguments. The tool then parses
     its own part with ``own.parse_args`` (an unknown flag is the configuration parser's to name, with a "did
     you mean")."""
-    takes_value = {o: a.nargs != 0 for a in own._actions for o in a.option_strings}
+    takes_value = own.takes_value
     mine, rest, tokens = [], [], list(argv)
     while tokens:
         token = tokens.pop(0)

@@ -19,14 +19,20 @@ One family, one base: ``except WellMixedError`` catches every refusal of the rep
 Every entry point -- ``python -m train fit`` and each ``main(argv) -> int`` of scripts/ and ablations/ --
 prints such an error with :func:`error_lines` (``error: ...``, no traceback) and exits 2
 (:func:`one_line_errors`). docs/faults.md lists the refusals.
+
+:func:`parser_error_line` is the one wording of a configuration the parser (jsonargparse) refuses, for
+``train fit``, every tool and ``ScheduleConfig.from_dict``; :func:`misread_keys` finds what it lets through
+unread (a misspelt key holding ``{}``) or misread (a number where a group goes).
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 import sys
-from typing import Callable
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable
 
 REFUSED_EXIT = 2
 """Exit status of a refusal (bad configuration, flag or input): nothing was computed."""
@@ -92,3 +98,118 @@ def one_line_errors(main: Callable[..., int] | None = None, *,
         return entry
 
     return wrap if main is None else wrap(main)
+
+
+_UNKNOWN = re.compile(r"(?:Group '([\w.]+)'|Subcommand '\w+') does not accept option '([\w.]+)'"
+                      r"|Option '([\w.]+)' is not accepted"
+                      r"|unrecognized arguments: (\S+)")
+_PARSER_KEY = re.compile(r'^(?:- )?Parser key "([\w.]+)":?\s*')
+
+
+def parser_error_line(message: str, known: Iterable[str] = (), files: Iterable[tuple[str, Mapping]] = (),
+                      hints: Mapping[str, str] | None = None) -> str:
+    """jsonargparse's refusal as one line, the same wherever the configuration came from.
+
+    - a key nothing accepts: ``FILE: KEY: unknown key (did you mean KEY2?)``, FILE being the first of
+      ``files`` (name, contents) that holds KEY; a flag: ``--KEY: unknown flag (did you mean --KEY2?)``;
+    - anything else: ``KEY: `` and jsonargparse's own words (``Expected a <class 'float'>. Got value: abc``);
+    - ``hints``: the whole line for a key with a known replacement (a key this CLI sets, a removed key).
+    """
+    keys, text = _read_message(message)
+    unknown = _UNKNOWN.search(message)
+    key = _unknown_key(unknown.groups(), keys) if unknown else ".".join(keys)
+    bare = key.lstrip("-")
+    hint = next((line for k, line in (hints or {}).items() if bare == k or bare.startswith(k + ".")), None)
+    if hint or not unknown:
+        return hint or f"{key}: {text or message}"
+    return unknown_key_line(key, known, files)
+
+
+def unknown_key_line(key: str, known: Iterable[str] = (), files: Iterable[tuple[str, Mapping]] = ()) -> str:
+    """``FILE: KEY: unknown key (did you mean KEY2?)`` (FILE: the first of ``files`` that holds KEY), or for a
+    flag ``--KEY: unknown flag (did you mean --KEY2?)``: the closest of ``known``, or those it abbreviates."""
+    dash = "--" if key.startswith("--") else ""
+    bare = key.lstrip("-")
+    where = "" if dash else next((f"{name}: " for name, given in files if _holds(given, bare.split("."))), "")
+    close = _closest(bare, list(known))
+    maybe = f" (did you mean {' or '.join(dash + k for k in close)}?)" if close else ""
+    return f"{where}{key}: unknown {'flag' if dash else 'key'}{maybe}"
+
+
+def _read_message(message: str) -> tuple[list[str], str]:
+    """The keys jsonargparse's message names (outermost first) and its first line of prose."""
+    keys, text = [], ""
+    for line in message.splitlines():
+        line = line.strip()
+        while _PARSER_KEY.match(line):
+            keys.append(_PARSER_KEY.match(line).group(1))
+            line = _PARSER_KEY.sub("", line, count=1)
+        if line and not text and not line.startswith("Problem with given class_path"):
+            text = line
+    return list(dict.fromkeys(keys)), text
+
+
+def _unknown_key(groups: tuple, keys: list[str]) -> str:
+    """The key (or ``--flag``) an unknown-option message names, in full."""
+    group, option, alone, flag = groups
+    if flag:
+        return flag.split("=")[0]
+    return ".".join(filter(None, (group or ".".join(keys), option or alone)))
+
+
+def _closest(key: str, known: list[str]) -> list[str]:
+    """The known keys ``key`` abbreviates (up to three), else the one closest to it."""
+    return [k for k in known if k.startswith(key) and k != key][:3] or difflib.get_close_matches(key, known, 1)
+
+
+def _holds(given: Any, parts: list[str]) -> bool:
+    for part in parts:
+        if not isinstance(given, Mapping) or part not in given:
+            return False
+        given = given[part]
+    return True
+
+
+_ABSENT = object()
+
+
+def misread_keys(given: Mapping, parsed: Any, defaults: Any = None, prefix: str = "") -> list[tuple[str, Any]]:
+    """(key, value) of what ``given`` (a config as written) says that the parser did not read as written:
+    a misspelt key holding an empty mapping (``wieghts: {}``, read as nothing at all), and a number or a
+    list where ``defaults`` (the parser's) has a group (``lr: 0.1``, which failed later with a TypeError
+    naming no key). Tell them apart with :func:`misread_line`."""
+    out = []
+    for name, value in given.items():
+        inner, default, key = _child(parsed, name), _child(defaults, name), f"{prefix}{name}"
+        if inner is _ABSENT:
+            out += [(key, value)] if value == {} else []
+        elif isinstance(value, Mapping):
+            out += misread_keys(value, inner, default, f"{key}.")
+        elif isinstance(value, list):
+            out += _misread_in_list(value, inner, key)
+        elif hasattr(default, "as_dict") and not isinstance(value, str):  # a group: a mapping or a file
+            out.append((key, value))
+    return out
+
+
+def _misread_in_list(given: list, parsed: Any, key: str) -> list[tuple[str, Any]]:
+    """:func:`misread_keys` of each mapping of a list (``phases: [...]``)."""
+    items = zip(given, parsed) if isinstance(parsed, (list, tuple)) else ()
+    return [k for i, (v, p) in enumerate(items) if isinstance(v, Mapping)
+            for k in misread_keys(v, p, None, f"{key}[{i}].")]
+
+
+def misread_line(key: str, value: Any, known: Iterable[str] = (), files: Iterable[tuple[str, Mapping]] = ()) -> str:
+    """The line for one of :func:`misread_keys`."""
+    if value == {}:
+        return unknown_key_line(key, known, files)
+    where = next((f"{name}: " for name, given in files if _holds(given, key.split("."))), "")
+    return f"{where}{key}: expected a mapping or a YAML file, got {value!r}"
+
+
+def _child(node: Any, name: str) -> Any:
+    if node is None or isinstance(node, Mapping):
+        return (node or {}).get(name, _ABSENT)
+    if hasattr(node, "__contains__") and hasattr(node, "__getitem__"):  # jsonargparse's Namespace
+        return node[name] if name in node else _ABSENT
+    return getattr(node, name, _ABSENT)

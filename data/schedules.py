@@ -21,14 +21,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from data.errors import ConfigError
+from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
 
 WEIGHT_SUM_TOLERANCE = 1e-6
 ANNEAL = "anneal"  # a phase start that means "at schedule.anneal_start"
@@ -121,20 +120,11 @@ class MixtureConfig:
                 out.append(
                     f"{key}[{i}].weights: names sources {sorted(phase.weights)}, but {key}[0] names "
                     f"{sorted(self.phases[0].weights)}; every phase must name the same sources (0 is allowed)")
-            if i == 0 and phase.start != 0:
-                out.append(f"{key}[0].start: the first phase starts at step 0; omit start")
-                continue
-            fraction = anneal_start if phase.start == ANNEAL else phase.start
-            if phase.start == ANNEAL and anneal_start >= 1:
-                out.append(f"{key}[{i}].start: 'anneal' needs schedule.anneal_start < 1 (got {anneal_start})")
-                return out
-            if not 0 <= fraction < 1:
-                out.append(f"{key}[{i}].start: {phase.start!r} must be a fraction in [0, 1) or 'anneal'")
-                return out
-            if fraction <= previous:
-                out.append(f"{key}[{i}].start: {phase.start!r} must come after the previous phase's start")
-                return out
-            previous = fraction
+            problem, previous = _start_problem(phase, f"{key}[{i}].start", i, anneal_start, previous)
+            if problem:
+                out.append(problem)
+                if i:  # a later start is not judged against a start that is wrong
+                    return out
         if len(self.phases) > 1 and anneal_start < 1 and self.phases[-1].start != ANNEAL:
             out.append(
                 f"{key}[-1].start: {self.phases[-1].start!r} must be 'anneal' (= schedule.anneal_start) "
@@ -174,10 +164,18 @@ class ScheduleConfig:
         """
         if not isinstance(d, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {d!r}")
+        given = {key.rpartition(".")[2]: dict(d)}
+        for outer in reversed(key.split(".")[:-1]):  # data.schedule: {"data": {"schedule": d}}
+            given = {outer: given}
+        parser = _parser(cls, key)
         try:
-            return _parser(cls).instantiate(_parser(cls).parse_object({"schedule": dict(d)})).schedule
-        except Exception as e:  # jsonargparse's ArgumentError (or a TypeError from a scalar where a group goes)
-            raise ConfigError(_parse_error(str(e), d, key)) from None
+            parsed = parser.parse_object(given)
+        except Exception as e:  # jsonargparse's ArgumentError
+            raise ConfigError(parser_error_line(str(e), parser.get_defaults().keys())) from None
+        defaults = parser.get_defaults()
+        for bad, value in misread_keys(given, parsed, defaults):
+            raise ConfigError(misread_line(bad, value, defaults.keys()))
+        return functools.reduce(getattr, key.split("."), parser.instantiate(parsed))
 
     def validate(self) -> None:
         """Checks every relation that does not need the total steps; ``build`` checks the rest."""
@@ -185,23 +183,14 @@ class ScheduleConfig:
 
     def problems(self) -> list[str]:
         """Every independent problem that does not need the total steps, each ``key: problem; what to do``."""
-        seq, lr, out = self.seq_len, self.lr, []
-        for name, value in (("train_tokens", self.train_tokens), ("global_batch_size", self.global_batch_size),
-                            ("seq_len.multiple", seq.multiple), ("seq_len.start", seq.start)):
-            if value <= 0:
-                out.append(f"schedule.{name}: {value} must be positive")
-        for name, value in (("seq_len.warmup_steps", seq.warmup_steps), ("lr.warmup_steps", lr.warmup_steps),
-                            ("lr.min", lr.min)):
-            if value < 0:
-                out.append(f"schedule.{name}: {value} is negative; give 0 or more")
-        if seq.multiple > 0:
-            for name, value in (("start", seq.start), ("end", seq.end)):
-                if value % seq.multiple:
-                    out.append(f"schedule.seq_len.{name}: {value} is not a multiple of "
-                               f"schedule.seq_len.multiple ({seq.multiple}); round it")
-        if seq.start > seq.end:
-            out.append(f"schedule.seq_len.start: {seq.start} is above schedule.seq_len.end ({seq.end}); "
-                       "the warmup goes from start up to end")
+        seq, lr = self.seq_len, self.lr
+        out = [f"schedule.{name}: {value} must be positive"
+               for name, value in (("train_tokens", self.train_tokens), ("global_batch_size", self.global_batch_size),
+                                   ("seq_len.multiple", seq.multiple), ("seq_len.start", seq.start)) if value <= 0]
+        out += [f"schedule.{name}: {value} is negative; give 0 or more"
+                for name, value in (("seq_len.warmup_steps", seq.warmup_steps), ("lr.warmup_steps", lr.warmup_steps),
+                                    ("lr.min", lr.min)) if value < 0]
+        out += _seq_len_problems(seq)
         if not lr.peak > 0:
             out.append(f"schedule.lr.peak: {lr.peak} must be positive")
         if lr.min > lr.peak:
@@ -238,28 +227,7 @@ class Schedule:
         """Computes the step counts and resolves the mixture; ``mixture_key`` names it in errors."""
         config.validate()
         total_steps, total_tokens, decay_start = _step_counts(config)
-        phases, boundaries = cls._phases(config, mixture_key, decay_start, total_steps)
-        sources = list(phases[0].weights)
-        matrix = np.array([[p.weights[s] for s in sources] for p in phases], dtype=np.float64)
-        matrix /= matrix.sum(axis=1, keepdims=True)
-        matrix.flags.writeable = False
-        return cls(config=config, sources=sources, total_steps=total_steps, total_tokens=total_tokens,
-                   decay_start=decay_start, phase_weights=matrix,
-                   phase_boundaries=[(p.name, b) for p, b in zip(phases, boundaries)])
-
-    @classmethod
-    def _phases(cls, config: ScheduleConfig, mixture_key: str, decay_start: int,
-                total_steps: int) -> tuple[list[PhaseConfig], list[int]]:
-        """The mixture's phases (a fixed mixture, or a fixed equivalent, as one) and their first steps."""
-        mixture = config.mixture
-        if mixture.fixed_equivalent_of is not None:
-            inner = dataclasses.replace(config, mixture=mixture.fixed_equivalent_of)
-            weights = fixed_equivalent_weights(cls.from_config(inner, f"{mixture_key}.fixed_equivalent_of"))
-            phases = [PhaseConfig(name="fixed", weights=weights)]
-        elif mixture.weights is not None:
-            phases = [PhaseConfig(name="fixed", weights=mixture.weights)]
-        else:
-            phases = list(mixture.phases)
+        mixture, phases = config.mixture, _phases(config, mixture_key)
         boundaries = [decay_start if p.start == ANNEAL else round(p.start * total_steps) for p in phases]
         for i, (first, stop) in enumerate(zip(boundaries, boundaries[1:] + [total_steps])):
             ramp = mixture.ramp_steps if i else 0
@@ -267,7 +235,13 @@ class Schedule:
                 raise ConfigError(
                     f"{mixture_key}.phases[{i}].start: phase {phases[i].name!r} spans steps [{first}, {stop}) "
                     f"of {total_steps}, too few for itself and its {ramp} {mixture_key}.ramp_steps")
-        return phases, boundaries
+        sources = list(phases[0].weights)
+        matrix = np.array([[p.weights[s] for s in sources] for p in phases], dtype=np.float64)
+        matrix /= matrix.sum(axis=1, keepdims=True)
+        matrix.flags.writeable = False
+        return cls(config=config, sources=sources, total_steps=total_steps, total_tokens=total_tokens,
+                   decay_start=decay_start, phase_weights=matrix,
+                   phase_boundaries=[(p.name, b) for p, b in zip(phases, boundaries)])
 
     def max_seq_len(self, step: int) -> int:
         """Tokens per sequence at ``step``: the warmup line rounded down to ``multiple``, then ``end``."""
@@ -379,37 +353,6 @@ def tokens_per_phase(schedule: Schedule) -> dict[str, dict[str, float]]:
             for (name, _), row in zip(schedule.phase_boundaries, by_phase)}
 
 
-def _step_counts(config: ScheduleConfig) -> tuple[int, int, int]:
-    """Total steps and tokens of the budget (the warmup's shorter sequences counted) and the decay start;
-    a budget that cannot hold the warmups or the decay is refused naming the key."""
-    seq, lr = config.seq_len, config.lr
-    one_batch = config.global_batch_size * seq.start
-    if config.train_tokens < one_batch:
-        raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens is below one batch "
-                          f"(schedule.global_batch_size x seq_len.start = {one_batch}); raise the budget")
-    segments = _seq_len_segments(seq)
-    warm_tokens = sum(config.global_batch_size * length * (stop - first)
-                      for (first, length), (stop, _) in zip(segments, segments[1:]))
-    if warm_tokens >= config.train_tokens:
-        raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens end within the "
-                          f"{seq.warmup_steps} steps of schedule.seq_len.warmup_steps")
-    after = -(-(config.train_tokens - warm_tokens) // (config.global_batch_size * seq.end))
-    total_steps = seq.warmup_steps + after
-    total_tokens = warm_tokens + after * config.global_batch_size * seq.end
-    if total_steps <= lr.warmup_steps:
-        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} is not below the "
-                          f"{total_steps} total steps of schedule.train_tokens")
-    decay_start = round(config.anneal_start * total_steps)
-    if config.anneal_start < 1 and decay_start > total_steps - 2:
-        raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under 2 of the "
-                          f"{total_steps} steps of schedule.train_tokens ({config.train_tokens}); raise the "
-                          "budget or lower anneal_start")
-    if lr.warmup_steps > decay_start:
-        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} reaches into the LR decay, "
-                          f"which starts at step {decay_start} (schedule.anneal_start)")
-    return total_steps, total_tokens, decay_start
-
-
 def validate_sources(schedule: Schedule, corpus_sources: list[str]) -> None:
     """Raises ConfigError when the schedule names a source the corpus lacks or misses one it has."""
     mixture = schedule.config.mixture
@@ -449,6 +392,72 @@ def _seq_len_segments(seq: SeqLenConfig) -> list[tuple[int, int]]:
     return segments + [(seq.warmup_steps, seq.end)]
 
 
+def _phases(config: ScheduleConfig, mixture_key: str) -> list[PhaseConfig]:
+    """The mixture as phases: a fixed mixture (given, or the fixed equivalent of a schedule) is one."""
+    mixture = config.mixture
+    if mixture.fixed_equivalent_of is not None:
+        inner = dataclasses.replace(config, mixture=mixture.fixed_equivalent_of)
+        weights = fixed_equivalent_weights(Schedule.from_config(inner, f"{mixture_key}.fixed_equivalent_of"))
+        return [PhaseConfig(name="fixed", weights=weights)]
+    if mixture.weights is not None:
+        return [PhaseConfig(name="fixed", weights=mixture.weights)]
+    return list(mixture.phases)
+
+
+def _step_counts(config: ScheduleConfig) -> tuple[int, int, int]:
+    """(total steps, total tokens, the LR decay's first step) of the budget, the warmup's shorter sequences
+    counted; a budget that does not fit the warmups raises ConfigError."""
+    seq, lr, batch = config.seq_len, config.lr, config.global_batch_size
+    if config.train_tokens < batch * seq.start:
+        raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens is below one batch "
+                          f"(schedule.global_batch_size x seq_len.start = {batch * seq.start}); raise the budget")
+    segments = _seq_len_segments(seq)
+    warm_tokens = sum(batch * length * (stop - first) for (first, length), (stop, _) in zip(segments, segments[1:]))
+    if warm_tokens >= config.train_tokens:
+        raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens end within the "
+                          f"{seq.warmup_steps} steps of schedule.seq_len.warmup_steps")
+    after = -(-(config.train_tokens - warm_tokens) // (batch * seq.end))
+    total_steps = seq.warmup_steps + after
+    if total_steps <= lr.warmup_steps:
+        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} is not below the "
+                          f"{total_steps} total steps of schedule.train_tokens")
+    decay_start = round(config.anneal_start * total_steps)
+    if config.anneal_start < 1 and decay_start > total_steps - 2:
+        raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under 2 of the "
+                          f"{total_steps} steps of schedule.train_tokens ({config.train_tokens}); raise the "
+                          "budget or lower anneal_start")
+    if lr.warmup_steps > decay_start:
+        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} reaches into the LR decay, "
+                          f"which starts at step {decay_start} (schedule.anneal_start)")
+    return total_steps, warm_tokens + after * batch * seq.end, decay_start
+
+
+def _start_problem(phase: PhaseConfig, key: str, i: int, anneal_start: float,
+                   previous: float) -> tuple[str | None, float]:
+    """Phase ``i``'s start against the anneal and the previous start; and the start (a fraction) it sets."""
+    if i == 0:
+        return (None, 0.0) if phase.start == 0 else (f"{key}: the first phase starts at step 0; omit start", previous)
+    fraction = anneal_start if phase.start == ANNEAL else phase.start
+    if phase.start == ANNEAL and anneal_start >= 1:
+        return f"{key}: 'anneal' needs schedule.anneal_start < 1 (got {anneal_start})", previous
+    if not 0 <= fraction < 1:
+        return f"{key}: {phase.start!r} must be a fraction in [0, 1) or 'anneal'", previous
+    if fraction <= previous:
+        return f"{key}: {phase.start!r} must come after the previous phase's start", previous
+    return None, fraction
+
+
+def _seq_len_problems(seq: SeqLenConfig) -> list[str]:
+    """The warmup's lengths against ``multiple`` and each other."""
+    out = [f"schedule.seq_len.{name}: {value} is not a multiple of schedule.seq_len.multiple ({seq.multiple}); "
+           "round it" for name, value in (("start", seq.start), ("end", seq.end))
+           if seq.multiple > 0 and value % seq.multiple]
+    if seq.start > seq.end:
+        out.append(f"schedule.seq_len.start: {seq.start} is above schedule.seq_len.end ({seq.end}); "
+                   "the warmup goes from start up to end")
+    return out
+
+
 def _check_step(step: int) -> int:
     if step < 0:
         raise ValueError(f"step must be non-negative, got {step}")
@@ -456,81 +465,13 @@ def _check_step(step: int) -> int:
 
 
 @functools.cache
-def _parser(config_class: type) -> Any:
-    """A parser of one ``--schedule`` argument of ``config_class``, built once per class."""
+def _parser(config_class: type, key: str) -> Any:
+    """A parser of one ``--KEY`` argument of ``config_class``, built once per class and key."""
     from jsonargparse import ArgumentParser  # here: a built Schedule needs no parser
 
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--schedule", type=config_class, sub_configs=True)  # sub_configs: FILE.yaml values
+    parser.add_argument(f"--{key}", type=config_class, sub_configs=True)  # sub_configs: FILE.yaml values
     return parser
-
-
-_EXPECTED = {"float": "a number", "int": "an integer", "str": "a string", "tuple": "a list of phases",
-             "PhaseConfig": "a phase (a mapping)", "MixtureConfig": "a mixture (a mapping or a YAML file)"}
-_GROUPS = ("mixture", "seq_len", "lr")
-"""The schedule's dataclass fields: each a mapping, or the path of a YAML file holding one."""
-
-
-def _parse_error(message: str, d: Mapping, key: str) -> str:
-    """jsonargparse's message as one line: the innermost key it names, and what is wrong there."""
-    scalar = next((name for name in _GROUPS if name in d and not isinstance(d[name], (Mapping, str))), None)
-    if scalar:  # jsonargparse fails on it with a TypeError that names no key
-        return f"{key}.{scalar}: expected a mapping or a YAML file, got {d[scalar]!r}"
-    path, value = _key_path(d, _message_keys(message), key)
-    return f"{path}: {_problem(message, value)}"
-
-
-_UNKNOWN = re.compile(r"(?:does not accept option|Option) '([\w.]+)'")
-_MISSING = re.compile(r"arguments are required: ([\w.]+)")
-
-
-def _message_keys(message: str) -> list[str]:
-    """The keys below ``schedule`` that the message names, outermost first (a phase's own are relative)."""
-    outer = re.search(r'Parser key "schedule\.?([\w.]*)"|Group \'schedule\.?([\w.]*)\'', message)
-    parts = [p for p in (outer.group(1) or outer.group(2) or "").split(".") if p] if outer else []
-    parts += re.findall(r'\n\s+Parser key "([\w.]+)"', message)
-    unknown, missing = _UNKNOWN.search(message), _MISSING.search(message)
-    if unknown or missing:
-        parts += unknown.group(1).split(".") if unknown else [missing.group(1)]
-    return parts
-
-
-def _problem(message: str, value: Any) -> str:
-    """What the message says is wrong, in a few words; ``value`` is the one at its key, where found."""
-    if _UNKNOWN.search(message) or _MISSING.search(message):
-        return "unknown key; check its spelling" if _UNKNOWN.search(message) else "missing"
-    no_file = re.search(r"Unable to load config '([^']+)'|Expected a path but (\S+)", message)
-    if no_file:
-        return f"no YAML file {no_file.group(1) or no_file.group(2)} (from the working directory)"
-    expected = re.search(r"(?:Expected a <class '|Not a valid subclass of )(\w+)", message)
-    got = re.search(r"(?:Got|Given) value: (.*)", message)
-    if expected and got:  # the value itself where the path reaches it, else the text the message shows
-        shown = got.group(1) if isinstance(value, (Mapping, list, type(None))) else value
-        return f"expected {_EXPECTED.get(expected.group(1), expected.group(1))}, got {shown!r}"
-    return " ".join(message.split())
-
-
-def _key_path(d: Any, parts: list[str], key: str) -> tuple[str, Any]:
-    """``key.a.b`` for the parts, and the value there, with the index of the first phase that does not
-    parse on its own (the message names the list only): ``schedule.mixture.phases[1].weights``."""
-    out, value = [key], d
-    for part in parts:
-        value = value.get(part) if isinstance(value, Mapping) else None
-        out.append(part)
-        if part == "phases" and isinstance(value, list):
-            bad = [i for i, phase in enumerate(value) if not (isinstance(phase, Mapping) and _parses_as_phase(phase))]
-            if bad:
-                out[-1], value = f"phases[{bad[0]}]", value[bad[0]]
-    return ".".join(out), value
-
-
-def _parses_as_phase(phase: Any) -> bool:
-    """Whether jsonargparse accepts ``phase`` as a PhaseConfig on its own."""
-    try:
-        _parser(PhaseConfig).parse_object({"schedule": phase})
-    except Exception:  # noqa: BLE001 -- any refusal marks the phase at fault
-        return False
-    return True
 
 
 def _weight_problems(weights: dict[str, float], key: str) -> list[str]:

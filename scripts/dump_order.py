@@ -35,7 +35,14 @@ import time
 from pathlib import Path
 
 from data import files
-from data.config import DataConfig, check_weights, corpus_sources, resolve_data_config, split_tool_args
+from data.config import (
+    DataConfig,
+    ToolParser,
+    check_weights,
+    corpus_sources,
+    resolve_data_config,
+    split_tool_args,
+)
 from data.errors import ConfigError, one_line_errors
 from data.manifest import build_manifest
 from data.plan import stream_table
@@ -67,7 +74,7 @@ def parse_weights(text: str) -> dict[str, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False, epilog="Also every option of `python -m train fit` "
                                 "(--config, --data.*, ...).")
     p.add_argument("--steps", type=int, default=None, help="steps to dump (default: the schedule's total steps)")

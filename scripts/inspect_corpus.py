@@ -28,7 +28,7 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
 import argparse
 import sys
 
-from data.config import resolve_data_config, split_tool_args
+from data.config import ToolParser, resolve_data_config, split_tool_args
 from data.corpus.inspect import (
     duplicate_counts,
     format_duplicates,
@@ -42,7 +42,7 @@ from data.shuffled import shuffle_problems
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", help="corpus folder (searched recursively for parquet files)")
     p.add_argument("--pattern", default="**/*.parquet", help="glob under DIR (default **/*.parquet)")
     p.add_argument("--sample-rows", type=int, default=20_000,

@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from data.config import corpus_sources, split_tool_args
+from data.config import ToolParser, corpus_sources, split_tool_args
 from data.errors import ConfigError, error_lines, one_line_errors
 from data.manifest import build_manifest
 from data.plan import available_tokens, check_epochs, parse_tokens, plan_table, plot_schedule, stream_table
@@ -42,7 +42,7 @@ from data.schedules import build_schedule
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = ToolParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False, epilog="Also every option of `python -m train fit` "
                                 "(--config, --data.*, --model.*, --trainer.*, --run.*).")
     p.add_argument("--out", default=None,

@@ -42,9 +42,17 @@ from train import lightning_internals as internals
 from train import loggers as run_loggers
 from train import signals
 from train.callbacks import DataStateCallback, ProgressLog, ThroughputCallback
-from train.checkpoint import remove_unreferenced, requested_hparams, resolve_checkpoint, saved_hparams
+from train.checkpoint import (
+    LAST,
+    LAST_OR_NEW,
+    recorded_step,
+    remove_unreferenced,
+    requested_hparams,
+    resolve_checkpoint,
+    saved_hparams,
+)
 from train.checkpoint_io import AtomicCheckpointIO, FinalCheckpoint, remove_stale_temp_files
-from train.config import ConfigCLI, RunConfig
+from train.config import ConfigCLI, RunConfig, config_sources
 from train.datamodule import WellMixedData
 from train.model import ModelConfigError
 from train.module import PretrainModule
@@ -59,6 +67,13 @@ from train.signals import (
 )
 
 log = logging.getLogger("wellmixed")
+
+
+def newest_checkpoint(ckpt_dir: Path) -> tuple[Path | None, int]:
+    """The checkpoint of ``ckpt_dir`` that records the highest step, and that step ((None, -1): none opens)."""
+    steps = {p: recorded_step(p) for p in ckpt_dir.glob("*.ckpt")}
+    newest = max((p for p in steps if steps[p] is not None), key=steps.get, default=None)
+    return newest, -1 if newest is None else steps[newest]
 
 
 def check_tokenizer() -> None:
@@ -181,6 +196,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         cursor_ranks = None if self.trainer.world_size == 1 else []
         ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback, cursor_ranks,
                                        unverified_ok=run.allow_unverified_ckpt)
+        self._refuse_rewind_from_a_config_file(ckpt_path, ckpt_dir)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         self._check_resume_settings(ckpt_path)
@@ -196,6 +212,24 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
 
             write_mapping_report(data.manifest.mapping, run.dir)  # filter patterns -> values, kept in the run dir
         self.trainer.loggers = self._loggers(run.loggers)
+
+    def _refuse_rewind_from_a_config_file(self, ckpt_path: str | None, ckpt_dir: Path) -> None:
+        """A saved ``<run>/config.yaml`` records the checkpoint its launch resumed from: relaunched from that
+        file, a run would go back to that checkpoint and train the steps after it again without a word. A
+        ``ckpt_path`` file from a config file that is older than the run's newest checkpoint is refused; on
+        the command line it is a deliberate rewind."""
+        given = self._section().get("ckpt_path")
+        if ckpt_path is None or given in (LAST, LAST_OR_NEW) or any(
+                a.split("=")[0] == "--ckpt_path" for a in self.argv):
+            return
+        newest, newest_step = newest_checkpoint(ckpt_dir)
+        step = recorded_step(Path(ckpt_path))
+        if newest is not None and step is not None and newest_step > step:
+            raise ConfigError(
+                f"ckpt_path {given} (from {config_sources(self._section())}) is step {step}, but {ckpt_dir} holds "
+                f"step {newest_step} ({newest.name}): resuming from it would train steps {step + 1}-{newest_step} "
+                f"again. Continue with --ckpt_path last, or give --ckpt_path {given} on the command line to go "
+                "back on purpose")
 
     def _check_data(self, data: TrainingContext) -> None:
         """The manifest (bad files, null texts), the schedule against the model's context, the plan table

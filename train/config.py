@@ -24,25 +24,34 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
+import functools
 import logging
 import os
 import re
 import sys
 import tomllib
-import typing
+import warnings
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed
 from pathlib import Path
 from typing import Optional
 
-from jsonargparse import Namespace, set_parsing_settings
+import yaml
+from jsonargparse import ArgumentError, Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from data.config import REMOVED_KEYS, DataConfig, parse_data_config, removed_key_error
-from data.errors import ConfigError
-from data.schedules import ScheduleConfig
+from data.config import (
+    REMOVED_KEYS,
+    DataConfig,
+    config_files,
+    parse_data_config,
+    read_config_files,
+    refuse_misread,
+    removed_key_error,
+)
+from data.errors import ConfigError, parser_error_line
+from train import lightning_internals as internals
 from train.datamodule import WellMixedData
 from train.model import ModelConfig
 from train.module import PretrainModule
@@ -131,52 +140,16 @@ HIDDEN = {"model.log_every_n_steps": "set from --run.log_every_n_steps"}
 """Other keys the CLI sets from one place (hidden from help, refused when given)."""
 
 
-def dotted_fields(cls: type, prefix: str, seen: tuple = ()) -> list[str]:
-    """``prefix.field`` for every field of a (nested) dataclass: the keys of an optional dataclass
-    group (``data.schedule``), which jsonargparse's help names only as a whole. A field of a type
-    already on the path (``mixture.fixed_equivalent_of``) is named, not expanded."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        annotation = hints[f.name]
-        options = [annotation] + ([a for a in typing.get_args(annotation) if a is not type(None)]
-                                  if type(None) in typing.get_args(annotation) else [])  # X or Optional[X]
-        sub = next((c for c in options if isinstance(c, type) and dataclasses.is_dataclass(c)), None)
-        if sub is None or sub in seen or sub is cls:
-            out.append(f"{prefix}.{f.name}")
-        else:
-            out += dotted_fields(sub, f"{prefix}.{f.name}", (*seen, cls))
-    return out
-
-
-def schedule_keys() -> list[str]:
-    return dotted_fields(ScheduleConfig, "data.schedule")
-
-
 class WellMixedParser(LightningArgumentParser):
-    """LightningCLI's parser, with flags spelled out (no abbreviations: ``--data.bat 7`` is not
-    ``--data.batch_size``), a one-line error with a "did you mean" instead of ~90 lines of usage, and a
-    ``--help`` that shows what users set."""
+    """LightningCLI's parser with a ``--help`` that shows what users set. ConfigCLI makes every one with
+    flags spelled out (no abbreviations: ``--data.bat 7`` is not ``--data.batch_size``) and errors raised, not
+    printed with ~90 lines of usage: ConfigCLI words them (data/errors.py's ``parser_error_line``)."""
 
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-    _argv: list[str] = []
-    """The command line being parsed (set by ConfigCLI): the "did you mean" looks at its flags."""
-
-    def error(self, message: str, ex: Exception | None = None):
-        if not self.exit_on_error:
-            return super().error(message, ex)
-        self._logger.error(message)
-        text = removed_key_hint(message, self._argv) or short_error(message, self)
-        if "unrecognized" in text:
-            text += f"; all options: {self.prog.replace(' [options]', '')} --help"
-        print(f"error: {text}", file=sys.stderr)
-        sys.exit(2)
+    is_command = False
+    """A subcommand's parser (fit, validate), or the parser of :func:`resolve_config` (set by ConfigCLI)."""
 
     def format_usage(self) -> str:
-        if not self._is_command():
+        if not self.is_command:
             return super().format_usage()
         return (f"usage: {self.prog.replace(' [options]', '')} [-c CONFIG ...] [--data.KEY V] [--model.KEY V] "
                 "[--run.KEY V] [--trainer.KEY V] [--ckpt_path PATH] [--print_config]\n")
@@ -184,9 +157,9 @@ class WellMixedParser(LightningArgumentParser):
     def format_help(self) -> str:
         """Data, schedule, model and run options in full; the Trainer options this CLI leaves to the user
         in one sentence each; none that it sets itself (they are refused)."""
-        if not self._is_command():
+        if not self.is_command:
             return super().format_help()
-        for action in self._actions:
+        for action in internals.parser_actions(self):
             dest = action.dest
             if dest.startswith("trainer.") and dest[len("trainer."):] not in TRAINER_SHOWN or dest in HIDDEN:
                 action.help = argparse.SUPPRESS
@@ -200,76 +173,13 @@ class WellMixedParser(LightningArgumentParser):
             "PL_FIT__DATA__SEED=7).\nOther lightning.pytorch.Trainer arguments are accepted as --trainer.NAME; "
             "these are set by this CLI and refused: " + ", ".join(f"trainer.{k}" for k in SET_BY_CLI) + ".\n")
 
-    def _is_command(self) -> bool:
-        """A subcommand's parser (fit, validate), or the parser of :func:`resolve_config`."""
-        return any(a.dest.startswith("trainer.") for a in self._actions)
 
-    def known_keys(self) -> list[str]:
-        """Every dotted option this parser (and its subcommands') accepts, the schedule's fields included."""
-        keys = []
-        for action in self._actions:
-            keys += [o for o in action.option_strings if o.startswith("--")]
-            choices = getattr(action, "choices", None)
-            if isinstance(choices, dict):  # subcommands
-                for sub in choices.values():
-                    if isinstance(sub, WellMixedParser):
-                        keys += sub.known_keys()
-        return sorted(set(keys + [f"--{k}" for k in schedule_keys()]))
-
-
-def removed_key_hint(message: str, argv: list[str]) -> str | None:
-    """The replacement of a removed ``data:`` key (data/config.py), or the ``run:`` key of a resume setting,
-    that a config file or flag still sets under ``data``."""
-    moved = {key: f"data.{key} is a resume setting: write it as run.{key} (or --run.{key})" for key in RESUME_POLICY}
-    moved.update({key: removed_key_error(key) for key in REMOVED_KEYS})
-    for key, line in moved.items():
-        in_file = re.search(rf"(Group 'data' does not accept option '|accept option 'data\.){key}[.']", message)
-        if in_file or any(re.match(rf"--data\.{key}([.=]|$)", word) for word in argv):
-            return line
-    return None
-
-
-def short_error(message: str, parser: WellMixedParser) -> str:
-    """The parser's message in a few lines: a refused Trainer key names its replacement; an unknown flag
-    gets the closest known ones."""
-    refused = _refused_key(message)
-    if refused:
-        return refused
-    missing = re.search(r'Parser key "([\w.]+)": File does not exist: \'?([^\'\n]+)', message)
-    if missing:
-        return f"--{missing.group(1)} {missing.group(2)}: file not found"
-    if "unrecognized arguments" not in message and "NestedArg" not in message:
-        lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
-        return re.sub(r'^Parser key "([\w.]+)":?\s*', r"--\1: ", " ".join(lines[:4]))
-    unrecognized = _unknown_flag(message, parser)
-    if unrecognized:
-        return unrecognized
-    lines = [ln for ln in message.splitlines() if ln.strip()]
-    return "\n".join(lines[:6])
-
-
-def _refused_key(message: str) -> str | None:
-    """A key this CLI sets itself, if the message names one: what to use instead."""
-    for key, instead in {**{f"trainer.{k}": v for k, v in SET_BY_CLI.items()}, **HIDDEN}.items():
-        if f"--{key}" in message or f'"{key}"' in message or f"'{key}'" in message:
-            return f"--{key} is set by this CLI, not given: {instead}"
-    return None
-
-
-def _unknown_flag(message: str, parser: WellMixedParser) -> str | None:
-    """The first flag of the command line the parser does not know, with up to three close known ones."""
-    words = [w for w in parser._argv if w.startswith("--")]
-    known = parser.known_keys()
-    unknown = [w.split("=")[0] for w in words if w.split("=")[0] not in known and w.split("=")[0] != "--help"]
-    if not unknown:
-        return None
-    flag = unknown[0]
-    close = [k for k in known if k.startswith(flag) and k != flag][:3] or \
-        difflib.get_close_matches(flag, known, n=3, cutoff=0.75)
-    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-    first = message.splitlines()[0] if message else ""
-    said = first if first.startswith("unrecognized arguments:") else f"unrecognized option {flag}"
-    return f"{said}{hint}"
+def error_hints() -> dict[str, str]:
+    """The line for a key with a known replacement: a key this CLI sets itself, a removed ``data:`` key."""
+    return {**{f"trainer.{k}": f"--trainer.{k} is set by this CLI, not given: {v}" for k, v in SET_BY_CLI.items()},
+            **{k: f"--{k} is set by this CLI, not given: {v}" for k, v in HIDDEN.items()},
+            **{f"data.{k}": removed_key_error(k) for k in REMOVED_KEYS},
+            **{f"data.{k}": f"data.{k} is a resume setting: write it as run.{k} (or --run.{k})" for k in RESUME_POLICY}}
 
 
 class ConfigCLI(LightningCLI):
@@ -279,6 +189,7 @@ class ConfigCLI(LightningCLI):
                  **kwargs):
         from train import loggers as run_loggers
 
+        self.command_parsers: list[WellMixedParser] = []  # what add_arguments_to_parser was given
         super().__init__(
             model_class or PretrainModule,
             None,  # the data: section is a DataConfig (add_arguments_to_parser); the DataModule holds it
@@ -300,6 +211,10 @@ class ConfigCLI(LightningCLI):
         """fit and validate only: test/predict have no step in this module and crashed with a traceback."""
         return {k: v for k, v in LightningCLI.subcommands().items() if k in ("fit", "validate")}
 
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        """Every parser spells flags out and raises its errors (:meth:`parse_arguments` words them)."""
+        return super().init_parser(**{"allow_abbrev": False, "exit_on_error": False, **kwargs})
+
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         self.parser.add_argument("--version", action="version", version=f"wellmixed {version()}")
@@ -313,8 +228,9 @@ class ConfigCLI(LightningCLI):
         parser.add_class_arguments(DataConfig, "data", fail_untyped=False, sub_configs=True)
 
     def add_arguments_to_parser(self, parser) -> None:
-        model = next(a for a in parser._actions if a.dest == "model.model")
-        model._load_config = _find_model_file(model._load_config)
+        parser.is_command = True
+        self.command_parsers.append(parser)
+        internals.wrap_config_loader(parser, "model.model", functools.partial(find_model_file, launch_dir=os.getcwd()))
         parser.add_argument("--run", type=RunConfig, default=RunConfig(), help="Run directory, logging, checkpoints.")
 
     def instantiate_classes(self) -> None:
@@ -328,28 +244,39 @@ class ConfigCLI(LightningCLI):
         return self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
 
     def parse_arguments(self, parser, args) -> None:
-        global _LAUNCH_DIR
-        _LAUNCH_DIR = os.getcwd()
-        WellMixedParser._argv = list(sys.argv[1:] if args is None else args) \
-            if not isinstance(args, (dict, Namespace)) else []
-        super().parse_arguments(parser, args)
-        refuse_set_by_cli(self._section())
+        """A refusal is one ConfigError line (data/errors.py's wording, shared with every tool)."""
+        argv = [] if isinstance(args, (dict, Namespace)) else list(sys.argv[1:] if args is None else args)
+        self.argv = argv  # the command line as given: what was asked on it, not in a config file
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as e:
+            known = [k for p in self.command_parsers for k in p.get_defaults().keys()]
+            raise ConfigError(parser_error_line(str(e), known, config_files(argv), error_hints())) from None
+        section = self._section()
+        check_config_files(section, self.command_parsers[0].get_defaults())
+        refuse_set_by_cli(section)
 
 
-_LAUNCH_DIR = os.getcwd()
-"""Where the command was started: a model file named in a config file is looked for there too."""
-
-
-def _find_model_file(load):
+def find_model_file(load, launch_dir: str):
     """jsonargparse reads ``model: {model: FILE}`` relative to the config file that names it; the shipped
     configs name ``configs/model/...`` from the repository root, and a copied config keeps working. So a
     FILE not found beside the config is looked for in the launch directory, then in the repository."""
     def load_model_group(value, parser):
         if isinstance(value, str) and value.endswith((".yaml", ".yml")) and not Path(value).is_file():
-            found = [Path(base) / value for base in (_LAUNCH_DIR, ROOT) if (Path(base) / value).is_file()]
+            found = [Path(base) / value for base in (launch_dir, ROOT) if (Path(base) / value).is_file()]
             value = str(found[0]) if found else value
         return load(value, parser)
     return load_model_group
+
+
+def check_config_files(section: Namespace, defaults: Namespace) -> None:
+    """What the parser lets through in a ``--config`` file, refused naming the file: a ``data.elastic`` (etc.,
+    a resume setting, written under ``run:``) and what :func:`~data.config.refuse_misread` refuses."""
+    for name, given in read_config_files(section):
+        data = given.get("data") if isinstance(given.get("data"), dict) else {}
+        for key in [k for k in RESUME_POLICY if k in data]:
+            raise ConfigError(f"{name}: data.{key} is a resume setting: write it as run.{key} (or --run.{key})")
+    refuse_misread(section, defaults)
 
 
 def refuse_set_by_cli(section: Namespace) -> None:
@@ -400,18 +327,29 @@ class _Resolve(ConfigCLI):
 def resolve_config(argv: list[str]) -> Namespace:
     """The configuration ``python -m train fit ARGV`` would run with, as ``--print_config`` shows it:
     stacked ``--config`` files and ``--data.*``/``--model.*``/``--run.*``/``--trainer.*`` overrides,
-    parsed by the same parser (a bad key or value is one ``error:`` line, exit 2). Nothing is built."""
+    parsed by the same parser (a bad key or value is one ConfigError line). Nothing is built."""
     argv = [a for a in argv if a != "fit"]
-    saved, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when sys.argv holds arguments besides args
     quiet = logging.getLogger("lightning.fabric.utilities.seed")
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        cli = _Resolve(args=argv, run=False, prog="python -m train fit")
-        return cli.config
+        with warnings.catch_warnings():  # a tool's own flags in sys.argv are not a mistake here
+            warnings.filterwarnings("ignore", "LightningCLI's args parameter")
+            return _Resolve(args=argv, run=False, prog="python -m train fit").config
     finally:
-        sys.argv = saved
         quiet.setLevel(level)
+
+
+def dump_config(cfg: Namespace) -> str:
+    """A config from :func:`resolve_config` as YAML: the values ``--print_config`` shows."""
+    def plain(value):
+        value = value.as_dict() if isinstance(value, Namespace) else value
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items() if k != "__path__"}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+    return yaml.safe_dump(plain(cfg), sort_keys=False)
 
 
 def model_config(cfg: Namespace) -> ModelConfig:
@@ -438,3 +376,4 @@ def config_sources(cfg: Namespace) -> str:
     """The ``--config`` files of a resolved config, for messages: ``a.yaml + b.yaml``."""
     names = [str(getattr(p, "relative", p)) for p in (cfg.get("config") or [])]
     return " + ".join(names) or "(defaults)"
+

@@ -62,7 +62,7 @@ from train.cursor_files import (
     way_out_on_several_ranks,
 )
 from train.parallel import check_global_batch
-from train.resume import check_schedule_unchanged, schedule_fingerprint
+from train.resume import check_data_settings, check_schedule_unchanged, data_settings, schedule_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +306,7 @@ class WellMixedData(L.LightningDataModule):
             "fingerprint": ctx.manifest.fingerprint() if ctx else None,
             "corpus_files": ctx.manifest.file_digests() if ctx else None,
             "schedule": schedule_fingerprint(self.config.schedule),
+            "data_settings": data_settings(self.config),
         }
 
     def _checkpoint_dir(self) -> Path | None:
@@ -379,6 +380,7 @@ class WellMixedData(L.LightningDataModule):
         next_step = step * ctx.accumulate
         check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.config.schedule),
                                  self.allow_changed_schedule, step)
+        check_data_settings(state.get("data_settings"), data_settings(self.config), self.allow_changed_data, step)
         changed = []
         if state["fingerprint"] != manifest.fingerprint():
             files = manifest.changed_files(state.get("corpus_files"))

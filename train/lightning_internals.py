@@ -20,6 +20,14 @@ installed, because each item below reads or overrides something Lightning does n
   by the checkpoint's; train/cli.py checks ``--ckpt_path`` there instead) and ``_instantiate_trainer``
   (where train/cli.py adds the run's plugins, strategy, loggers and callbacks to the Trainer's arguments).
 
+And the two places the configuration parser reaches into jsonargparse (4.53) and argparse (Python 3.11):
+
+- :func:`parser_actions` -- argparse's list of a parser's options (``_actions``): which ones ``fit --help``
+  describes, and which words of a tool's command line are its own flags (train/config.py);
+- :func:`wrap_config_loader` -- jsonargparse's loader of a group given as a file (the action's
+  ``_load_config``): train/config.py looks for ``model: {model: FILE}`` in the launch directory and the
+  repository too.
+
 Each has a test that fails when Lightning changes what it relies on (tests/integration: resume with
 another accumulation, the dead-worker checkpoint, a resumed metrics.csv, last.ckpt at the final step).
 """
@@ -31,6 +39,7 @@ import io
 import logging
 import os
 
+import jsonargparse
 import lightning
 from lightning.fabric.loggers.logger import rank_zero_experiment
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -45,17 +54,21 @@ log = logging.getLogger(__name__)
 
 WRITTEN_FOR = (2, 6)
 """The Lightning (major, minor) these functions were written and tested against."""
+JSONARGPARSE_WRITTEN_FOR = (4, 53)
+"""The jsonargparse (major, minor) of :func:`wrap_config_loader`."""
 _warned = False
 
 
 def check_version() -> None:
     """Warn once when the installed Lightning is not the minor version this file was written for."""
     global _warned
-    installed = tuple(int(x) for x in lightning.__version__.split(".")[:2])
-    if installed != WRITTEN_FOR and not _warned:
-        _warned = True
-        log.warning("lightning %s is installed; train/lightning_internals.py was written for %d.%d: if resume, "
-                    "metrics.csv or worker checks misbehave, look there first", lightning.__version__, *WRITTEN_FOR)
+    for module, written_for in ((lightning, WRITTEN_FOR), (jsonargparse, JSONARGPARSE_WRITTEN_FOR)):
+        installed = tuple(int(x) for x in module.__version__.split(".")[:2])
+        if installed != written_for and not _warned:
+            _warned = True
+            log.warning("%s %s is installed; train/lightning_internals.py was written for %d.%d: if resume, "
+                        "metrics.csv, worker checks or the config parser misbehave, look there first",
+                        module.__name__, module.__version__, *written_for)
 
 
 def set_max_steps(trainer, max_steps: int) -> None:
@@ -224,3 +237,15 @@ class _AppendingWriter(ExperimentWriter):
         if len(keep) < len(rows):
             self._rewrite(fieldnames, keep)
         return len(rows) - len(keep)
+
+
+def parser_actions(parser) -> list:
+    """Every option of an argparse (or jsonargparse) parser: argparse's ``_actions``."""
+    return parser._actions
+
+
+def wrap_config_loader(parser, dest: str, wrap) -> None:
+    """``wrap(load)`` in place of jsonargparse's loader of the group ``dest`` given as a file
+    (``--model.model FILE``): ``wrap`` returns a function of ``(value, parser)`` that calls ``load``."""
+    action = next(a for a in parser_actions(parser) if a.dest == dest)
+    action._load_config = wrap(action._load_config)

@@ -3,7 +3,10 @@
 - the ``model:`` settings (:func:`resume_differences`, :func:`check_resume`): the model's shape and math and
   AdamW's settings must match; the few in :data:`MAY_CHANGE` are applied and logged;
 - the schedule the run trains with (:func:`schedule_fingerprint`, :func:`check_schedule_unchanged`, which
-  the DataModule calls when it loads a checkpoint's data state).
+  the DataModule calls when it loads a checkpoint's data state);
+- the ``data:`` settings that decide the chunks the data order is built on (:func:`data_settings`,
+  :func:`check_data_settings`): a change is named with its two values, before the corpus fingerprint
+  (which they change too) is compared.
 
 docs/config.md ("resuming") is the user's view of this file.
 """
@@ -89,9 +92,9 @@ def schedule_fingerprint(schedule: Any) -> str:
     return json.dumps(dataclasses.asdict(schedule), sort_keys=True, separators=(",", ":"))
 
 
-def schedule_changes(old: str | None, new: str) -> list[str]:
+def schedule_changes(old: str | None, new: str, root: str = "data.schedule") -> list[str]:
     """``data.schedule.<key>: OLD -> NEW`` for every value that differs (empty: same, or an old checkpoint
-    that did not store it)."""
+    that did not store it); ``root`` names the canonical JSON's top (:func:`data_settings` too)."""
     if old is None or old == new:
         return []
     out: list[str] = []
@@ -107,8 +110,30 @@ def schedule_changes(old: str | None, new: str) -> list[str]:
             out.append(f"{key}: {a!r} -> {b!r}")
 
     a, b = json.loads(old), json.loads(new)
-    walk(a, b, "data.schedule")
+    walk(a, b, root)
     return out
+
+
+DATA_SETTINGS = ("sources", "text_column", "id_column", "min_chunks_per_source", "val_tokens_per_source",
+                 "on_bad_shard")
+"""``data:`` settings that decide, with the corpus files, the chunks the data order is built on."""
+
+
+def data_settings(cfg: Any) -> str:
+    """The :data:`DATA_SETTINGS` of a data config as canonical JSON, for its checkpoints."""
+    values = {k: getattr(cfg, k) for k in DATA_SETTINGS}
+    return json.dumps(values, sort_keys=True, separators=(",", ":"), default=dataclasses.asdict)
+
+
+def check_data_settings(old: str | None, new: str, allow: bool, step: int) -> None:
+    """A resume under other :data:`DATA_SETTINGS` cuts the corpus into other chunks, so the data order
+    cannot continue: refused naming each key and its two values (a setting is simply restored), unless
+    ``run.allow_changed_data`` (the order then starts afresh, as for a changed corpus)."""
+    changes = schedule_changes(old, new, "data")
+    if changes and not allow:
+        raise ConfigError(f"--ckpt_path: the checkpoint (step {step}) was trained with other data settings: "
+                          f"{'; '.join(changes)}; they decide the chunks its data order is built on: give the "
+                          "checkpoint's value again (the first of each pair) to resume it")
 
 
 def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int) -> None:

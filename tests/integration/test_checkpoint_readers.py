@@ -135,8 +135,6 @@ def test_a_checkpoint_without_sidecar_is_used_only_when_accepted_and_then_named(
 
     from ablations.outcomes import final_mixer_state
     from train import checkpoint
-    from train.tools.evaluate import find_checkpoint
-    from train.tools.export import export
 
     run_dir = damaged["missing_sidecar"]
     last = run_dir / "checkpoints" / "last.ckpt"

@@ -274,7 +274,9 @@ INVALID = [
     (_set("mixture.phases[1].name", "stable"), "schedule.mixture.phases"),
     (_set("mixture.ramp_steps", 5000), "schedule.mixture.phases[1].start"),
     (_set("mixture.weights", {"web": 1.0}), "schedule.mixture"),
-    (_set("mixture.phases[0].wieghts", {"web": 1.0}), "schedule.mixture.phases[0].wieghts.web: unknown key"),
+    (_set("mixture.phases[0].wieghts", {"web": 1.0}), "schedule.mixture.phases.wieghts.web: unknown key"),
+    (_set("mixture.wieghts", {}), "schedule.mixture.wieghts: unknown key (did you mean schedule.mixture.weights"),
+    (_set("mixture.phases[1].wieghts", {}), "schedule.mixture.phases[1].wieghts: unknown key"),  # read as nothing
     (_set("seq_len.start", 4096), "schedule.seq_len.start"),
     (_set("seq_len.end", 2000), "schedule.seq_len.end"),
     (_set("seq_len.start", 500), "schedule.seq_len.start"),
@@ -286,19 +288,20 @@ INVALID = [
     (_set("global_batch_size", -4), "schedule.global_batch_size"),
     (_set("lr.warmup_steps", 36_000), "schedule.lr.warmup_steps"),  # reaches into the decay at 35,036
     (_set("lr.warmup_steps", 40_000), "schedule.lr.warmup_steps"),  # longer than the run
-    (_set("lr.peak", "three"), "schedule.lr.peak: expected a number, got 'three'"),
+    (_set("lr.peak", "three"), "schedule.lr.peak: Expected a <class 'float'>. Got value: three"),
     (_set("lr.min", 1.0), "schedule.lr.min"),
     (_set("anneal_start", 1.5), "schedule.anneal_start"),
     (_set("anneal_start", 0.99999), "schedule.anneal_start"),
     (_set("epochs", 1), "schedule.epochs: unknown key"),
     (_set("mixture", None), "schedule.mixture: give exactly one of phases"),
-    (_set("mixture.phases[1].name", None), "schedule.mixture.phases[1].name: missing"),
-    (_set("mixture.phases[1].weights.code", "x"), "schedule.mixture.phases[1].weights: expected a number, got 'x'"),
-    (_set("mixture.phases", 3), "schedule.mixture.phases: expected a list of phases, got 3"),
-    (_set("mixture.ramp_steps", 2.5), "schedule.mixture.ramp_steps: expected an integer, got 2.5"),
-    (_set("train_tokens", True), "schedule.train_tokens: expected an integer, got True"),
+    (_set("mixture.phases[1].name", None), "schedule.mixture.phases: the following arguments are required: name"),
+    (_set("mixture.phases[1].weights.code", "x"),
+     "schedule.mixture.phases.weights: Expected a <class 'float'>. Got value: x"),
+    (_set("mixture.phases", 3), "schedule.mixture.phases: Expected a <class 'tuple'>. Got value: 3"),
+    (_set("mixture.ramp_steps", 2.5), "schedule.mixture.ramp_steps: Expected a <class 'int'>. Got value: 2.5"),
+    (_set("train_tokens", True), "schedule.train_tokens: Expected a <class 'int'>. Got value: True"),
     (_set("lr", 0.1), "schedule.lr: expected a mapping or a YAML file, got 0.1"),
-    (_set("mixture", "no_such_mixture.yaml"), "schedule.mixture: no YAML file no_such_mixture.yaml"),
+    (_set("mixture", "no_such_mixture.yaml"), "schedule.mixture: Unable to load config 'no_such_mixture.yaml'"),
 ]
 
 
