@@ -114,8 +114,7 @@ def test_a_resume_under_another_data_setting_names_the_key_and_its_two_values(ma
     """It said "the corpus changed (fingerprint ...)" and offered --run.allow_changed_data (which restarts
     the data order) for a setting that is simply restored."""
     def datamodule(**overrides) -> WellMixedData:
-        cfg = make_cfg(**overrides)
-        return WellMixedData(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
+        return WellMixedData(make_cfg(**overrides))
 
     saved = datamodule()
     saved.prepare()
@@ -124,7 +123,7 @@ def test_a_resume_under_another_data_setting_names_the_key_and_its_two_values(ma
     with pytest.raises(ConfigError) as info:
         resumed.load_state_dict(state)
     message = str(info.value)
-    assert f"data.{key}: {getattr(saved, key)!r} -> {value!r}" in message, message
+    assert f"data.{key}: {getattr(saved.config, key)!r} -> {value!r}" in message, message
     assert "allow_changed_data" not in message and "fingerprint" not in message
 
 
