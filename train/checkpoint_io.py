@@ -1,7 +1,7 @@
 """Checkpoint writes (train/checkpoint.py section 1; reading and verifying is train/checkpoint.py's).
 
-:class:`AtomicCheckpointIO` writes torch.save to a temporary file, fsyncs it, renames it over the target,
-then writes the sidecar ``NAME.sha256``; :class:`FinalCheckpoint` writes each step's checkpoint once,
+:class:`AtomicCheckpointIO` writes torch.save to a temporary file, fsyncs it and renames it over the target,
+with its sidecar ``NAME.sha256`` (written before the rename for a new name); :class:`FinalCheckpoint` writes each step's checkpoint once,
 makes ``last.ckpt`` at a step file a hard link to it (:func:`link_checkpoint`), and writes a checkpoint
 at the final step; :func:`remove_stale_temp_files` clears what a killed write left.
 """
@@ -30,6 +30,17 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
+def _sidecar_before_rename(path: Path, digest: str) -> bool:
+    """Before ``path``'s rename: a new name gets its sidecar now (True), so a kill right after the rename
+    never leaves the checkpoint unverified (a sidecar without its file is cleared as stale); a name being
+    replaced loses its old sidecar (False: the new one is written after the rename, never a wrong one)."""
+    if path.exists() or path.is_symlink():
+        checksum_path(path).unlink(missing_ok=True)
+        return False
+    files.write_text(checksum_path(path), f"{digest}  {path.name}\n")
+    return True
+
+
 def _write_checksum(path: Path, digest: str) -> None:
     """Atomically, after ``path`` is in place. A failure leaves the checkpoint unverified, not lost."""
     try:
@@ -50,24 +61,27 @@ def link_checkpoint(src: Path, dst: Path) -> None:
                 shutil.copyfile(src, tmp)
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
-            checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
+            try:
+                digest = sidecar_digest(src)
+            except ValueError:  # a malformed sidecar is not carried over: dst is refused as unverified, as src is
+                digest = None
+            new_name = digest is not None and _sidecar_before_rename(dst, digest)
+            if digest is None:
+                checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
     except OSError as e:  # out of space or inodes: the copy (a link needs an inode too) failed
         raise files.write_error(dst, e, f"resume with --ckpt_path {src}",
                                 f"{src} holds the same state and is intact") from e
-    try:
-        digest = sidecar_digest(src)
-    except ValueError:  # a malformed sidecar is not carried over: dst is then refused as unverified, as src is
-        digest = None
-    if digest is not None:
+    if digest is not None and not new_name:
         _write_checksum(dst, digest)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """torch.save to a temporary file in the same folder, fsync, then rename over the target: a kill (or
     a full disk) during the write leaves the previous checkpoint intact. The sidecar ``NAME.sha256`` is
-    hashed from the page cache after the fsync (~0.7 s/GB here), written atomically after the rename; the
-    old one is removed before it, so a kill in between leaves no checksum, never a wrong one (refused
-    like any unverified file). ``keep_last_k``'s removal of a checkpoint removes its sidecar."""
+    hashed from the page cache after the fsync (~0.7 s/GB here) and written atomically before the rename
+    of a new name (a step file: a kill never leaves it unverified); a replaced name loses its old sidecar
+    before the rename and gets the new one after it, so a kill in between leaves no checksum, never a
+    wrong one. ``keep_last_k``'s removal of a checkpoint removes its sidecar."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)
@@ -79,10 +93,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     f.flush()
                     os.fsync(f.fileno())
                 digest = file_sha256(tmp)  # from the page cache, just written
-                checksum_path(path).unlink(missing_ok=True)
+                new_name = _sidecar_before_rename(path, digest)
         except (OSError, RuntimeError) as e:
             raise _save_error(path, e) from e
-        _write_checksum(path, digest)
+        if not new_name:
+            _write_checksum(path, digest)
 
     def remove_checkpoint(self, path) -> None:
         super().remove_checkpoint(path)
