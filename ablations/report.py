@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import math
 import os
 import re
@@ -46,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from ablations.branch_report import CONTROL, BranchComparison, start_losses
+from ablations.branch_report import render as render_branch
 from ablations.decision import DecisionRule, Difference, Verdict, decide, rule_table
 from ablations.evals import EVALUATIONS, Evaluation
 from ablations.outcomes import (
@@ -65,7 +68,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("scheduled", "fixed")
 ARM_KEYS = ("data.schedule.mixture", "run.dir", "run.wandb_name", "ckpt_path")
 """Config keys the arms may differ in; any other difference in their saved configs is flagged."""
-RUN_DIR = re.compile(r"^(scheduled|fixed)-seed(\d+)$")
+RUN_DIR = re.compile(r"^(.+)-(?:seed|rep)(\d+)$")
+"""``<arm>-seed<S>`` (a pair, ablations/run.py) or ``<arm>-rep<R>`` (a decay branch, ablations/branch.py)."""
 PLANNED_RTOL = 1e-6
 DEFAULT_RULE = ROOT / "ablations" / "decision_rule.yaml"
 GAIN = ("gain = fixed - scheduled for a loss, scheduled - fixed for a score (accuracy): "
@@ -146,7 +150,7 @@ def discover(out: Path) -> dict[str, dict[int, Path]]:
     for d in sorted(out.iterdir()) if out.is_dir() else []:
         m = RUN_DIR.match(d.name)
         if m and RunDir(d).metrics_csv.is_file():
-            runs[m.group(1)][int(m.group(2))] = d
+            runs.setdefault(m.group(1), {})[int(m.group(2))] = d
     return runs
 
 
@@ -169,15 +173,15 @@ def default_suite(out: Path) -> str:
     return "heldout,local"
 
 
-def evaluate(suite: list[Evaluation], runs: dict[str, dict[int, Path]], seeds: list[int]) -> dict[str, Difference]:
+def evaluate(suite: list[Evaluation], runs: dict[str, dict[int, Path]], seeds: list[int],
+             arms: tuple[str, str] = ARMS) -> dict[str, Difference]:
+    """Every metric of the suite, ``arms[0]`` (the treatment) against ``arms[1]`` (the baseline), paired by seed."""
     diffs: dict[str, Difference] = {}
     for ev in suite:
-        results = {arm: [ev.fn(runs[arm][seed]) for seed in seeds] for arm in ARMS}
-        names = [k for k in results["scheduled"][0] if all(k in r for arm in ARMS for r in results[arm])]
-        for name in names:
-            diffs[f"{ev.name}/{name}"] = Difference(
-                f"{ev.name}/{name}", [r[name] for r in results["scheduled"]], [r[name] for r in results["fixed"]],
-                ev.higher_is_better)
+        treated, base = ([ev.fn(runs[arm][seed]) for seed in seeds] for arm in arms)
+        for name in [k for k in treated[0] if all(k in r for r in treated + base)]:
+            diffs[f"{ev.name}/{name}"] = Difference(f"{ev.name}/{name}", [r[name] for r in treated],
+                                                    [r[name] for r in base], ev.higher_is_better)
     return diffs
 
 
@@ -219,6 +223,31 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
     md = render(Comparison(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots,
                            rtol, atol, rule_source))
     return md, not flags
+
+
+def build_branch_report(out: Path, rule: DecisionRule, suite: list[Evaluation],
+                        rule_source: str) -> tuple[str, bool]:
+    """A decay-branch ablation's report (``OUT/branch.json``; ablations/branch_report.py): every arm against
+    the control, paired by replicate, with the pair report's evaluations and rule."""
+    plan = json.loads((out / "branch.json").read_text())
+    runs, reps = branch_runs(out, plan)
+    diffs = {arm: evaluate(suite, runs, reps, (arm, CONTROL)) for arm in runs if arm != CONTROL}
+    verdicts = {arm: decide(rule, d) for arm, d in diffs.items()}
+    plots = {arm: _save(end_figure(diffs[arm], rule, verdicts[arm], len(reps)), out / f"heldout_end_{arm}.png")
+             for arm in diffs}
+    start = start_losses(ROOT / plan["stable_run"], plan["step"])
+    md, flags = render_branch(BranchComparison(out, plan, runs, reps, diffs, verdicts, rule, rule_source, plots,
+                                               start))
+    return md, not flags
+
+
+def branch_runs(out: Path, plan: dict) -> tuple[dict[str, dict[int, Path]], list[int]]:
+    """The branch ablation's runs (arm -> replicate -> directory) and the replicates every arm has."""
+    runs = {arm: reps for arm, reps in discover(out).items() if reps and arm in plan["arms"]}
+    if CONTROL not in runs or len(runs) < 2:
+        raise ConfigError(f"{out} holds no control-rep<R>/ and <arm>-rep<R>/ runs with csv/metrics.csv yet "
+                          "(run python -m ablations.branch first)")
+    return runs, sorted(set.intersection(*(set(r) for r in runs.values())))
 
 
 def paired_seeds(out: Path, runs: dict[str, dict[int, Path]]) -> list[int]:
@@ -621,10 +650,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     rule = rule_from_args(args)
     suite = suite_from_args(args)
-    md, ok = build_report(args.out, rule, suite, args.token_rtol, args.token_atol, rule_source=rule_source(args))
+    if (args.out / "branch.json").is_file():
+        md, ok = build_branch_report(args.out, rule, suite, rule_source(args))
+    else:
+        md, ok = build_report(args.out, rule, suite, args.token_rtol, args.token_atol, rule_source=rule_source(args))
     path = args.out / "report.md"
     write_text(path, md)
-    print(md.split("## Setup")[0].rstrip())
+    print(md.split("## Setup")[0].split("## Held-out")[0].rstrip())
     print(f"\nreport: {path}")
     if not ok:
         print("CHECKS FAILED: see the flags at the top of the report", file=sys.stderr)

@@ -82,6 +82,9 @@ class Job:
     args: list[str]
     """Arguments of ``python -m train fit`` (without ``--ckpt_path``: ``last_or_new`` is added to local runs;
     the SLURM launcher adds its own)."""
+    start: str | None = None
+    """A decay branch's stable checkpoint (ablations/branch.py): its ``--ckpt_path`` while the run directory
+    holds no checkpoint of its own."""
 
 
 OWN_KEYS = ("--seed_everything", "--data.seed", "--run.dir", "--ckpt_path")
@@ -92,14 +95,17 @@ trained with another seed), so they are refused."""
 def resolve_arms(pair: Pair, extra: list[str]) -> dict:
     """Each arm's configuration as ``python -m train fit`` resolves it (train/config.py): the pair's stacked
     configs plus the overrides after ``--``; a bad key or value is refused here, before any run starts."""
-    from train.config import resolve_config
+    from train.config import data_config, resolve_config
 
     for flag in extra:
         if flag.split("=")[0] in OWN_KEYS:
             raise ConfigError(f"{flag.split('=')[0]} is set per run by ablations/run.py; use --seeds / --out "
                               "instead of passing it after --")
-    return {arm: resolve_config([a for c in pair.configs(arm) for a in ("--config", str(ROOT / c))] + extra)
+    arms = {arm: resolve_config([a for c in pair.configs(arm) for a in ("--config", str(ROOT / c))] + extra)
             for arm in ARMS}
+    for cfg in arms.values():
+        data_config(cfg)  # the data config checked as train fit checks it (sources, schedule, weights)
+    return arms
 
 
 def config_seed(pair: Pair, extra: list[str] | None = None) -> int:
@@ -136,6 +142,8 @@ def task_args(job: Job, resume: bool = True) -> list[str] | None:
     whether ``last.ckpt`` or only step files, else step 0)."""
     if is_complete(ROOT / job.run_dir):  # relative to the repository root, where training runs
         return None
+    if job.start and not any((ROOT / job.run_dir / "checkpoints").glob("*.ckpt")):
+        return job.args + ["--ckpt_path", job.start]
     return job.args + ["--ckpt_path", "last_or_new"] if resume else job.args
 
 
@@ -232,7 +240,7 @@ def run_here(jobs: list[Job], dry_run: bool) -> int:
     status of the first that fails, else 0."""
     for job in jobs:
         todo = task_args(job)
-        label = f"[{job.arm} seed {job.seed}]"
+        label = f"[{Path(job.run_dir).name}]"
         if todo is None:
             print(f"{label} {job.run_dir} is complete: skipped", flush=True)
             continue

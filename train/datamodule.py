@@ -174,6 +174,8 @@ class WellMixedData(DataConfig, L.LightningDataModule):
     """run.allow_changed_data: a changed corpus or seed starts a fresh order (else refused)."""
     allow_changed_schedule: bool = False
     """run.allow_changed_schedule: a changed schedule applies from the resumed step (else refused)."""
+    branch: bool = False
+    """run.branch: another mixture from the resumed step on, nothing else (a decay branch)."""
 
     def __post_init__(self) -> None:
         L.LightningDataModule.__init__(self)
@@ -371,7 +373,7 @@ class WellMixedData(DataConfig, L.LightningDataModule):
         step = state["next_step"] // state.get("accumulate", 1)
         next_step = step * ctx.accumulate
         check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.schedule),
-                                 self.allow_changed_schedule, step)
+                                 self.allow_changed_schedule, step, self.branch)
         changed = []
         if state["fingerprint"] != manifest.fingerprint():
             files = manifest.changed_files(state.get("corpus_files"))
