@@ -45,6 +45,7 @@ from pathlib import Path
 
 import yaml
 
+from ablations.branch_report import start_losses
 from ablations.report import main as report_main
 from ablations.run import ROOT, Job, repo_relative, run_here, split_extra, submit_array
 from data.errors import ConfigError, one_line_errors
@@ -83,6 +84,8 @@ class Plan:
     """Tokens trained before ``step``: once, for every arm."""
     total_tokens: int
     extra: list[str]
+    start: dict[str, tuple[int, float]]
+    """The stable run's held-out losses logged last before ``step`` (the report's start of the branch)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -192,7 +195,8 @@ def make_plan(source: Path, arms_file: Path | None, replicates: int, extra: list
     workers = max(1, data.num_workers)
     return Plan(str(source), str(repo_relative(ckpt)), step, s, schedule.total_steps, arms,
                 [workers + r for r in range(replicates)], available,
-                sum(schedule.tokens_at(t) for t in range(step)), schedule.total_tokens, extra)
+                sum(schedule.tokens_at(t) for t in range(step)), schedule.total_tokens, extra,
+                start_losses(ROOT / source, step))
 
 
 def stable_config(source: Path) -> list[str]:

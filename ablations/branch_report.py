@@ -4,8 +4,8 @@
 evaluations and the verdicts with the pair report's own code: ablations/evals.py, ablations/decision.py);
 this module writes the sections a branch adds: the start and end of the branch per source, the tokens
 each arm drew in the branch and its sources' implied epochs, the noise it was measured against, and the
-cost against the from-scratch pair. It reads only files: ``branch.json``, the runs' saved configs, CSV
-and order logs, and the stable run's CSV log (the held-out loss at the branch point).
+cost against the from-scratch pair. It reads only files: ``branch.json`` (with the stable run's held-out
+loss at the branch point), the runs' saved configs, CSV and order logs.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ class BranchComparison:
     rule: DecisionRule
     rule_source: str
     plots: dict[str, str]
-    start: dict[str, tuple[int, float]]
-    """The stable run's held-out loss (``val/loss/<source>``, ``val/loss``) last logged before the branch."""
 
 
 def render(c: BranchComparison) -> tuple[str, list[str]]:
@@ -107,7 +105,7 @@ def heldout(c: BranchComparison) -> list[str]:
           "|---|---:|" + "---:|" * len(ends)]
     for m in [m for m in ends[CONTROL] if m.startswith("heldout/")]:
         name = m.split("/", 1)[1]
-        step, value = c.start.get("val/loss" if name == "all" else f"val/loss/{name}", (0, None))
+        step, value = c.plan["start"].get("val/loss" if name == "all" else f"val/loss/{name}", (0, None))
         start = "–" if value is None else f"{value:.4f} ({step:,})"
         md.append(f"| {name} | {start} | " + " | ".join(_mean(ends[a].get(m)) for a in ends) + " |")
     return md + ["", "Nats per token; the start is the stable run's last held-out loss before the branch (its step); "

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ablations.branch_report import CONTROL, BranchComparison, start_losses
+from ablations.branch_report import CONTROL, BranchComparison
 from ablations.branch_report import render as render_branch
 from ablations.decision import DecisionRule, Difference, Verdict, decide, rule_table
 from ablations.evals import EVALUATIONS, Evaluation
@@ -235,9 +235,7 @@ def build_branch_report(out: Path, rule: DecisionRule, suite: list[Evaluation],
     verdicts = {arm: decide(rule, d) for arm, d in diffs.items()}
     plots = {arm: _save(end_figure(diffs[arm], rule, verdicts[arm], len(reps)), out / f"heldout_end_{arm}.png")
              for arm in diffs}
-    start = start_losses(ROOT / plan["stable_run"], plan["step"])
-    md, flags = render_branch(BranchComparison(out, plan, runs, reps, diffs, verdicts, rule, rule_source, plots,
-                                               start))
+    md, flags = render_branch(BranchComparison(out, plan, runs, reps, diffs, verdicts, rule, rule_source, plots))
     return md, not flags
 
 
@@ -456,26 +454,36 @@ def downstream_section(c: Comparison) -> list[str]:
 
 def along_run_table(runs, seeds, decay_start: int) -> list[str]:
     """The gain (fixed - scheduled held-out loss: positive, the schedule is better), overall and per
-    source, at each evaluation."""
+    source, at each evaluation of the first seed's runs; a cell is the mean over the seeds that evaluated
+    both arms at that step."""
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
-    keys = ["val/loss"] + sorted({k for r in rows["scheduled"][0] for k in r if k.startswith("val/loss/")})
-    steps = sorted(set.intersection(*({st for st, _ in series(rows[arm][0], "val/loss")} for arm in ARMS)))
-    if not steps:
-        return []
-    head = ["step"] + ["all" if k == "val/loss" else k.split("/")[-1] for k in keys]
-    out = ["Gain along the run (fixed - scheduled held-out loss; positive: the schedule is better"
-           + (", mean over seeds" if len(seeds) > 1 else "") + "):", "",
-           "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
-    for st in steps:
-        cells = [f"{st:,}" + (" (anneal)" if st >= decay_start else "")]
-        for k in keys:
-            d = []
-            for i in range(len(seeds)):
-                a, b = dict(series(rows["scheduled"][i], k)), dict(series(rows["fixed"][i], k))
-                if st in a and st in b:
-                    d.append(b[st] - a[st])
-            cells.append(f"{np.mean(d):+.4f}" if d else "")
-        out.append("| " + " | ".join(cells) + " |")
+    keys = ["val/loss"] + _source_losses(rows)
+    steps = sorted(set.intersection(*(set(dict(series(rows[arm][0], "val/loss"))) for arm in ARMS)))
+    gains = {k: _gains_at(rows, k, len(seeds)) for k in keys}
+    head = ["step", "all"] + [k.split("/")[-1] for k in keys[1:]]
+    intro = "Gain along the run (fixed - scheduled held-out loss; positive: the schedule is better"
+    table = [intro + (", mean over seeds):" if len(seeds) > 1 else "):"), "", "| " + " | ".join(head) + " |",
+             "|" + "---:|" * len(head)]
+    return table + [_along_row(st, decay_start, [gains[k].get(st) for k in keys]) for st in steps] if steps else []
+
+
+def _source_losses(rows) -> list[str]:
+    """The ``val/loss/<source>`` keys of the first seed's scheduled run, sorted."""
+    return sorted({k for r in rows["scheduled"][0] for k in r if k.startswith("val/loss/")})
+
+
+def _along_row(step: int, decay_start: int, gains: list[list[float] | None]) -> str:
+    first = f"{step:,}" + (" (anneal)" if step >= decay_start else "")
+    return "| " + " | ".join([first] + [f"{np.mean(g):+.4f}" if g else "" for g in gains]) + " |"
+
+
+def _gains_at(rows, key: str, n: int) -> dict[int, list[float]]:
+    """step -> the gain (fixed - scheduled loss ``key``) of each seed that evaluated both arms there."""
+    out: dict[int, list[float]] = {}
+    for i in range(n):
+        a, b = dict(series(rows["scheduled"][i], key)), dict(series(rows["fixed"][i], key))
+        for st in a.keys() & b.keys():
+            out.setdefault(st, []).append(b[st] - a[st])
     return out
 
 
@@ -505,7 +513,7 @@ def along_run_figure(runs, seeds, decay_start: int):
     """heldout_along_run.png: per source and overall, the loss of both arms (top) and the gain (bottom)."""
     plt = _pyplot()
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
-    keys = sorted({k for r in rows["scheduled"][0] for k in r if k.startswith("val/loss/")}) + ["val/loss"]
+    keys = _source_losses(rows) + ["val/loss"]
     fig, axes = plt.subplots(2, len(keys), figsize=(3.2 * len(keys), 6.2), sharex=True, squeeze=False)
     for j, key in enumerate(keys):
         ax, dx = axes[0, j], axes[1, j]

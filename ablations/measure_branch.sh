@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Wall time of a decay-branch ablation against the from-scratch design, on the demo (CPU), in one script run:
+#   bash ablations/measure_branch.sh [OUT]           # default OUT: runs/measure-branch
+# Scaled down to finish in minutes: the demo model and corpus at 60,000 tokens (69 steps; the anneal and
+# the LR decay from step 62), a checkpoint at the end only. Measured: the stable phase once (to step 62)
+# plus 3 arms x 3 replicates of 7 steps each (python -m ablations.branch, report excluded), then ONE
+# from-scratch run of the same budget (every arm and seed of the from-scratch design costs the same);
+# the from-scratch design of 3 arms x 3 seeds is 9 such runs. The report (with the local tasks) is
+# timed apart. Figures: ablations/README.md, "Decay branches".
+set -euo pipefail
+OUT=${1:-runs/measure-branch}
+PY=${PY:-.venv/bin/python}
+SCALE=(--data.schedule.train_tokens 60000 --run.val_every_n_steps 1000 --run.ckpt_every_n_steps 1000
+       --run.wandb false)
+t0=$(date +%s)
+"$PY" -m ablations.branch --from "$OUT/stable" --train-stable --arms ablations/demo_branch_arms.yaml \
+    --out "$OUT/branches" --no-report -- --config configs/demo.yaml "${SCALE[@]}"
+t1=$(date +%s)
+"$PY" -m train fit --config configs/demo.yaml --config ablations/demo_scheduled.yaml "${SCALE[@]}" \
+    --run.dir "$OUT/scratch"
+t2=$(date +%s)
+"$PY" ablations/report.py "$OUT/branches" || true
+t3=$(date +%s)
+b=$((t1 - t0)); s=$((t2 - t1))
+echo "branch ablation (stable once + 9 branches): ${b} s; one from-scratch run: ${s} s, x 9 = $((9 * s)) s;" \
+     "ratio $((100 * b / (9 * s)))%; report (local tasks included): $((t3 - t2)) s"
