@@ -1,35 +1,16 @@
 """Decay branches: the anneal ablation from one stable-phase checkpoint, the data order continued.
 
-    python -m ablations.branch --from runs/demo --arms ablations/demo_branch_arms.yaml     # CPU
-    python -m ablations.branch --from runs/demo --train-stable -- --config configs/demo.yaml
+    python -m ablations.branch --from runs/demo --train-stable --arms ablations/demo_branch_arms.yaml \
+        -- --config configs/demo.yaml
     python -m ablations.branch --from runs/pretrain_350m_20b --arms ablations/350m_branch_arms.yaml --slurm
 
-With a warmup-stable-decay LR every arm shares the stable phase: it is trained once (``--from
-RUN_DIR``, a ``train fit`` run; ``--train-stable`` trains it to the anneal start S first, with the
-configs given after ``--``), and each arm is a branch from its checkpoint at S (or the newest before
-S: the arm then follows the stable mixture to S). A branch is a resume with ``--run.branch true``
-(train/resume.py ``check_branch``): model, optimizer, step, LR position and every source's data
-cursor carry over; the mixture from S on is the one thing that changes, and the branch is logged
-(``branch at step S: data.schedule.mixture...: A -> B``). So no document trained before S is
-trained again in any arm (unless its source wraps), and every arm draws each source's documents in
-the same order (common random numbers): the arms differ only in how much they take from each source.
-
-Arms (``--arms ARMS.yaml``: ``arms: [{name: N, weights: {source: share, ...} or FILE.yaml}, ...]``;
-default: the run's own anneal phase) each replace the run's mixture from S on; ``control`` (the
-stable weights through the decay) is always added. Replicates (``--replicates``, default 3) differ
-in the branch's consumer layout: replicate r runs ``data.num_workers`` W + r (W: the stable run's),
-an elastic resume that re-cuts the pending work of the stable run's consumers (exactly-once kept):
-the same documents remain, in another order and interleave. Replicate 0 continues the stable run's
-order exactly. The spread across replicates is the data-order noise of the decay; the model at S
-and the held-out set are shared (the report says so).
-
-Every run is ``OUT/<arm>-rep<R>`` (default OUT: ``runs/branch-<RUN_DIR name>``); ``OUT/branch.json``
-holds the plan, ``OUT/arms/<arm>.yaml`` each arm's mixture. Everything is checked before the first
-step and before anything is written: the checkpoint (at or before S, of this model, corpus and
-seed), the arms (known sources, weights summing to 1, implied epochs within ``data.max_epochs``,
-unique names), and an OUT that already holds another plan (the same command continues its arms).
-Then the arms run one after another (``--slurm``: a job array, ``ablations/ablation.sbatch``), and
-``ablations/report.py OUT`` writes the report.
+The stable run (``--from``; ``--train-stable`` trains it to the anneal start S with the configs after
+``--``) is trained once; every arm x replicate resumes its checkpoint at or before S with
+``--run.branch true`` (train/resume.py ``check_branch``: the mixture from S on is the one change) in
+its own ``OUT/<arm>-rep<R>``; replicate r runs ``data.num_workers`` W + r (an elastic re-cut of the
+stable run's pending work); ``control`` keeps the stable weights. Everything is checked before the
+first step and before anything is written; the same command continues an OUT's arms. Then
+``ablations/report.py OUT``. ablations/README.md ("Decay branches") says what carries over and why.
 """
 
 from __future__ import annotations
@@ -45,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from ablations.branch_report import start_losses
+from ablations.branch_report import CONTROL, start_losses
 from ablations.report import main as report_main
 from ablations.run import ROOT, Job, repo_relative, run_here, split_extra, submit_array
 from data.errors import ConfigError, one_line_errors
@@ -58,43 +39,38 @@ from train.config import data_config, resolve_config
 from train.resume import check_resume
 from train.rundir import RunDir
 
-CONTROL = "control"
 ARM_NAME = re.compile(r"^[A-Za-z0-9_.]+$")
-DEFAULT_REPLICATES = 3
 OWN_KEYS = ("--run.dir", "--ckpt_path", "--run.branch", "--data.schedule.mixture", "--data.num_workers")
 
 
 @dataclass
 class Plan:
-    """``OUT/branch.json``: what the branch ablation trains (the same command continues it)."""
+    """``OUT/branch.json``, what the ablation trains (the same command continues it): the stable run, its
+    checkpoint and ``step`` (at or before ``anneal_start``), each arm's weights from the anneal start on
+    (``control`` first), ``data.num_workers`` per replicate, tokens per source in the corpus, tokens
+    trained before ``step`` (once, for every arm), and the stable run's last held-out losses before it."""
 
     stable_run: str
     checkpoint: str
     step: int
-    """The checkpoint's step: at or before the anneal start."""
     anneal_start: int
     total_steps: int
     arms: dict[str, dict[str, float]]
-    """Each arm's weights from the anneal start on; ``control`` first."""
     workers: list[int]
-    """``data.num_workers`` of each replicate."""
     available: dict[str, int]
-    """Tokens per source in the corpus (implied epochs)."""
     stable_tokens: int
-    """Tokens trained before ``step``: once, for every arm."""
     total_tokens: int
     extra: list[str]
     start: dict[str, tuple[int, float]]
-    """The stable run's held-out losses logged last before ``step`` (the report's start of the branch)."""
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ablations.branch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="source", type=Path, required=True, help="the stable run's directory")
-    p.add_argument("--at", default="anneal", choices=["anneal"], help="the branch point (the anneal start S)")
+    p.add_argument("--at", default="anneal", choices=["anneal"], help="the branch point: the anneal start S")
     p.add_argument("--arms", type=Path, default=None, help="YAML: arms: [{name, weights}] (default: the run's anneal)")
-    p.add_argument("--replicates", type=int, default=DEFAULT_REPLICATES)
+    p.add_argument("--replicates", type=int, default=3, help="replicates per arm (the rule needs 2+)")
     p.add_argument("--train-stable", action="store_true",
                    help="train the stable run to S first (its configs after --), or continue it there")
     p.add_argument("--out", type=Path, default=None, help="the ablation folder (default runs/branch-<RUN_DIR name>)")
@@ -133,8 +109,7 @@ def check_args(args: argparse.Namespace, extra: list[str]) -> Path:
 
 
 def run_plan(plan: Plan, out: Path, args: argparse.Namespace) -> int:
-    """Claims OUT (writes the plan), then runs the arms here one after another and writes the report, or
-    submits them as a SLURM array; with ``--dry-run`` prints the commands only."""
+    """Claims OUT, then runs the arms here and writes the report, or submits a SLURM array (or prints)."""
     jobs = plan_jobs(plan, out)
     if not args.dry_run:
         claim(out, plan)
@@ -147,11 +122,8 @@ def run_plan(plan: Plan, out: Path, args: argparse.Namespace) -> int:
 
 
 def train_stable(source: Path, extra: list[str], dry_run: bool) -> int:
-    """Trains (or continues) the stable run to the anneal start S: ``train fit`` with the configs after
-    ``--`` and ``--trainer.max_steps S``; nothing to do when it has a checkpoint at or before S."""
-    cfg = resolve_config(extra + ["--run.dir", str(source)])
-    data_config(cfg)  # the data config checked before anything runs
-    s = ScheduleConfig.from_dict(cfg.data.schedule.as_dict()).build().decay_start
+    """Trains the stable run to the anneal start S (``--trainer.max_steps S``) unless it has a checkpoint there."""
+    s = data_config(resolve_config(extra + ["--run.dir", str(source)])).schedule.build().decay_start  # checked
     if stable_checkpoints(source, s)[0]:
         return 0
     cmd = [sys.executable, "-m", "train", "fit", *extra, "--run.dir", str(source), "--data.order_log", "true",
@@ -187,14 +159,11 @@ def make_plan(source: Path, arms_file: Path | None, replicates: int, extra: list
     manifest = build_manifest(data)
     check_checkpoint(ckpt, cfg, data, manifest.fingerprint())
     available = {n: int(info.stream_tokens) for n, info in manifest.sources.items()}
-    arms = {CONTROL: dict(zip(schedule.sources, schedule.phase_weights[-2].tolist()))}
-    for name, weights in load_arms(arms_file, schedule).items():
-        arms[name] = weights
+    arms = {CONTROL: dict(zip(schedule.sources, schedule.phase_weights[-2].tolist())), **load_arms(arms_file, schedule)}
     for name, weights in arms.items():
         check_arm(name, arm_mixture(data.schedule, weights), data, available, arms_file)
-    workers = max(1, data.num_workers)
     return Plan(str(source), str(repo_relative(ckpt)), step, s, schedule.total_steps, arms,
-                [workers + r for r in range(replicates)], available,
+                [max(1, data.num_workers) + r for r in range(replicates)], available,
                 sum(schedule.tokens_at(t) for t in range(step)), schedule.total_tokens, extra,
                 start_losses(ROOT / source, step))
 
@@ -211,9 +180,8 @@ def pick_checkpoint(source: Path, s: int) -> tuple[Path, int]:
     if before:
         return before[0][1], before[0][0]
     if after:
-        raise ConfigError(f"--from {source}: its checkpoints are at steps {after}, after the anneal start (step "
-                          f"{s}): already annealing; a branch needs the stable phase's checkpoint at or before "
-                          f"step {s} (keep one with run.keep_last_k -1, or retrain it with --train-stable)")
+        raise ConfigError(f"--from {source}: its checkpoints are at steps {after}, after the anneal start (step {s}): "
+                          "already annealing; a branch needs one at or before it (retrain it with --train-stable)")
     raise ConfigError(f"--from {source}: no checkpoint at or before the anneal start (step {s}); train the "
                       "stable phase with --train-stable")
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from ablations.decision import DecisionRule, Difference, Verdict, rule_table
-from ablations.outcomes import is_complete, schedule_of
+from ablations.outcomes import drawn_tokens, is_complete, schedule_of
 from data.plan import implied_epochs
-from train.rundir import read_config, read_metrics, series, tokens_per_step
+from train.rundir import read_config, read_metrics, series
 
 CONTROL = "control"
 
@@ -61,15 +61,13 @@ def title(c: BranchComparison) -> list[str]:
             f"{arms}. `{CONTROL}` keeps the stable weights through the decay. Model, optimizer, LR schedule and "
             "every source's data cursor carry over from the checkpoint (`--run.branch`); no document trained "
             "before the branch is trained again unless its source wraps.", "",
-            f"**Noise.** {len(c.reps)} replicate(s) per arm. Replicate r runs the branch with data.num_workers "
-            f"{', '.join(map(str, p['workers']))} (r = 0, 1, ...): an elastic branch that re-cuts the stable "
-            "run's pending work, so the documents after the branch come in another order and interleave, each "
-            "still once (replicate 0 continues the stable run's own order). The model at the branch and the "
-            "held-out set are shared: the spread is the decay's data-order noise, not the init noise of "
-            "from-scratch seeds. Within a replicate every arm draws each source's documents in the same order "
-            "(common random numbers: the arms differ only in how much they take from each source), which "
-            "lowers the noise of the paired gain. No held-out bootstrap is computed (the logs keep per-source "
-            "means only).", ""]
+            f"**Noise.** {len(c.reps)} replicate(s) per arm; replicate r runs the branch with data.num_workers "
+            f"{', '.join(map(str, p['workers']))}: an elastic re-cut of the stable run's pending work (the "
+            "documents after the branch in another order and interleave, each once; replicate 0 is the stable "
+            "run's own order). The model at the branch and the held-out set are shared: the spread is the decay's "
+            "data-order noise, not from-scratch seed noise. Within a replicate every arm draws each source's "
+            "documents in the same order (common random numbers: the arms differ only in how much they take from "
+            "each source). No held-out bootstrap (the logs keep per-source means only).", ""]
 
 
 def verdicts(c: BranchComparison) -> list[str]:
@@ -120,20 +118,12 @@ def tokens(c: BranchComparison) -> list[str]:
           "| arm | " + " | ".join(available) + " | implied epochs (" + ", ".join(available) + ") |",
           "|---|" + "---:|" * (len(available) + 1)]
     for arm, reps in c.runs.items():
-        drawn = [branch_tokens(d) for d in reps.values()]
+        drawn = [drawn_tokens(d)[0] for d in reps.values()]
         epochs = implied_epochs(schedule_of(read_config(next(iter(reps.values())))), available)
         md.append(f"| {arm} | " + " | ".join(f"{np.mean([t.get(s, 0) for t in drawn]):,.0f}" for s in available)
                   + " | " + ", ".join(f"{epochs[s]:.2f}" for s in available) + " |")
     return md + ["", "Implied epochs: the run's planned tokens of a source over its tokens in the corpus "
                  "(above 1: the source repeats; the anneal's risk for small curated sources).", ""]
-
-
-def branch_tokens(run_dir: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for per_source in tokens_per_step(run_dir).values():
-        for s, n in per_source.items():
-            out[s] = out.get(s, 0) + n
-    return out
 
 
 def downstream(c: BranchComparison) -> list[str]:

@@ -2,34 +2,19 @@
 
     python ablations/report.py runs/ablation-demo
     python ablations/report.py runs/ablation-350m_2b --improve heldout/curated --max-regression 0.02
-    python ablations/report.py runs/ablation-350m_2b --suite heldout,lm_eval
+    python ablations/report.py runs/branch-demo          # a decay-branch ablation (OUT/branch.json)
 
-Reads, for every ``OUT/<arm>-seed<S>`` (arms ``scheduled`` and ``fixed``; ablations/outcomes.py): the
-CSV log and saved config, the order logs, and the final checkpoint's data cursors if present. No
-wandb account is needed. Writes:
+A pair (``OUT/<arm>-seed<S>``, arms ``scheduled`` and ``fixed``): the verdict of the decision rule
+(ablations/decision.py) and one table of its inputs; tokens per source planned and drawn by each arm,
+which must be equal up to the documents in flight (``--token-rtol`` of the plan, or ``--token-atol``:
+one step's tokens) and are FLAGGED otherwise; held-out loss per source at the end and along the run;
+the other evaluations of ``--suite``; three PNGs. A decay-branch ablation (``OUT/<arm>-rep<R>``): each
+arm against the control (ablations/branch_report.py). Only files are read (CSV and order logs, saved
+configs, the final checkpoints' cursors); ablations/README.md describes every section.
 
-- ``report.md``: the verdict of the decision rule (ablations/decision.py: paired gains per seed, their
-  mean and standard error; KEEP, DROP, NO CLEAR GAIN, or CANNOT DECIDE with fewer than 2 seeds) and
-  one table of its inputs; tokens per source planned and actually drawn by each arm, which must be
-  equal (a mismatch is FLAGGED at the top); held-out loss per source at the end for both arms and the
-  gain (mean +- std over seeds, and each seed's); the other evaluations of ``--suite``;
-- ``heldout_end.png`` (each seed's gain at the end, the mean +- k x SE, the rule's tolerance; one panel
-  per evaluation, so losses and accuracies never share an axis), ``heldout_along_run.png`` (loss per
-  source for both arms and the gain along the run, each seed and the spread),
-  ``tokens_drawn.png`` (cumulative tokens per source of both arms).
-
-Tokens drawn are equal "up to the documents in flight": each batch row is in the middle of a
-document when the run stops, and the mixer balances sources to within about a document. A source
-passes when the arms differ by at most ``--token-rtol`` (0.5%) of its planned tokens or, where that is
-less, ``--token-atol`` tokens (default: one step's tokens, global batch x final sequence length: the
-documents in flight at the end can hold that much). The planned tokens (from
-each run's saved config) must agree to 1e-6.
-
-One sign convention throughout, :data:`GAIN` (ablations/decision.py's): positive means the schedule
-is better, in every table and plot.
-
-Exit status: 0, or 1 when a check fails (tokens not equal, a run unfinished, an arm missing), so a
-pipeline stops on an invalid comparison. The decision itself never changes the exit status.
+One sign convention throughout, :data:`GAIN`: positive means the schedule (the arm) is better. Exit
+status 1 when a check fails (tokens not equal, a run unfinished, an arm missing); the decision itself
+never changes it.
 """
 
 from __future__ import annotations
@@ -227,8 +212,7 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
 
 def build_branch_report(out: Path, rule: DecisionRule, suite: list[Evaluation],
                         rule_source: str) -> tuple[str, bool]:
-    """A decay-branch ablation's report (``OUT/branch.json``; ablations/branch_report.py): every arm against
-    the control, paired by replicate, with the pair report's evaluations and rule."""
+    """A decay-branch ablation's report (ablations/branch_report.py): each arm against the control."""
     plan = json.loads((out / "branch.json").read_text())
     runs, reps = branch_runs(out, plan)
     diffs = {arm: evaluate(suite, runs, reps, (arm, CONTROL)) for arm in runs if arm != CONTROL}
@@ -624,14 +608,9 @@ def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdic
 def _gain_series(rows, key: str, n: int):
     """Steps evaluated by every run, and the gain (fixed - scheduled loss) at them: mean, std over
     seeds, each seed's."""
-    per_seed = []
-    for i in range(n):
-        a, b = dict(series(rows["scheduled"][i], key)), dict(series(rows["fixed"][i], key))
-        per_seed.append({st: b[st] - a[st] for st in a if st in b})
-    steps = sorted(set.intersection(*(set(d) for d in per_seed))) if per_seed else []
-    if not steps:
-        return [], np.array([]), np.array([]), np.zeros((0, 0))
-    vals = np.array([[d[st] for st in steps] for d in per_seed])
+    at = {st: g for st, g in _gains_at(rows, key, n).items() if len(g) == n}
+    steps = sorted(at)
+    vals = np.array([at[st] for st in steps]).reshape(len(steps), n).T
     return steps, vals.mean(axis=0), vals.std(axis=0, ddof=1) if n > 1 else np.zeros(len(steps)), vals
 
 

@@ -134,11 +134,9 @@ def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int, 
 
 
 def check_branch(old: str, new: str, step: int, changes: list[str]) -> None:
-    """``run.branch``: a decay branch (ablations/branch.py) continues a checkpoint at ``step`` under another
-    mixture from that step on, and nothing else: every other schedule value (budget, batch, sequence
-    lengths, LR, anneal start) must match, and so must the mixture weights at every step before ``step``;
-    model, optimizer, step, LR position and every source's data cursor carry over as in any resume.
-    Anything more is refused naming the keys; the change is logged as ``branch at step S: ...``."""
+    """``run.branch`` (a decay branch, ablations/branch.py): another mixture from the checkpoint's ``step`` on,
+    nothing else. Every other schedule value and the weights at every step before ``step`` must match
+    (else refused, naming them); the change is logged as ``branch at step S: ...``."""
     other = [c for c in changes if not c.startswith("data.schedule.mixture")]
     if other:
         raise ConfigError(f"--run.branch: a branch changes only the mixture, but the checkpoint (step {step}) "
