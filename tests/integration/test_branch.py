@@ -20,6 +20,7 @@ import yaml
 from training_runs import TINY
 
 from ablations import branch, report
+from ablations.run import Job, task_args
 from train.rundir import read_order_log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +67,9 @@ def arm_dirs(out: Path, rep: int | None = None) -> list[Path]:
 @pytest.mark.slow
 def test_before_the_anneal_start_every_arm_is_the_stable_run_byte_for_byte(stable, branched):
     out, log = branched
-    assert log.count("branch at step 6: data.schedule.mixture.phases[1].weights.curated: 0.35 -> 0.5") == 2
-    assert log.count("branch at step 6: data.schedule.mixture.phases[1].weights.curated: 0.35 -> 0.08") == 2
+    assert log.count("branch at step 6: data.schedule.mixture.phases[1].weights.") == 4  # every arm, logged
+    assert log.count("data.schedule.mixture.phases[1].weights.curated: 0.35 -> 0.5;") == 2  # curated50
+    assert log.count("data.schedule.mixture.phases[1].weights.curated: 0.35 -> 0.08;") == 2  # control
     ref = lines(stable)
     for d in arm_dirs(out, 0):  # replicate 0: the stable run's own layout
         mine = lines(d)
@@ -204,3 +206,15 @@ def test_train_stable_dry_run_names_the_stable_command(tmp_path, capsys, demo_co
     printed = capsys.readouterr().out
     assert printed.startswith("[stable to step 8] ") and "--trainer.max_steps 8 --ckpt_path last_or_new" in printed
     assert not (tmp_path / "stable").exists()
+
+
+def test_an_array_task_starts_from_the_stable_checkpoint_then_resumes_its_own(tmp_path):
+    """ablations/ablation.sbatch asks ``run.py --task-args`` at every (re)start: the stable checkpoint while
+    the branch's run directory holds none, then nothing (the launcher resumes the run's own newest)."""
+    job = Job("control", 0, str(tmp_path / "control-rep0"), ["--run.dir", str(tmp_path / "control-rep0")],
+              start="runs/demo/checkpoints/step0000277.ckpt")
+    assert task_args(job, resume=False)[-2:] == ["--ckpt_path", "runs/demo/checkpoints/step0000277.ckpt"]
+    (tmp_path / "control-rep0" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "control-rep0" / "checkpoints" / "step0000280.ckpt").write_bytes(b"")
+    assert "--ckpt_path" not in task_args(job, resume=False)
+    assert task_args(job)[-2:] == ["--ckpt_path", "last_or_new"]
