@@ -96,12 +96,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_args(args: argparse.Namespace, extra: list[str]) -> Path:
-    """The flags checked before anything runs; the stable run's directory (relative to the repository)."""
+    """The flags checked (with --train-stable the stable run may set its mixture and workers); the run's dir."""
     if args.replicates < 1:
         raise ConfigError(f"--replicates must be at least 1, got {args.replicates} (the decision needs 2+)")
-    bad = [f.split("=")[0] for f in extra if f.split("=")[0] in OWN_KEYS]
+    bad = [f.split("=")[0] for f in extra if f.split("=")[0] in OWN_KEYS[:3 if args.train_stable else None]]
     if bad:
-        raise ConfigError(f"{bad[0]} is set per arm by ablations.branch; give the arms with --arms")
+        raise ConfigError(f"{bad[0]} is set by ablations.branch (--from, --arms, --replicates); remove it")
     if args.train_stable and args.slurm:
         raise ConfigError("--train-stable trains here; on SLURM train the stable phase first: sbatch "
                           "scripts/slurm/train.sbatch CONFIG --trainer.max_steps S (S: the anneal start)")

@@ -179,7 +179,8 @@ def test_bad_input_is_refused_before_compute_with_one_line(stable, tmp_path, cap
     assert "data.seed 1234, the branch asks 99" in refused(capsys, base + ["--", "--data.seed", "99"])
     assert "model.d_model is 32 in the checkpoint, 64 here" in refused(capsys, base + ["--", "--model.model.d_model",
                                                                                         "64"])
-    assert "--run.branch is set per arm" in refused(capsys, base + ["--", "--run.branch", "false"])
+    assert "--run.branch is set by ablations.branch" in refused(capsys, base + ["--", "--run.branch", "false"])
+    assert "--data.num_workers is set by" in refused(capsys, base + ["--", "--data.num_workers", "4"])
     assert not out.exists()  # nothing written
 
     late = tmp_path / "late"  # a run whose checkpoints are all past the anneal start
