@@ -1,8 +1,8 @@
 """Decay branches: the anneal ablation from one stable-phase checkpoint, the data order continued.
 
-    python -m ablations.branch --from runs/demo --train-stable --arms ablations/demo_branch_arms.yaml \
+    python ablations/branch.py --from runs/demo --train-stable --arms ablations/demo_branch_arms.yaml \
         -- --config configs/demo.yaml
-    python -m ablations.branch --from runs/pretrain_350m_20b --arms ablations/350m_branch_arms.yaml --slurm
+    python ablations/branch.py --from runs/pretrain_350m_20b --arms ablations/350m_branch_arms.yaml --slurm
 
 The stable run (``--from``; ``--train-stable`` trains it to the anneal start S with the configs after
 ``--``) is trained once; every arm x replicate resumes its checkpoint at or before S with
