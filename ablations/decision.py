@@ -1,26 +1,12 @@
 """The decision rule of an ablation, aware of seed noise (ablations/decision_rule.yaml).
 
-Per metric, the arms are compared **paired by seed**: seed s of the scheduled arm against seed s of
-the fixed arm (same model init, same data seed, same held-out set). The gain of seed s is signed so
-that a positive gain means the schedule is better (fixed - scheduled for a loss, scheduled - fixed
-for a score). Over the n seeds::
-
-    mean gain   g = sum(gain_s) / n
-    std error   SE = std(gain_s, ddof=1) / sqrt(n)
-
-and a metric
-
-- **improves** when g > k x SE and g > min_improvement,
-- **worsens** when -g > k x SE and -g > max_regression (a loss that rises less than the tolerance,
-  or not clearly above the noise, is not a regression),
-- is **within noise** otherwise,
-- and with fewer than ``min_seeds`` (at least 2) seeds there is no standard error: the metric
-  **cannot be decided**, whatever its gain.
-
-The verdict: CANNOT DECIDE when a metric the rule reads has fewer than 2 seeds; otherwise DROP when a
-guarded metric worsens, KEEP when every ``improve`` metric improves (and none worsens), and NO CLEAR
-GAIN when nothing worsens but an ``improve`` metric stays within the noise (the schedule has not
-earned its keep at this many seeds: add seeds, or drop it as the simpler option).
+Per metric the arms are paired by seed (or replicate); the gain of pair s is signed so that positive
+means the schedule (the arm) is better. Over n pairs, g = mean(gain_s) and SE = std(gain_s, ddof=1) /
+sqrt(n); a metric **improves** when g > k x SE and g > min_improvement, **worsens** when -g > k x SE
+and -g > max_regression, is **within noise** otherwise, and **cannot be decided** with fewer than
+``min_seeds`` (>= 2) pairs. The verdict: CANNOT DECIDE when a metric the rule reads cannot be decided;
+else DROP when a guarded metric worsens, KEEP when every ``improve`` metric improves, NO CLEAR GAIN
+otherwise.
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """The downstream suite: a registry of evaluations, each mapping one run directory to named numbers.
 
-The report runs every evaluation of ``--suite`` on every arm and seed, takes the gain per metric
-(positive: the schedule is better; ablations/report.py ``GAIN``), and its decision rule reads metrics by their full name
-``<evaluation>/<metric>`` (e.g. ``heldout/curated``). Registered here:
-
-- ``heldout`` (default): the final held-out loss per source and overall, from the run's CSV log (no
-  model needed; the held-out chunks are the same for every seed and arm). Lower is better.
-- ``local``: the offline downstream tasks built from the held-out chunks (train/tools/evaluate.py: a 4-way
-  cloze per source), through lm-evaluation-harness on the exported model; accuracy, higher is better.
-- ``lm_eval``: lm-evaluation-harness on the exported model (``scripts/export_hf.py``), opt-in: the
-  standard suite, its datasets from the HF cache.
-
-Adding one::
-
-    from ablations.evals import register
-
-    @register("my_suite", higher_is_better=True, description="accuracy on my tasks")
-    def my_suite(run_dir: Path) -> dict[str, float]:
-        ...                       # e.g. load run_dir / "checkpoints" / "last.ckpt" and score it
-        return {"task_a": 0.61, "task_b": 0.47}
-
-then ``python ablations/report.py OUT --suite heldout,my_suite --plugin mypackage.my_module`` (the
-plugin module is imported first, so its ``@register`` calls run). Cache expensive results inside the
-run directory (``run_dir / "evals" / ...``), as ``lm_eval`` does, so re-running the report is cheap.
+The report runs every evaluation of ``--suite`` on every run and its decision rule reads the metrics
+as ``<evaluation>/<metric>`` (e.g. ``heldout/curated``). Registered here: ``heldout`` (the final
+held-out loss per source and overall, from the CSV log; lower is better), ``local`` (the offline 4-way
+cloze per source of train/tools/evaluate.py through lm-evaluation-harness; higher is better) and ``lm_eval``
+(the harness's standard tasks, opt-in). Add one with :func:`register` (``--plugin MODULE`` imports it
+first); cache expensive results under ``run_dir / "evals"``. ablations/README.md ("The downstream
+suite") has an example.
 """
 
 from __future__ import annotations
@@ -94,10 +78,8 @@ def _exported(run_dir: Path, evaluation: str) -> tuple[Path, Path]:
 @register("local", higher_is_better=True,
           description="4-way cloze accuracy per source on held-out text (offline lm-eval tasks; chance 0.25)")
 def local_tasks(run_dir: Path) -> dict[str, float]:
-    """``cloze_<source>`` accuracy of the run's ``checkpoints/last.ckpt`` on the offline tasks built from
-    the held-out chunks (train/tools/evaluate.py ``write_local_tasks``: the same items for every arm and seed
-    of one corpus and data seed); cached in ``<run>/evals/lm_eval/local/metrics.json``. Needs lm-eval,
-    checked before anything is exported."""
+    """``cloze_<source>`` accuracy of the run's final checkpoint on the offline tasks of the held-out chunks
+    (train/tools/evaluate.py; the same items for every run), cached in ``<run>/evals/lm_eval/local/metrics.json``."""
     from train.tools.evaluate import LOCAL, load_data, run_local_tasks
 
     run_dir = Path(run_dir)
@@ -118,18 +100,9 @@ LM_EVAL_TASKS = os.environ.get("WELLMIXED_LM_EVAL_TASKS", "hellaswag,arc_easy,pi
 @register("lm_eval", higher_is_better=True,
           description=f"lm-evaluation-harness accuracy on the exported model ({LM_EVAL_TASKS})")
 def lm_eval_harness(run_dir: Path) -> dict[str, float]:
-    """lm-evaluation-harness on the run's exported ``checkpoints/last.ckpt``, through the one-command
-    evaluation (train/tools/evaluate.py: ``sys.executable -m lm_eval``, offline, datasets from the HF cache);
-    cached per run in ``<run>/evals/lm_eval/results.json``.
-
-    Checked first: without lm-eval installed this raises, naming the install command, before anything
-    is exported. Tasks from ``$WELLMIXED_LM_EVAL_TASKS`` (comma-separated), extra flags from
-    ``$WELLMIXED_LM_EVAL_ARGS`` (e.g. ``--device cuda:0 --batch_size 32``); ``$WELLMIXED_LM_EVAL_ONLINE=1``
-    lets the harness download datasets. Each task runs on its own: one whose dataset is not cached is
-    skipped with a note (an error only when none runs). Reports ``<task>/acc`` (and ``acc_norm`` where the task has it).
-    A 350M model at 2B tokens sits near chance on most of these: prefer tasks with signal at that scale,
-    or use held-out loss alone.
-    """
+    """lm-evaluation-harness (train/tools/evaluate.py, offline) on the run's exported ``checkpoints/last.ckpt``,
+    cached in ``<run>/evals/lm_eval/results.json``; lm-eval's presence checked before anything is exported.
+    ``$WELLMIXED_LM_EVAL_TASKS``, ``$WELLMIXED_LM_EVAL_ARGS``, ``$WELLMIXED_LM_EVAL_ONLINE=1``: README."""
     from train.tools.evaluate import run_each_task
 
     run_dir = Path(run_dir)

@@ -40,13 +40,14 @@ def planned_tokens(config: dict) -> dict[str, float]:
 
 
 def drawn_tokens(run_dir: Path) -> tuple[dict[str, int], int]:
-    """Tokens per source actually trained (order logs summed over ranks) and the number of steps."""
+    """Tokens per source actually trained (order logs summed over ranks) and the steps trained through (the
+    last step logged + 1: a decay branch's log starts at its branch step)."""
     per_step = tokens_per_step(run_dir)
     totals: dict[str, int] = {}
     for tokens in per_step.values():
         for source, n in tokens.items():
             totals[source] = totals.get(source, 0) + n
-    return totals, len(per_step)
+    return totals, max(per_step, default=-1) + 1
 
 
 @dataclass

@@ -2,40 +2,26 @@
 
     python ablations/report.py runs/ablation-demo
     python ablations/report.py runs/ablation-350m_2b --improve heldout/curated --max-regression 0.02
-    python ablations/report.py runs/ablation-350m_2b --suite heldout,lm_eval
+    python ablations/report.py runs/branch-demo          # a decay-branch ablation (OUT/branch.json)
 
-Reads, for every ``OUT/<arm>-seed<S>`` (arms ``scheduled`` and ``fixed``; ablations/outcomes.py): the
-CSV log and saved config, the order logs, and the final checkpoint's data cursors if present. No
-wandb account is needed. Writes:
+A pair (``OUT/<arm>-seed<S>``, arms ``scheduled`` and ``fixed``): the verdict of the decision rule
+(ablations/decision.py) and one table of its inputs; tokens per source planned and drawn by each arm,
+which must be equal up to the documents in flight (``--token-rtol`` of the plan, or ``--token-atol``:
+one step's tokens) and are FLAGGED otherwise; held-out loss per source at the end and along the run;
+the other evaluations of ``--suite``; three PNGs. A decay-branch ablation (``OUT/<arm>-rep<R>``): each
+arm against the control (ablations/branch_report.py). Only files are read (CSV and order logs, saved
+configs, the final checkpoints' cursors); ablations/README.md describes every section.
 
-- ``report.md``: the verdict of the decision rule (ablations/decision.py: paired gains per seed, their
-  mean and standard error; KEEP, DROP, NO CLEAR GAIN, or CANNOT DECIDE with fewer than 2 seeds) and
-  one table of its inputs; tokens per source planned and actually drawn by each arm, which must be
-  equal (a mismatch is FLAGGED at the top); held-out loss per source at the end for both arms and the
-  gain (mean +- std over seeds, and each seed's); the other evaluations of ``--suite``;
-- ``heldout_end.png`` (each seed's gain at the end, the mean +- k x SE, the rule's tolerance; one panel
-  per evaluation, so losses and accuracies never share an axis), ``heldout_along_run.png`` (loss per
-  source for both arms and the gain along the run, each seed and the spread),
-  ``tokens_drawn.png`` (cumulative tokens per source of both arms).
-
-Tokens drawn are equal "up to the documents in flight": each batch row is in the middle of a
-document when the run stops, and the mixer balances sources to within about a document. A source
-passes when the arms differ by at most ``--token-rtol`` (0.5%) of its planned tokens or, where that is
-less, ``--token-atol`` tokens (default: one step's tokens, global batch x final sequence length: the
-documents in flight at the end can hold that much). The planned tokens (from
-each run's saved config) must agree to 1e-6.
-
-One sign convention throughout, :data:`GAIN` (ablations/decision.py's): positive means the schedule
-is better, in every table and plot.
-
-Exit status: 0, or 1 when a check fails (tokens not equal, a run unfinished, an arm missing), so a
-pipeline stops on an invalid comparison. The decision itself never changes the exit status.
+One sign convention throughout, :data:`GAIN`: positive means the schedule (the arm) is better. Exit
+status 1 when a check fails (tokens not equal, a run unfinished, an arm missing); the decision itself
+never changes it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import math
 import os
 import re
@@ -46,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from ablations.branch_report import CONTROL, BranchComparison
+from ablations.branch_report import render as render_branch
 from ablations.decision import DecisionRule, Difference, Verdict, decide, rule_table
 from ablations.evals import EVALUATIONS, Evaluation
 from ablations.outcomes import (
@@ -65,7 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("scheduled", "fixed")
 ARM_KEYS = ("data.schedule.mixture", "run.dir", "run.wandb_name", "ckpt_path")
 """Config keys the arms may differ in; any other difference in their saved configs is flagged."""
-RUN_DIR = re.compile(r"^(scheduled|fixed)-seed(\d+)$")
+RUN_DIR = re.compile(r"^(.+)-(?:seed|rep)(\d+)$")
+"""``<arm>-seed<S>`` (a pair, ablations/run.py) or ``<arm>-rep<R>`` (a decay branch, ablations/branch.py)."""
 PLANNED_RTOL = 1e-6
 DEFAULT_RULE = ROOT / "ablations" / "decision_rule.yaml"
 GAIN = ("gain = fixed - scheduled for a loss, scheduled - fixed for a score (accuracy): "
@@ -146,7 +135,7 @@ def discover(out: Path) -> dict[str, dict[int, Path]]:
     for d in sorted(out.iterdir()) if out.is_dir() else []:
         m = RUN_DIR.match(d.name)
         if m and RunDir(d).metrics_csv.is_file():
-            runs[m.group(1)][int(m.group(2))] = d
+            runs.setdefault(m.group(1), {})[int(m.group(2))] = d
     return runs
 
 
@@ -169,15 +158,15 @@ def default_suite(out: Path) -> str:
     return "heldout,local"
 
 
-def evaluate(suite: list[Evaluation], runs: dict[str, dict[int, Path]], seeds: list[int]) -> dict[str, Difference]:
+def evaluate(suite: list[Evaluation], runs: dict[str, dict[int, Path]], seeds: list[int],
+             arms: tuple[str, str] = ARMS) -> dict[str, Difference]:
+    """Every metric of the suite, ``arms[0]`` (the treatment) against ``arms[1]`` (the baseline), paired by seed."""
     diffs: dict[str, Difference] = {}
     for ev in suite:
-        results = {arm: [ev.fn(runs[arm][seed]) for seed in seeds] for arm in ARMS}
-        names = [k for k in results["scheduled"][0] if all(k in r for arm in ARMS for r in results[arm])]
-        for name in names:
-            diffs[f"{ev.name}/{name}"] = Difference(
-                f"{ev.name}/{name}", [r[name] for r in results["scheduled"]], [r[name] for r in results["fixed"]],
-                ev.higher_is_better)
+        treated, base = ([ev.fn(runs[arm][seed]) for seed in seeds] for arm in arms)
+        for name in [k for k in treated[0] if all(k in r for r in treated + base)]:
+            diffs[f"{ev.name}/{name}"] = Difference(f"{ev.name}/{name}", [r[name] for r in treated],
+                                                    [r[name] for r in base], ev.higher_is_better)
     return diffs
 
 
@@ -219,6 +208,28 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
     md = render(Comparison(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots,
                            rtol, atol, rule_source))
     return md, not flags
+
+
+def build_branch_report(out: Path, rule: DecisionRule, suite: list[Evaluation],
+                        rule_source: str) -> tuple[str, bool]:
+    """A decay-branch ablation's report (ablations/branch_report.py): each arm against the control."""
+    plan = json.loads((out / "branch.json").read_text())
+    runs, reps = branch_runs(out, plan)
+    diffs = {arm: evaluate(suite, runs, reps, (arm, CONTROL)) for arm in runs if arm != CONTROL}
+    verdicts = {arm: decide(rule, d) for arm, d in diffs.items()}
+    plots = {arm: _save(end_figure(diffs[arm], rule, verdicts[arm], len(reps)), out / f"heldout_end_{arm}.png")
+             for arm in diffs}
+    md, flags = render_branch(BranchComparison(out, plan, runs, reps, diffs, verdicts, rule, rule_source, plots))
+    return md, not flags
+
+
+def branch_runs(out: Path, plan: dict) -> tuple[dict[str, dict[int, Path]], list[int]]:
+    """The branch ablation's runs (arm -> replicate -> directory) and the replicates every arm has."""
+    runs = {arm: reps for arm, reps in discover(out).items() if reps and arm in plan["arms"]}
+    if CONTROL not in runs or len(runs) < 2:
+        raise ConfigError(f"{out} holds no control-rep<R>/ and <arm>-rep<R>/ runs with csv/metrics.csv yet "
+                          "(run python -m ablations.branch first)")
+    return runs, sorted(set.intersection(*(set(r) for r in runs.values())))
 
 
 def paired_seeds(out: Path, runs: dict[str, dict[int, Path]]) -> list[int]:
@@ -427,26 +438,36 @@ def downstream_section(c: Comparison) -> list[str]:
 
 def along_run_table(runs, seeds, decay_start: int) -> list[str]:
     """The gain (fixed - scheduled held-out loss: positive, the schedule is better), overall and per
-    source, at each evaluation."""
+    source, at each evaluation of the first seed's runs; a cell is the mean over the seeds that evaluated
+    both arms at that step."""
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
-    keys = ["val/loss"] + sorted({k for r in rows["scheduled"][0] for k in r if k.startswith("val/loss/")})
-    steps = sorted(set.intersection(*({st for st, _ in series(rows[arm][0], "val/loss")} for arm in ARMS)))
-    if not steps:
-        return []
-    head = ["step"] + ["all" if k == "val/loss" else k.split("/")[-1] for k in keys]
-    out = ["Gain along the run (fixed - scheduled held-out loss; positive: the schedule is better"
-           + (", mean over seeds" if len(seeds) > 1 else "") + "):", "",
-           "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
-    for st in steps:
-        cells = [f"{st:,}" + (" (anneal)" if st >= decay_start else "")]
-        for k in keys:
-            d = []
-            for i in range(len(seeds)):
-                a, b = dict(series(rows["scheduled"][i], k)), dict(series(rows["fixed"][i], k))
-                if st in a and st in b:
-                    d.append(b[st] - a[st])
-            cells.append(f"{np.mean(d):+.4f}" if d else "")
-        out.append("| " + " | ".join(cells) + " |")
+    keys = ["val/loss"] + _source_losses(rows)
+    steps = sorted(set.intersection(*(set(dict(series(rows[arm][0], "val/loss"))) for arm in ARMS)))
+    gains = {k: _gains_at(rows, k, len(seeds)) for k in keys}
+    head = ["step", "all"] + [k.split("/")[-1] for k in keys[1:]]
+    intro = "Gain along the run (fixed - scheduled held-out loss; positive: the schedule is better"
+    table = [intro + (", mean over seeds):" if len(seeds) > 1 else "):"), "", "| " + " | ".join(head) + " |",
+             "|" + "---:|" * len(head)]
+    return table + [_along_row(st, decay_start, [gains[k].get(st) for k in keys]) for st in steps] if steps else []
+
+
+def _source_losses(rows) -> list[str]:
+    """The ``val/loss/<source>`` keys of the first seed's scheduled run, sorted."""
+    return sorted({k for r in rows["scheduled"][0] for k in r if k.startswith("val/loss/")})
+
+
+def _along_row(step: int, decay_start: int, gains: list[list[float] | None]) -> str:
+    first = f"{step:,}" + (" (anneal)" if step >= decay_start else "")
+    return "| " + " | ".join([first] + [f"{np.mean(g):+.4f}" if g else "" for g in gains]) + " |"
+
+
+def _gains_at(rows, key: str, n: int) -> dict[int, list[float]]:
+    """step -> the gain (fixed - scheduled loss ``key``) of each seed that evaluated both arms there."""
+    out: dict[int, list[float]] = {}
+    for i in range(n):
+        a, b = dict(series(rows["scheduled"][i], key)), dict(series(rows["fixed"][i], key))
+        for st in a.keys() & b.keys():
+            out.setdefault(st, []).append(b[st] - a[st])
     return out
 
 
@@ -476,7 +497,7 @@ def along_run_figure(runs, seeds, decay_start: int):
     """heldout_along_run.png: per source and overall, the loss of both arms (top) and the gain (bottom)."""
     plt = _pyplot()
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
-    keys = sorted({k for r in rows["scheduled"][0] for k in r if k.startswith("val/loss/")}) + ["val/loss"]
+    keys = _source_losses(rows) + ["val/loss"]
     fig, axes = plt.subplots(2, len(keys), figsize=(3.2 * len(keys), 6.2), sharex=True, squeeze=False)
     for j, key in enumerate(keys):
         ax, dx = axes[0, j], axes[1, j]
@@ -587,14 +608,9 @@ def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdic
 def _gain_series(rows, key: str, n: int):
     """Steps evaluated by every run, and the gain (fixed - scheduled loss) at them: mean, std over
     seeds, each seed's."""
-    per_seed = []
-    for i in range(n):
-        a, b = dict(series(rows["scheduled"][i], key)), dict(series(rows["fixed"][i], key))
-        per_seed.append({st: b[st] - a[st] for st in a if st in b})
-    steps = sorted(set.intersection(*(set(d) for d in per_seed))) if per_seed else []
-    if not steps:
-        return [], np.array([]), np.array([]), np.zeros((0, 0))
-    vals = np.array([[d[st] for st in steps] for d in per_seed])
+    at = {st: g for st, g in _gains_at(rows, key, n).items() if len(g) == n}
+    steps = sorted(at)
+    vals = np.array([at[st] for st in steps]).reshape(len(steps), n).T
     return steps, vals.mean(axis=0), vals.std(axis=0, ddof=1) if n > 1 else np.zeros(len(steps)), vals
 
 
@@ -621,10 +637,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     rule = rule_from_args(args)
     suite = suite_from_args(args)
-    md, ok = build_report(args.out, rule, suite, args.token_rtol, args.token_atol, rule_source=rule_source(args))
+    if (args.out / "branch.json").is_file():
+        md, ok = build_branch_report(args.out, rule, suite, rule_source(args))
+    else:
+        md, ok = build_report(args.out, rule, suite, args.token_rtol, args.token_atol, rule_source=rule_source(args))
     path = args.out / "report.md"
     write_text(path, md)
-    print(md.split("## Setup")[0].rstrip())
+    print(md.split("## Setup")[0].split("## Held-out")[0].rstrip())
     print(f"\nreport: {path}")
     if not ok:
         print("CHECKS FAILED: see the flags at the top of the report", file=sys.stderr)

@@ -2,35 +2,17 @@
 
     python ablations/run.py --pair demo                                  # CPU, 3 seeds x 2 arms: ~53 min on 2 cores
     python ablations/run.py --pair demo --seeds 1234 5678 --out runs/ablation-demo-2seeds
-    python ablations/run.py --pair demo --num-seeds 5
     python ablations/run.py --pair 350m_2b --slurm                      # a SLURM job array, one task per run
     python ablations/run.py --pair demo --dry-run -- --trainer.precision 32-true   # print the commands
 
-Each arm runs over N seeds (``--num-seeds``, default 3: the configs' ``data.seed`` S, S+1, S+2; or
-``--seeds A B C``), and seed s of one arm is paired with seed s of the other: the same model init
-(``seed_everything``), the same data seed, the same held-out set (which does not depend on the seed).
-With one seed the report cannot estimate the noise and does not decide (ablations/decision.py).
-
-Every run is ``python -m train fit`` with the pair's configs stacked (the base config, the
-scheduled arm's diff, and for the fixed arm its one-key diff, the mixture) plus::
-
-    --seed_everything S --data.seed S --data.order_log true --run.dir OUT/<arm>-seed<S>
-    --run.wandb_group NAME --run.wandb_name NAME/<arm>-seed<S>   [extra overrides after --]
-
-The pair's configs and the overrides after ``--`` are resolved as ``train fit`` resolves them before
-anything runs (a bad key is one ``error:`` line); ``--seed_everything``, ``--data.seed``, ``--run.dir``
-and ``--ckpt_path`` are this runner's and refused after ``--``. So each arm has its own run directory
-and the wandb runs are grouped under the ablation's name (default: OUT's folder name). Runs go one
-after another; a finished run (held-out loss logged at its last step) is skipped and every other one
-runs with ``--ckpt_path last_or_new`` (it resumes from its newest checkpoint when it has one), so
-re-running the same command after a crash continues where it stopped. Afterwards
-``ablations/report.py OUT`` writes ``OUT/report.md`` (skip with ``--no-report``).
-
-``--slurm`` writes ``OUT/jobs.json`` and submits ``ablations/ablation.sbatch`` as an array with one
-task per run (``--dry-run`` prints the sbatch command instead); each task asks this script for its
-arguments (``--task-args``: nothing once the run is complete) and hands them to the SLURM launcher
-``scripts/slurm/train.sbatch``, which resumes from the newest checkpoint and requeues before the
-time limit.
+Seed s of one arm is paired with seed s of the other (same init, data seed and held-out set). Every
+run is ``python -m train fit`` with the pair's configs stacked plus ``--seed_everything S --data.seed S
+--data.order_log true --run.dir OUT/<arm>-seed<S>`` and the wandb group/name; the configs and the
+overrides after ``--`` are resolved and their data config checked as ``train fit`` does before
+anything runs (the per-run keys are refused after ``--``). Runs go one after another, a finished one
+is skipped and the others resume (``--ckpt_path last_or_new``); then ``ablations/report.py OUT``.
+``--slurm`` writes ``OUT/jobs.json`` and submits ``ablations/ablation.sbatch``, one array task per run
+(``--task-args``: its arguments now). ablations/README.md has the details.
 """
 
 from __future__ import annotations
@@ -82,6 +64,9 @@ class Job:
     args: list[str]
     """Arguments of ``python -m train fit`` (without ``--ckpt_path``: ``last_or_new`` is added to local runs;
     the SLURM launcher adds its own)."""
+    start: str | None = None
+    """A decay branch's stable checkpoint (ablations/branch.py): its ``--ckpt_path`` while the run directory
+    holds no checkpoint of its own."""
 
 
 OWN_KEYS = ("--seed_everything", "--data.seed", "--run.dir", "--ckpt_path")
@@ -92,14 +77,17 @@ trained with another seed), so they are refused."""
 def resolve_arms(pair: Pair, extra: list[str]) -> dict:
     """Each arm's configuration as ``python -m train fit`` resolves it (train/config.py): the pair's stacked
     configs plus the overrides after ``--``; a bad key or value is refused here, before any run starts."""
-    from train.config import resolve_config
+    from train.config import data_config, resolve_config
 
     for flag in extra:
         if flag.split("=")[0] in OWN_KEYS:
             raise ConfigError(f"{flag.split('=')[0]} is set per run by ablations/run.py; use --seeds / --out "
                               "instead of passing it after --")
-    return {arm: resolve_config([a for c in pair.configs(arm) for a in ("--config", str(ROOT / c))] + extra)
+    arms = {arm: resolve_config([a for c in pair.configs(arm) for a in ("--config", str(ROOT / c))] + extra)
             for arm in ARMS}
+    for cfg in arms.values():
+        data_config(cfg)  # the data config checked as train fit checks it (sources, schedule, weights)
+    return arms
 
 
 def config_seed(pair: Pair, extra: list[str] | None = None) -> int:
@@ -136,6 +124,8 @@ def task_args(job: Job, resume: bool = True) -> list[str] | None:
     whether ``last.ckpt`` or only step files, else step 0)."""
     if is_complete(ROOT / job.run_dir):  # relative to the repository root, where training runs
         return None
+    if job.start and not any((ROOT / job.run_dir / "checkpoints").glob("*.ckpt")):
+        return job.args + ["--ckpt_path", job.start]
     return job.args + ["--ckpt_path", "last_or_new"] if resume else job.args
 
 
@@ -232,7 +222,7 @@ def run_here(jobs: list[Job], dry_run: bool) -> int:
     status of the first that fails, else 0."""
     for job in jobs:
         todo = task_args(job)
-        label = f"[{job.arm} seed {job.seed}]"
+        label = f"[{Path(job.run_dir).name}]"
         if todo is None:
             print(f"{label} {job.run_dir} is complete: skipped", flush=True)
             continue

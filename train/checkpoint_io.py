@@ -1,8 +1,8 @@
 """Checkpoint writes (train/checkpoint.py section 1; reading and verifying is train/checkpoint.py's).
 
-:class:`AtomicCheckpointIO` writes torch.save to a temporary file, fsyncs it and renames it over the target,
-with its sidecar ``NAME.sha256`` (written before the rename for a new name); :class:`FinalCheckpoint` writes each step's checkpoint once,
-makes ``last.ckpt`` at a step file a hard link to it (:func:`link_checkpoint`), and writes a checkpoint
+:class:`AtomicCheckpointIO` writes torch.save to a temporary file, fsyncs it and renames it over the
+target, with its sidecar ``NAME.sha256`` (before the rename for a new name); :class:`FinalCheckpoint` writes
+each step's checkpoint once, makes ``last.ckpt`` at a step file a hard link to it (:func:`link_checkpoint`), and writes a checkpoint
 at the final step; :func:`remove_stale_temp_files` clears what a killed write left.
 """
 

@@ -111,9 +111,12 @@ class RunConfig:
     allow_changed_schedule: bool = False
     """Resume although data.schedule (budget, LR, sequence lengths, mixture) changed: the new schedule
     applies from the resumed step (:func:`check_schedule_unchanged`). Refused by default."""
+    branch: bool = False
+    """A decay branch (ablations/branch.py): resume under another mixture from the checkpoint's step on,
+    nothing else changed (train/resume.py ``check_branch``; logged as ``branch at step S``)."""
 
 
-RESUME_POLICY = ("elastic", "allow_changed_data", "allow_changed_schedule")
+RESUME_POLICY = ("elastic", "allow_changed_data", "allow_changed_schedule", "branch")
 """run.* keys the DataModule is built with besides the ``data:`` section (not ``data:`` keys: refused there)."""
 
 # -- the Trainer options: what this CLI sets itself, what --help shows ---------------------------------

@@ -173,14 +173,15 @@ class WellMixedData(L.LightningDataModule):
     what the data is, so they are not ``data:`` keys)."""
 
     def __init__(self, config: DataConfig, elastic: bool = True, allow_changed_data: bool = False,
-                 allow_changed_schedule: bool = False):
+                 allow_changed_schedule: bool = False, branch: bool = False):
         """``elastic``: a resume with another layout re-cuts the cursors (else it is refused);
         ``allow_changed_data``: a changed corpus or seed starts a fresh order (else refused);
-        ``allow_changed_schedule``: a changed schedule applies from the resumed step (else refused)."""
+        ``allow_changed_schedule``: a changed schedule applies from the resumed step (else refused);
+        ``branch``: another mixture from the resumed step on, nothing else (a decay branch)."""
         super().__init__()
         self.config = config
-        self.elastic, self.allow_changed_data, self.allow_changed_schedule = \
-            elastic, allow_changed_data, allow_changed_schedule
+        self.elastic, self.allow_changed_data, self.allow_changed_schedule, self.branch = \
+            elastic, allow_changed_data, allow_changed_schedule, branch
         self._context: TrainingContext | None = None  # the prepared data, once prepare() ran
         self._resume: _Resume | None = None
         self._trained: dict[int, ConsumerCursor] = {}  # worker -> cursor after the last trained batch
@@ -379,7 +380,7 @@ class WellMixedData(L.LightningDataModule):
         step = state["next_step"] // state.get("accumulate", 1)
         next_step = step * ctx.accumulate
         check_schedule_unchanged(state.get("schedule"), schedule_fingerprint(self.config.schedule),
-                                 self.allow_changed_schedule, step)
+                                 self.allow_changed_schedule, step, self.branch)
         check_data_settings(state.get("data_settings"), data_settings(self.config), self.allow_changed_data, step)
         changed = []
         if state["fingerprint"] != manifest.fingerprint():

@@ -6,7 +6,9 @@
   the DataModule calls when it loads a checkpoint's data state);
 - the ``data:`` settings that decide the chunks the data order is built on (:func:`data_settings`,
   :func:`check_data_settings`): a change is named with its two values, before the corpus fingerprint
-  (which they change too) is compared.
+  (which they change too) is compared;
+- the one change a decay branch makes (:func:`check_branch`, ``run.branch``: another mixture from the
+  checkpoint's step on).
 
 docs/config.md ("resuming") is the user's view of this file.
 """
@@ -19,6 +21,7 @@ import logging
 from typing import Any
 
 from data.errors import ConfigError
+from data.schedules import ScheduleConfig
 from train.module import OptimConfig
 
 log = logging.getLogger("wellmixed")
@@ -136,13 +139,16 @@ def check_data_settings(old: str | None, new: str, allow: bool, step: int) -> No
                           "checkpoint's value again (the first of each pair) to resume it")
 
 
-def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int) -> None:
+def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int, branch: bool = False) -> None:
     """A resume under another schedule silently moves the anneal and the LR decay (a larger
     ``train_tokens`` puts a run that was annealing back into the stable phase): refused like a changed
-    seed, unless ``run.allow_changed_schedule``."""
+    seed, unless ``run.allow_changed_schedule``, or ``run.branch`` for the one change a branch makes
+    (:func:`check_branch`)."""
     changes = schedule_changes(old, new)
     if not changes:
         return
+    if branch and not allow:
+        return check_branch(old, new, step, changes)
     if not allow:
         raise ConfigError(
             f"--ckpt_path: the checkpoint (step {step}) was trained with another schedule: {'; '.join(changes)}; "
@@ -151,3 +157,21 @@ def check_schedule_unchanged(old: str | None, new: str, allow: bool, step: int) 
         )
     log.warning("resuming at step %d under a changed schedule (run.allow_changed_schedule): %s", step,
                 "; ".join(changes))
+
+
+def check_branch(old: str, new: str, step: int, changes: list[str]) -> None:
+    """``run.branch`` (a decay branch, ablations/branch.py): another mixture from the checkpoint's ``step`` on,
+    nothing else. Every other schedule value and the weights at every step before ``step`` must match
+    (else refused, naming them); the change is logged as ``branch at step S: ...``."""
+    other = [c for c in changes if not c.startswith("data.schedule.mixture")]
+    if other:
+        raise ConfigError(f"--run.branch: a branch changes only the mixture, but the checkpoint (step {step}) "
+                          f"differs in {'; '.join(other)}; restore those values (docs/config.md, resuming)")
+    a, b = (ScheduleConfig.from_dict(json.loads(s)).build() for s in (old, new))
+    differ = next((t for t in range(step) if a.mixture_weights(t) != b.mixture_weights(t)), None)
+    if differ is not None or a.sources != b.sources:
+        raise ConfigError(f"--run.branch: the new mixture differs from the checkpoint's at step "
+                          f"{differ if differ is not None else 0}, before the checkpoint's step {step}: a branch "
+                          "changes the mixture from its step on only (branch from a checkpoint at or before the "
+                          "anneal start)")
+    log.warning("branch at step %d: %s", step, "; ".join(changes))

@@ -153,8 +153,8 @@ def test_runner_dry_run_names_each_arm_and_seed(capsys, tmp_path):
     assert run.main(["--pair", "demo", "--seeds", "1", "2", "--out", str(tmp_path / "abl"), "--dry-run",
                      "--", "--trainer.precision", "32-true"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split("]")[0] for ln in lines] == ["[scheduled seed 1", "[fixed seed 1", "[scheduled seed 2",
-                                                  "[fixed seed 2"]
+    assert [ln.split("]")[0] for ln in lines] == ["[scheduled-seed1", "[fixed-seed1", "[scheduled-seed2",
+                                                  "[fixed-seed2"]
     fixed = lines[1]
     assert ("--config configs/demo.yaml --config ablations/demo_scheduled.yaml "
             "--config ablations/demo_fixed.yaml") in fixed
@@ -172,14 +172,19 @@ def test_runner_checks_the_overrides_as_train_fit_does_before_any_run(capsys, tm
     assert run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--", "--trainer.precison",
                      "32"]) == 2
     assert "did you mean --trainer.precision" in capsys.readouterr().err
+    # a key that parses but a data config that does not validate: refused as train fit refuses it
+    assert run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--",
+                     "--data.schedule.anneal_start", "1.5"]) == 2
+    assert "data.schedule.anneal_start: 1.5 must be in (0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "abl").exists()
 
 
 def test_runner_runs_three_seeds_by_default(capsys, tmp_path):
     assert run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split("]")[0] for ln in lines] == [f"[{arm} seed {s}" for s in (1234, 1235, 1236) for arm in run.ARMS]
+    assert [ln.split("]")[0] for ln in lines] == [f"[{arm}-seed{s}" for s in (1234, 1235, 1236) for arm in run.ARMS]
     for line in lines:  # seed s of one arm is seed s of the other: model init and data order alike
-        seed = line.split("seed ")[1].split("]")[0]
+        seed = line.split("-seed")[1].split("]")[0]
         assert f"--seed_everything {seed} --data.seed {seed} " in line and f"-seed{seed} " in line
     assert run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--num-seeds", "1"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2

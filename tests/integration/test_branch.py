@@ -1,0 +1,221 @@
+"""Decay branches (ablations/branch.py): one stable run, arms branched from its checkpoint before the
+anneal start, the data order continued; checked on the order logs. Then the refusals, before compute.
+
+The stable run is tests/training_runs.py's TINY (17 steps; anneal start S = 8; checkpoints every 3
+steps, so the branch starts at step 6 and follows the stable mixture to S) with a held-out set; one
+arm (curated at 0.5 from S) and the control, 2 replicates: 4 branches of 11 steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from training_runs import TINY
+
+from ablations import branch, report
+from ablations.run import Job, task_args
+from train.rundir import read_order_log
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("web", "code", "books", "curated")
+S, CKPT = 8, 6  # the anneal start; the newest checkpoint at or before it
+
+
+def env_for(root: Path) -> dict:
+    return {**os.environ, "WELLMIXED_CACHE": str(root / "cache"),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture(scope="module")
+def stable(demo_corpus, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("branch")
+    sources = {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in SOURCES}
+    cmd = [sys.executable, "-m", "train", "fit", *TINY, "--data.sources", json.dumps(sources),
+           "--data.val_tokens_per_source", "64", "--run.dir", str(root / "stable")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(root), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (root / "arms.yaml").write_text(yaml.safe_dump({"arms": [
+        {"name": "curated50", "weights": {"web": 0.25, "code": 0.15, "books": 0.10, "curated": 0.50}}]}))
+    return root / "stable"
+
+
+@pytest.fixture(scope="module")
+def branched(stable) -> tuple[Path, str]:
+    out = stable.parent / "abl"
+    cmd = [sys.executable, "-m", "ablations.branch", "--from", str(stable), "--arms", str(stable.parent / "arms.yaml"),
+           "--replicates", "2", "--out", str(out), "--report-args=--suite heldout"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env_for(stable.parent), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc.stdout + proc.stderr
+
+
+def lines(run_dir: Path) -> dict[int, dict]:
+    return {d["step"]: d for d in read_order_log(run_dir)}
+
+
+def arm_dirs(out: Path, rep: int | None = None) -> list[Path]:
+    return sorted(d for d in out.glob(f"*-rep{'*' if rep is None else rep}") if d.is_dir())
+
+
+@pytest.mark.slow
+def test_before_the_anneal_start_every_arm_is_the_stable_run_byte_for_byte(stable, branched):
+    out, log = branched
+    assert log.count("branch at step 6: data.schedule.mixture.phases[1].weights.") == 4  # every arm, logged
+    assert log.count("data.schedule.mixture.phases[1].weights.curated: 0.35 -> 0.5;") == 2  # curated50
+    assert log.count("data.schedule.mixture.phases[1].weights.curated: 0.35 -> 0.08;") == 2  # control
+    ref = lines(stable)
+    for d in arm_dirs(out, 0):  # replicate 0: the stable run's own layout
+        mine = lines(d)
+        assert min(mine) == CKPT and max(mine) == max(ref)
+        for step in range(CKPT, S):  # documents, tokens, weights, LR and the loss itself
+            assert json.dumps(mine[step]) == json.dumps(ref[step]), (d.name, step)
+        assert mine[S]["weights"] != ref[S]["weights"]  # the arm's mixture from S on
+        assert mine[S]["lr"] == ref[S]["lr"] and mine[max(ref)]["lr"] == ref[max(ref)]["lr"]  # the same LR decay
+
+
+@pytest.mark.slow
+def test_no_piece_trained_before_the_branch_is_trained_again(stable, branched):
+    """Every arm and replicate: its whole history (the stable run to the checkpoint, then its own steps)
+    trains each token of a document at most once (no source wraps in these runs)."""
+    out, _ = branched
+    ref = lines(stable)
+    for d in arm_dirs(out):
+        history = [ref[s] for s in range(CKPT)] + list(lines(d).values())
+        seen: dict[str, list[tuple[int, int]]] = {}
+        for line in history:
+            for doc, first, n in line["pieces"]:
+                spans = seen.setdefault(doc, [])
+                assert not any(a < first + n and first < b for a, b in spans), (d.name, line["step"], doc)
+                spans.append((first, first + n))
+
+
+def per_consumer_sources(run_dir: Path, workers: int) -> dict[tuple[int, str], list[str]]:
+    """Documents of each (consumer, source) in order of first appearance after the branch (step s comes
+    from consumer s mod workers)."""
+    out: dict[tuple[int, str], list[str]] = {}
+    for step, line in sorted(lines(run_dir).items()):
+        for doc, _, _ in line["pieces"]:
+            seq = out.setdefault((step % workers, doc.split("_")[0]), [])
+            if step >= S and doc not in seq:
+                seq.append(doc)
+    return out
+
+
+@pytest.mark.slow
+def test_every_arm_draws_each_source_in_the_same_order(branched):
+    """Common random numbers: within a replicate, each consumer's documents of a source are the same
+    sequence in every arm, the arms taking more or less of it. Replicate 0 (the stable layout) is
+    checked as a prefix; in the re-cut replicate rows that start documents in the same step may log
+    them in another order than they were drawn, so there the fewer documents are checked as a subset."""
+    out, _ = branched
+    plan = json.loads((out / "branch.json").read_text())
+    orders = {}
+    for rep, workers in enumerate(plan["workers"]):
+        arms = [per_consumer_sources(d, workers) for d in arm_dirs(out, rep)]
+        assert len(arms) == 2
+        for key in set(arms[0]) | set(arms[1]):
+            short, long = sorted((a.get(key, []) for a in arms), key=len)
+            assert (short == long[:len(short)]) if rep == 0 else set(short) <= set(long), (rep, key, short, long)
+        orders[rep] = arms[0]
+    assert orders[0] != orders[1]  # the replicates' layouts do re-cut the order: the noise is real
+
+
+@pytest.mark.slow
+def test_the_report_sets_every_arm_beside_the_control_and_the_command_continues(branched, capsys):
+    out, _ = branched
+    md = (out / "report.md").read_text()
+    assert "CHECKS FAILED" not in md and "### `curated50`: **" in md
+    assert "| metric | role | seeds | gain per seed |" in md  # decision.py's rule table, paired by replicate
+    assert "| source | start (step) | end: control | end: curated50 |" in md
+    assert "data.num_workers 2, 3" in md and "common random numbers" in md
+    plan = json.loads((out / "branch.json").read_text())
+    assert plan["step"] == CKPT and plan["anneal_start"] == S and list(plan["arms"]) == ["control", "curated50"]
+    assert f"Stable phase once: {plan['stable_tokens']:,} tokens" in md
+    assert (out / "heldout_end_curated50.png").stat().st_size > 10_000
+    for d in arm_dirs(out):  # last.ckpt kept (report, export), the step checkpoints pruned
+        assert torch.load(d / "checkpoints" / "last.ckpt", weights_only=True, mmap=True)["global_step"] == 17
+    # the same command again: every arm is complete, nothing trains or is overwritten
+    argv = ["--from", str(out.parent / "stable"), "--arms", str(out.parent / "arms.yaml"), "--replicates", "2",
+            "--out", str(out), "--no-report"]
+    assert branch.main(argv) == 0
+    assert capsys.readouterr().out.count("is complete: skipped") == 4
+    assert report.main([str(out), "--suite", "heldout"]) == 0
+
+
+def refused(capsys, argv: list[str]) -> str:
+    assert branch.main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_bad_input_is_refused_before_compute_with_one_line(stable, tmp_path, capsys):
+    out = tmp_path / "abl"
+    base = ["--from", str(stable), "--out", str(out)]
+
+    def arms(*entries) -> list[str]:
+        path = tmp_path / f"arms{len(list(tmp_path.glob('arms*')))}.yaml"
+        path.write_text(yaml.safe_dump({"arms": list(entries)}))
+        return ["--arms", str(path)]
+
+    w = {"web": 0.25, "code": 0.15, "books": 0.10, "curated": 0.50}
+    assert "arm 'a': schedule.mixture.phases[1].weights: weights sum to 1.1" in refused(
+        capsys, base + arms({"name": "a", "weights": {**w, "web": 0.35}}))
+    assert "arm 'a': " in refused(capsys, base + arms({"name": "a", "weights": {**w, "pdfs": 0.0}}))
+    assert "arms[1].name 'a' is given twice" in refused(capsys, base + arms({"name": "a", "weights": w}, {"name": "a",
+                                                                                                         "weights": w}))
+    assert "`control` is the stable weights" in refused(capsys, base + arms({"name": "control", "weights": w}))
+    assert "arm 'a': implied epochs curated 0.01" in refused(
+        capsys, base + arms({"name": "a", "weights": w}) + ["--", "--data.max_epochs", "0.005"])
+    assert "data.seed 1234, the branch asks 99" in refused(capsys, base + ["--", "--data.seed", "99"])
+    assert "model.d_model is 32 in the checkpoint, 64 here" in refused(capsys, base + ["--", "--model.model.d_model",
+                                                                                        "64"])
+    assert "--run.branch is set by ablations.branch" in refused(capsys, base + ["--", "--run.branch", "false"])
+    assert "--data.num_workers is set by" in refused(capsys, base + ["--", "--data.num_workers", "4"])
+    assert not out.exists()  # nothing written
+
+    late = tmp_path / "late"  # a run whose checkpoints are all past the anneal start
+    (late / "checkpoints").mkdir(parents=True)
+    (late / "config.yaml").write_text((stable / "config.yaml").read_text())
+    assert "no checkpoint at or before the anneal start (step 8)" in refused(capsys, ["--from", str(late)])
+    torch.save({"global_step": 12}, late / "checkpoints" / "step0000012.ckpt")
+    assert "checkpoints are at steps [12], after the anneal start (step 8): already annealing" in refused(
+        capsys, ["--from", str(late)])
+
+    out.mkdir()
+    (out / "branch.json").write_text(json.dumps({"arms": {}}))
+    assert "already holds a branch ablation with another plan" in refused(capsys, base)
+    (out / "branch.json").unlink()
+    (out / "x").write_text("")
+    assert "is not empty and holds no branch.json" in refused(capsys, base)
+
+
+def test_train_stable_dry_run_names_the_stable_command(tmp_path, capsys, demo_corpus):
+    sources = {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in SOURCES}
+    argv = ["--from", str(tmp_path / "stable"), "--train-stable", "--dry-run", "--", *TINY,
+            "--data.sources", json.dumps(sources)]
+    assert branch.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("[stable to step 8] ") and "--trainer.max_steps 8 --ckpt_path last_or_new" in printed
+    assert not (tmp_path / "stable").exists()
+
+
+def test_an_array_task_starts_from_the_stable_checkpoint_then_resumes_its_own(tmp_path):
+    """ablations/ablation.sbatch asks ``run.py --task-args`` at every (re)start: the stable checkpoint while
+    the branch's run directory holds none, then nothing (the launcher resumes the run's own newest)."""
+    job = Job("control", 0, str(tmp_path / "control-rep0"), ["--run.dir", str(tmp_path / "control-rep0")],
+              start="runs/demo/checkpoints/step0000277.ckpt")
+    assert task_args(job, resume=False)[-2:] == ["--ckpt_path", "runs/demo/checkpoints/step0000277.ckpt"]
+    (tmp_path / "control-rep0" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "control-rep0" / "checkpoints" / "step0000280.ckpt").write_bytes(b"")
+    assert "--ckpt_path" not in task_args(job, resume=False)
+    assert task_args(job)[-2:] == ["--ckpt_path", "last_or_new"]
