@@ -2,8 +2,8 @@
 
 :class:`AtomicCheckpointIO` writes torch.save to a temporary file, fsyncs it and renames it over the
 target, with its sidecar ``NAME.sha256`` (before the rename for a new name); :class:`FinalCheckpoint` writes
-each step's checkpoint once, makes ``last.ckpt`` at a step file a hard link to it (:func:`link_checkpoint`), and writes a checkpoint
-at the final step; :func:`remove_stale_temp_files` clears what a killed write left.
+each step's checkpoint once, makes ``last.ckpt`` at a step file a hard link to it (:func:`link_checkpoint`),
+and writes a checkpoint at the final step; :func:`remove_stale_temp_files` clears what a killed write left.
 """
 
 from __future__ import annotations
