@@ -14,10 +14,9 @@ except ImportError:  # loaded by path (a test, runpy): the caller's environment
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from data.corpus.shuffle import list_inputs
-from data.corpus.split import compare_filter, parse_map, split_by_source
+from data.corpus.split import parse_map, split_by_source
 from data.errors import ConfigError, one_line_errors
 
 
@@ -39,10 +38,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows-per-part", type=int, default=100_000, help="rows per output file (default 100000)")
     p.add_argument("--compression", default="zstd")
     p.add_argument("--overwrite", action="store_true", help="replace existing part files in OUT")
-    p.add_argument(
-        "--compare-filter", action="store_true", help="afterwards, measure the read cost of per-source filters instead"
-    )
-    p.add_argument("--repeats", type=int, default=3, help="timing repeats for --compare-filter (default 3)")
     return p.parse_args(argv)
 
 
@@ -58,8 +53,6 @@ def main(argv: list[str] | None = None) -> int:
                              row_group_rows=args.row_group_rows, rows_per_part=args.rows_per_part,
                              compression=args.compression, overwrite=args.overwrite)
     _print_report(report, args, len(inputs), time.perf_counter() - t0)
-    if args.compare_filter:
-        print("\n".join(compare_filter(inputs, Path(args.out), mapping, args.column, repeats=args.repeats)))
     return 1 if args.strict and report["unmapped"] and not args.unmapped else 0
 
 

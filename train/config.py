@@ -37,7 +37,6 @@ from importlib.metadata import version as installed
 from pathlib import Path
 from typing import Optional
 
-import yaml
 from jsonargparse import ArgumentError, Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -341,18 +340,6 @@ def resolve_config(argv: list[str]) -> Namespace:
             return _Resolve(args=argv, run=False, prog="python -m train fit").config
     finally:
         quiet.setLevel(level)
-
-
-def dump_config(cfg: Namespace) -> str:
-    """A config from :func:`resolve_config` as YAML: the values ``--print_config`` shows."""
-    def plain(value):
-        value = value.as_dict() if isinstance(value, Namespace) else value
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items() if k != "__path__"}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-    return yaml.safe_dump(plain(cfg), sort_keys=False)
 
 
 def model_config(cfg: Namespace) -> ModelConfig:

@@ -13,29 +13,22 @@ when some rows matched no mapping.
 
 The alternative: leave the corpus mixed and give each mixture source a ``filter:`` in the data config
 (``data/config.py``), all sources pointing at the same files. That works, at a read cost: building the
-manifest reads the filter and token_count columns of every row group once per source, and reading a
-chunk decodes the whole row group's text and filter columns for each source that shares it, then
-drops the other sources' rows. With S filtered sources over the same files, every row group is decoded
-S times instead of once. ``--compare-filter`` measures it after the split: manifest build (cold cache)
-plus decoding every chunk of every source, filtered over the inputs vs plain over the split output,
-with chunk = row group (``min_chunks_per_source: 1``, which isolates the filter) and with the default
-64 chunks per source (the reader decodes a whole row group for every sub-row-group chunk, so that
-re-reading adds to both routes). Tokenizing every document once is timed too: it is the same work on
-both routes and, on CPU, far larger than the decoding.
-
-Measured on the demo corpus shuffled into 8 buckets (row groups of 64 rows), 4 sources, 2 busy cores:
-with chunk = row group the filter route decodes 3.48x the rows and 3.60x the bytes and takes 3.3x the
-time (up to S = 4x: a row group holding no row of a source is skipped for it); with the default 64
-chunks per source the ratio falls to 1.4-1.5x in time because both routes re-decode row groups. The
-extra time is 11-13% of tokenizing the same documents once. So per-source filters serve, at a read
-cost that grows with the number of sources sharing the files; splitting pays off when many sources
-share them or decoding (not tokenizing) is the bottleneck, e.g. with pre-tokenized data.
+manifest reads the filter and token_count columns of every row group once per source, and reading a chunk
+decodes the whole row group's text and filter columns for each source that shares it, then drops the other
+sources' rows. With S filtered sources over the same files, every row group is decoded S times instead of
+once. Measured (manifest build, cold cache, plus decoding every chunk of every source, filtered over the
+inputs vs plain over the split output; the one-off probe that measured it was retired once the figures were
+written here) on the demo corpus shuffled into 8 buckets (row groups of 64 rows), 4 sources, 2 busy cores:
+with chunk = row group the filter route decodes 3.48x the rows and 3.60x the bytes and takes 3.3x the time (up
+to S = 4x: a row group holding no row of a source is skipped for it); with the default 64 chunks per source
+the ratio falls to 1.4-1.5x in time because both routes re-decode row groups. The extra time is 11-13% of
+tokenizing the same documents once. So per-source filters serve, at a read cost that grows with the number of
+sources sharing the files; splitting pays off when many sources share them or decoding (not tokenizing) is the
+bottleneck, e.g. with pre-tokenized data.
 """
 
 from __future__ import annotations
 
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -46,12 +39,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data import files
-from data.config import DataConfig, FilterConfig, SourceConfig
 from data.corpus import PAGE_OPTIONS
 from data.corpus.shuffle import cast_to_schema, split_rows_by_label
 from data.errors import ConfigError
-from data.manifest import build_manifest, matches
-from data.schedules import fixed_schedule
+from data.manifest import matches
 
 
 @dataclass
@@ -255,80 +246,3 @@ def parse_map(items: list[str]) -> dict[str, list[str]]:
     if not mapping:
         raise ConfigError("give at least one --map NAME=PATTERN")
     return mapping
-
-
-def read_cost(sources: dict[str, SourceConfig], min_chunks: int, text_column: str = "text") -> dict:
-    """Build the manifest (cold cache) and decode every chunk of every source as the reader does
-    (``data/reader.py``: the chunk's whole row group, text plus filter column, then the filter);
-    no tokenizing. Returns seconds, rows and bytes decoded, and documents kept."""
-    with tempfile.TemporaryDirectory() as cache:
-        cfg = DataConfig(sources=sources, schedule=fixed_schedule({n: 1 / len(sources) for n in sources}, 2048),
-                         min_chunks_per_source=min_chunks, manifest_cache=cache, text_column=text_column)
-        t0 = time.perf_counter()
-        manifest = build_manifest(cfg)
-        t1 = time.perf_counter()
-        rows = nbytes = docs = 0
-        files: dict[int, pq.ParquetFile] = {}
-        for info in manifest.sources.values():
-            cols = [text_column] + ([info.filter.column] if info.filter else [])
-            for chunk in info.chunks + info.val_chunks:
-                shard = manifest.shards[chunk.shard]
-                rg, first = next((i, f) for i, (f, n) in enumerate(shard.row_groups) if f <= chunk.start < f + n)
-                pf = files.setdefault(chunk.shard, pq.ParquetFile(shard.path))
-                table = pf.read_row_group(rg, columns=cols)
-                rows += table.num_rows
-                nbytes += table.nbytes
-                table = table.slice(chunk.start - first, chunk.stop - chunk.start)
-                if info.filter:
-                    table = table.filter(matches(table.column(info.filter.column), info.filter.patterns))
-                docs += len(table.column(text_column).to_pylist())
-        t2 = time.perf_counter()
-    return {"manifest_s": t1 - t0, "read_s": t2 - t1, "rows_decoded": rows, "bytes_decoded": nbytes, "docs": docs}
-
-
-def compare_filter(inputs: list[str], out: Path, mapping: dict[str, list[str]], column: str,
-                   repeats: int = 3, tokenize: bool = True) -> list[str]:
-    """Printed lines: the read cost of per-source filters on ``inputs`` vs the split folders."""
-    if column not in ("source", "category"):
-        return [f"(--compare-filter: the data config filters on source or category only, not {column!r})"]
-    filtered = {
-        n: SourceConfig(paths=list(inputs), filter=FilterConfig(column=column, values=p)) for n, p in mapping.items()
-    }
-    split = {n: SourceConfig(paths=[str(out / n / "*.parquet")]) for n in mapping}
-    lines = [f"read cost: {len(mapping)} sources, per-source filter on the mixed files vs the split folders "
-             f"(best of {repeats}, manifest cold)"]
-    extra = {}
-    for min_chunks, label in ((1, "chunk = row group"), (64, "64 chunks per source, the default")):
-        f, s = (min((read_cost(sources, min_chunks) for _ in range(repeats)),
-                    key=lambda r: r["manifest_s"] + r["read_s"]) for sources in (filtered, split))
-        lines += _route_lines(f, s, label)
-        extra[label] = (f["manifest_s"] + f["read_s"]) - (s["manifest_s"] + s["read_s"])
-    if tokenize:
-        lines.append(_tokenize_line(inputs, extra))
-    return lines
-
-
-def _route_lines(f: dict, s: dict, label: str) -> list[str]:
-    """The best filter-route and split-route read costs side by side, and their ratio."""
-    lines = [f"  WARNING: {f['docs']} documents through the filters vs {s['docs']} in the split folders"
-             ] if f["docs"] != s["docs"] else []
-    return lines + [
-        f"  [{label}] filter: manifest {f['manifest_s']:.3f}s + read {f['read_s']:.3f}s, {f['rows_decoded']:,} rows "
-        f"{f['bytes_decoded'] / 2**20:.1f} MB decoded; split: manifest {s['manifest_s']:.3f}s + read "
-        f"{s['read_s']:.3f}s, {s['rows_decoded']:,} rows {s['bytes_decoded'] / 2**20:.1f} MB decoded",
-        f"  [{label}] read cost ratio filter/split: time "
-        f"{(f['manifest_s'] + f['read_s']) / (s['manifest_s'] + s['read_s']):.2f}x, "
-        f"rows decoded {f['rows_decoded'] / s['rows_decoded']:.2f}x, "
-        f"bytes decoded {f['bytes_decoded'] / s['bytes_decoded']:.2f}x"]
-
-
-def _tokenize_line(inputs: list[str], extra: dict[str, float]) -> str:
-    """What tokenizing every document once costs, and the filter route's extra time as a share of it."""
-    from data.tokenizer import encode_docs
-
-    texts = [t for p in inputs for t in pq.read_table(p, columns=["text"]).column("text").to_pylist()]
-    t0 = time.perf_counter()
-    n = sum(len(ids) for ids in encode_docs(texts, num_threads=1))
-    tok_s = time.perf_counter() - t0
-    return (f"  tokenizing every document once (same on both routes, 1 thread): {tok_s:.3f}s for {n:,} tokens; "
-            "the filter route's extra time is " + ", ".join(f"{x / tok_s:.1%} of it [{k}]" for k, x in extra.items()))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -243,25 +242,6 @@ def test_split_round_trips_every_row_to_its_folder(baseline, tmp_path):
 
 def spec_outputs(spec: ShuffleSpec) -> list[str]:
     return [str(spec.output(b)) for b in range(spec.buckets)]
-
-
-def test_split_cli_compares_read_cost_with_filters(baseline, tmp_path):
-    spec = baseline[0]
-    maps = [f"--map={k}={','.join(v)}" for k, v in MAPPING.items()]
-    r = subprocess.run(
-        [sys.executable, "scripts/split_by_source.py", str(Path(spec.out) / "*.parquet"), "--out", str(tmp_path / "s"),
-         *maps, "--row-group-rows", "64", "--compare-filter", "--repeats", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert r.returncode == 0, r.stderr
-    print(r.stdout)
-    ratio = re.search(
-        r"\[chunk = row group\] read cost ratio filter/split: time ([\d.]+)x, rows decoded ([\d.]+)x", r.stdout
-    )
-    assert ratio, r.stdout
-    # 4 filtered sources share every row group: each one is decoded up to 4 times instead of once.
-    assert 2.5 < float(ratio.group(2)) <= 4.0
-    assert "WARNING" not in r.stdout and "tokenizing every document once" in r.stdout
 
 
 @pytest.mark.slow
