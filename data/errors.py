@@ -112,6 +112,7 @@ def parser_error_line(message: str, known: Iterable[str] = (), files: Iterable[t
 
     - a key nothing accepts: ``FILE: KEY: unknown key (did you mean KEY2?)``, FILE being the first of
       ``files`` (name, contents) that holds KEY; a flag: ``--KEY: unknown flag (did you mean --KEY2?)``;
+    - a file not found: ``--KEY PATH: file not found``;
     - anything else: ``KEY: `` and jsonargparse's own words (``Expected a <class 'float'>. Got value: abc``);
     - ``hints``: the whole line for a key with a known replacement (a key this CLI sets, a removed key).
     """
@@ -120,6 +121,9 @@ def parser_error_line(message: str, known: Iterable[str] = (), files: Iterable[t
     key = _unknown_key(unknown.groups(), keys) if unknown else ".".join(keys)
     bare = key.lstrip("-")
     hint = next((line for k, line in (hints or {}).items() if bare == k or bare.startswith(k + ".")), None)
+    missing = re.match(r"File does not exist: '?([^']+)'?$", text)
+    if missing and not hint:
+        return f"--{key} {missing.group(1)}: file not found"
     if hint or not unknown:
         return hint or f"{key}: {text or message}"
     return unknown_key_line(key, known, files)

@@ -43,11 +43,10 @@ from pathlib import Path
 import pytest
 from training_runs import TINY, assert_same_order, checkpoint_steps, copy_checkpoint, make_workdir, order_log
 
-from data.config import SourceConfig
+from data.config import DataConfig, SourceConfig
 from data.manifest import build_manifest
 from data.schedules import fixed_schedule
 from train.cursor_files import load_checkpoint_cursors
-from train.datamodule import WellMixedData
 
 pytestmark = pytest.mark.slow
 
@@ -371,7 +370,7 @@ def _in_flight(ckpt: Path, demo_corpus: Path, cache_dir: Path, pending: bool = F
     import torch
 
     names = ("web", "code", "books", "curated")
-    m = build_manifest(WellMixedData(sources={s: SourceConfig(paths=[str(demo_corpus / s / "*.parquet")])
+    m = build_manifest(DataConfig(sources={s: SourceConfig(paths=[str(demo_corpus / s / "*.parquet")])
                                               for s in names},
                                      schedule=fixed_schedule(dict.fromkeys(names, 0.25), 128),
                                      manifest_cache=str(cache_dir)))

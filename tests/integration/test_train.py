@@ -103,7 +103,8 @@ def test_checkpoint_holds_every_worker_cursor(tiny_run):
     # two steps following it -- the cursors are of trained batches, not of prefetched ones
     nexts = sorted(c["next_step"] for c in cursors)
     assert nexts == [ckpt["global_step"], ckpt["global_step"] + 1]
-    assert len(json.dumps(state)) < 2_000  # an index: the cursors are in the rank files
+    index = {k: v for k, v in state.items() if k != "data_settings"}  # the data config's chunking keys, once
+    assert len(json.dumps(index)) < 2_000  # an index: the cursors are in the rank files
 
 
 @pytest.mark.slow
