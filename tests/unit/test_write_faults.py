@@ -25,9 +25,10 @@ def full_disk(request, tmp_path, monkeypatch) -> tuple[Path, bool]:
     mount = tmp_path / "small"
     mount.mkdir()
     if request.param == "tmpfs":
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-                          capture_output=True).returncode != 0:
-            pytest.skip("mounting a tmpfs needs root")
+        # the suite runs as root (the Slurm fixture needs it too): a real full filesystem, never skipped
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+                                 capture_output=True, text=True)
+        assert mounted.returncode == 0, f"mounting a 256 KiB tmpfs (needs root): {mounted.stderr}"
         yield mount, False
         subprocess.run(["umount", str(mount)], check=True)
         return
