@@ -4,30 +4,11 @@
     python scripts/bench_data.py --corpus demo_corpus  # or uses DIR/<source>/*.parquet
     python scripts/bench_data.py --quick               # smoke run, a few seconds of work per part
 
-(a) Throughput. Bare tiktoken (``encode_ordinary_batch`` over every text of the corpus, texts
-    already in memory: the ceiling for tokenizing on the fly) against the full data path of ONE
-    consumer (parquet reads, k open chunks, shuffle buffers, mixer, row-parallel packer, cursor),
-    counting the input tokens of its batches. Same tokenizer thread count in both. The two
-    alternate a few times in this process and the ratio is the median of the per-round ratios;
-    the first batch, which fills the buffers, is timed separately (peak memory: part f).
-(b) Mixing. Mean over batches of the total-variation distance between a batch's token shares by
-    source and the target weights, for the stream with ``selector: deficit`` and ``random``, and
-    for an i.i.d. draw of documents by tokens (a perfect global shuffle: source s with probability
-    proportional to w_s / mean document tokens of s, then a uniform document of s, packed linearly
-    into the same batch shape). The 350M config's stable weights; its per-rank micro-batch shape.
-(d) Cost of resume. The cursor of one consumer of the order dump (OrderSimulator, demo batch shape
-    4 x 256) taken at step 10 and at step 10,000 (~10 epochs of the demo corpus), each restored into
-    a fresh consumer a few times: the median restore time (re-reading the open chunks, buffered
-    documents and rows' leftovers by address) must not grow with the position (target ratio <= 1.5),
-    and the cursor's size per consumer, as JSON bytes.
-(f) A Dolma3-shaped corpus, one consumer in a fresh process: start-up, throughput, peak RSS, cursor,
-    restore (``--part f``).
-
-(Per-phase long-run shares under a schedule are tests/unit/test_mixing.py's. Retired comparisons with
-older code, whose figures stay in docs/benchmarks.md: (e) book-length documents under the whole-document
-rule, and (f) against ``--before TREE`` or with the corpus tools' 1 MiB pages.)
-
-Absolute times are noisy on a shared machine; read the ratios.
+(a) throughput of one consumer against bare tiktoken; (b) per-batch mixing against an i.i.d. draw of
+documents; (d) a cursor's restore time and size early and late in the order; (f, ``--part f``) a
+Dolma3-shaped corpus in a fresh process: start-up, throughput, peak RSS, cursor, restore. How each
+part measures, and the figures: docs/benchmarks.md. Absolute times are noisy on a shared machine;
+read the ratios.
 """
 
 from __future__ import annotations
@@ -86,30 +67,23 @@ def read_corpus(corpus: Path) -> tuple[list[str], dict[str, np.ndarray]]:
     return texts, lengths
 
 
-def stream_config(corpus: Path, weights: dict[str, float] | None = None, seq_len: int = 2048,
-                  **overrides) -> DataConfig:
-    """The bench corpus at a fixed mixture (default: the 350M config's stable phase) and one sequence length."""
-    kw = dict(sources=corpus_sources(corpus, SOURCES), schedule=fixed_schedule(weights or big_weights(), seq_len),
+def stream_config(corpus: Path, seq_len: int = 2048, **overrides) -> DataConfig:
+    """The bench corpus at the 350M config's stable-phase mixture and one sequence length."""
+    kw = dict(sources=corpus_sources(corpus, SOURCES), schedule=fixed_schedule(big_config()[0], seq_len),
               val_tokens_per_source=0)
     kw.update(overrides)
     return DataConfig(**kw)
 
 
-def big_weights() -> dict[str, float]:
+def big_config() -> tuple[dict[str, float], int, int]:
     """The 350M/20B config's stable-phase weights (its first phase), slot by slot on this bench's corpus
-    sources: the real config names its four slots web, code, pdfs, curated; the demo and scale corpora
-    call the third one books."""
+    sources (the real config's third slot is pdfs, the demo and scale corpora's books), and its per-rank
+    micro-batch after the warmup: (weights, sequences per rank, tokens per sequence)."""
     cfg = load_data_config(BIG_CONFIG)
     weights = build_schedule(cfg.schedule, sources=list(cfg.sources)).mixture_weights(0)
     if len(weights) != len(SOURCES):
         raise SystemExit(f"{BIG_CONFIG}: {len(weights)} mixture sources, this bench's corpus has {len(SOURCES)}")
-    return dict(zip(SOURCES, weights.values()))
-
-
-def big_batch_shape() -> tuple[int, int]:
-    """(sequences per rank, tokens per sequence) of the 350M config after the warmup."""
-    cfg = load_data_config(BIG_CONFIG)
-    return cfg.batch_size, int(cfg.schedule.seq_len.end)
+    return dict(zip(SOURCES, weights.values())), cfg.batch_size, int(cfg.schedule.seq_len.end)
 
 
 def tv(shares: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -224,8 +198,7 @@ def iid_tv(lengths: dict[str, np.ndarray], weights: np.ndarray, batch_size: int,
 
 def bench_mixing(corpus: Path, lengths: dict[str, np.ndarray], buffer_size: int, batches: int,
                  iid_batches: int) -> list[str]:
-    batch_size, seq_len = big_batch_shape()
-    w = big_weights()
+    w, batch_size, seq_len = big_config()
     weights = np.array([w[s] for s in SOURCES])
     rows = {f"stream, selector {sel} ({batches} batches)": stream_tv(corpus, sel, buffer_size, batch_size, seq_len,
                                                                       batches) for sel in ("deficit", "random")}
