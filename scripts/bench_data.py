@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from data.config import DataConfig, corpus_sources, load_data_config
 from data.corpus.demo import build_demo_corpus
-from data.corpus.scale import MIXTURE, make_scale_corpus
+from data.corpus.scale import make_scale_corpus
 from data.formatting import human
 from data.manifest import build_manifest
 from data.packer import ConsumerStream
@@ -261,26 +261,23 @@ def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], rep
 # (f) a Dolma3-shaped corpus: start-up, throughput, memory, cursor, restore
 
 SCALE_PROBE = r"""
-import json, os, resource, shutil, sys, time
+import json, resource, shutil, sys, time
 import numpy as np
-from data.config import DataConfig, FilterConfig, SourceConfig
+from data.config import DataConfig
+from data.corpus.scale import scale_sources
 from data.manifest import build_manifest
 from data.packer import ConsumerStream
+from data.schedules import fixed_schedule
 a = json.loads(sys.argv[1])
-srcs = {n: SourceConfig(paths=[a["pattern"]], filter=FilterConfig(column="source", values=v))
-        for n, v in a["mixture"].items()}
-L = a["seq_len"]
-mixture = dict(schedule={"mixture": {"weights": a["weights"]}, "lr": {"warmup_steps": 0}, "anneal_start": 1.0,
-                         "seq_len": {"start": L, "end": L, "warmup_steps": 0, "multiple": 1}})
 def cfg_with(cache):
-    return DataConfig(sources=srcs, **mixture, buffer_size=a["buffer"], open_shards=a["open"],
-                      batch_size=a["rows"], min_chunks_per_source=1, num_workers=1,
-                      val_tokens_per_source=0, manifest_cache=cache)
+    return DataConfig(sources=scale_sources(a["corpus"]), schedule=fixed_schedule(a["weights"], a["seq_len"]),
+                      buffer_size=a["buffer"], open_shards=a["open"], batch_size=a["rows"], min_chunks_per_source=1,
+                      num_workers=1, val_tokens_per_source=0, manifest_cache=cache)
 shutil.rmtree(a["cache"], ignore_errors=True)
 t = time.perf_counter(); m = build_manifest(cfg_with(a["cache"])); cold = time.perf_counter() - t
 t = time.perf_counter(); m = build_manifest(cfg_with(a["cache"])); warm = time.perf_counter() - t
 cfg = cfg_with(a["cache"])
-w = np.array([a["weights"][n] for n in srcs])
+w = np.array([a["weights"][n] for n in cfg.sources])
 make = lambda: ConsumerStream(m, cfg, 0, 1, 0, 1, lambda s: w, lambda s: a["seq_len"])
 t = time.perf_counter(); c = make(); c.next_batch(); first = time.perf_counter() - t
 t = time.perf_counter()
@@ -302,8 +299,8 @@ print(json.dumps({"manifest_cold": cold, "manifest_warm": warm, "first_batch": f
 
 def scale_probe(corpus: Path, cache: Path, buffer_size: int, batches: int) -> dict:
     """The probe above in a fresh process (so peak RSS is its own)."""
-    args = {"pattern": str(corpus / "*.parquet"), "mixture": MIXTURE, "weights": DEMO_WEIGHTS, "cache": str(cache),
-            "buffer": buffer_size, "open": 8, "rows": 4, "seq_len": 2048, "batches": batches}
+    args = {"corpus": str(corpus), "weights": DEMO_WEIGHTS, "cache": str(cache), "buffer": buffer_size, "open": 8,
+            "rows": 4, "seq_len": 2048, "batches": batches}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", SCALE_PROBE, json.dumps(args)], cwd=ROOT, env=env,
                           capture_output=True, text=True)
