@@ -103,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
           f"each checkpoint; {file_bytes * ranks / 1e6:,.0f} MB on disk for all {ranks} ranks)")
     print(f"  read per rank, resume    {file_bytes / 1e6:8.2f} MB in {load_s * 1e3:.0f} ms with the same layout "
           f"(its own file); {file_bytes * ranks / 1e6:,.0f} MB, ~{load_s * ranks:.1f} s elastic (all {ranks} files)")
-    print(f"  (before: {per * n / 1e6:,.0f} MB gathered to rank 0 per checkpoint, all of it unpickled by every rank "
-          "on resume)")
     print(f"  re-cut {n} -> {to}, one rank's cursors   {recut_s:6.2f} s   (what each rank runs; target <= 10 s)")
     print(f"  re-cut {n} -> {to}, every cursor         {all_s:6.2f} s   ({moved:,} open chunks dealt)")
     print(f"  peak RSS                 {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:8.2f} GB")
