@@ -1,16 +1,8 @@
 """The errors a user can act on, raised before compute is spent, and how every entry point prints them.
 
-One family, one base: ``except WellMixedError`` catches every refusal of the repository.
-
-- :class:`WellMixedError` -- the base. The message names the file, config key or flag at fault and says
-  what to do about it.
-- :class:`ConfigError` -- a configuration value, a flag, or an input file is unusable (also a ``ValueError``).
-  Subclasses raised elsewhere: ``data.files.LinkRefused`` (a file the run writes is a symbolic link),
-  ``data.files.WriteError`` (a full disk, no inodes, permissions), ``train.checkpoint.CheckpointError`` (a
-  checkpoint a reader refuses).
-- :class:`DataError` -- a corpus file is unreadable or holds a row that cannot be trained on (a null or
-  undecodable text, a corrupt page); the message names ``file: row group`` (and the row where known).
-- :class:`TokenizerError` -- the cl100k_base BPE file is missing or corrupt (also a ``RuntimeError``).
+One family, one base: ``except WellMixedError`` catches every refusal of the repository (the classes
+below: ConfigError, DataError, TokenizerError; ConfigError's subclasses raised elsewhere are
+``data.files.LinkRefused``, ``data.files.WriteError`` and ``train.checkpoint.CheckpointError``).
 
 ``train.model.ModelConfigError`` stands outside the family: the model file imports nothing of data/
 (tests/unit/test_layers.py), so the entry points that build a model name it beside the base
@@ -47,9 +39,9 @@ class ConfigError(WellMixedError, ValueError):
 
 
 class DataError(ConfigError, RuntimeError):
-    """A corpus file is unreadable, or a row of it cannot be trained on: the message names the file and
-    row group (and row). A ``ConfigError`` (the input is unusable) and a ``RuntimeError`` (found while
-    reading)."""
+    """A corpus file is unreadable, or a row of it cannot be trained on (a null or undecodable text, a
+    corrupt page): the message names the file and row group (and row). A ``ConfigError`` (the input is
+    unusable) and a ``RuntimeError`` (found while reading)."""
 
 
 class TokenizerError(WellMixedError, RuntimeError):

@@ -65,7 +65,22 @@ class MappingReport:
     warnings: list[str] = field(default_factory=list)
 
     def text(self, problems: bool = True) -> str:
-        return format_mapping(self, problems)
+        """Per mixture source, each pattern and the values it matched; then the unclaimed values (and, with
+        ``problems``, the errors and warnings)."""
+        lines = ["corpus mapping (filter patterns -> values in the files; rows and token_count sums)"]
+        for sm in self.sources:
+            lines += _source_lines(sm, self.totals.get(sm.column, [0, 0])[1])
+        for column, (files, tokens) in self.totals.items():
+            counts = self.unclaimed.get(column, {})
+            if not counts:
+                lines.append(f"unclaimed `{column}` values: none ({files} file(s), {tokens:,} tokens)")
+                continue
+            lines.append(f"unclaimed `{column}` values (never read):")
+            lines += [f"    {value if value is not None else '(null)':<40} {rows:>12,} rows {vt:>16,} tokens "
+                      f"{vt / tokens if tokens else 0.0:>8.3%}" for value, (rows, vt) in _by_tokens(counts)]
+        if problems:
+            lines += [f"error: {e}" for e in self.errors] + [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
 
 
 def count_values(table: pa.Table, column: str, out: ValueCounts) -> ValueCounts:
@@ -189,25 +204,6 @@ def _unclaimed_line(column: str, counts: ValueCounts, share: float) -> str:
     names = ", ".join(f"'{v}'" if v is not None else "null" for v, _ in top)
     return (f"`{column}` value(s) {names}{' ...' if len(counts) > 8 else ''} ({len(counts)} in all, "
             f"{share:.3%} of the tokens) are claimed by no mixture source: their rows are never read")
-
-
-def format_mapping(report: MappingReport, problems: bool = True) -> str:
-    """Per mixture source, each pattern and the values it matched; then the unclaimed values (and, with
-    ``problems``, the errors and warnings)."""
-    lines = ["corpus mapping (filter patterns -> values in the files; rows and token_count sums)"]
-    for sm in report.sources:
-        lines += _source_lines(sm, report.totals.get(sm.column, [0, 0])[1])
-    for column, (files, tokens) in report.totals.items():
-        counts = report.unclaimed.get(column, {})
-        if not counts:
-            lines.append(f"unclaimed `{column}` values: none ({files} file(s), {tokens:,} tokens)")
-            continue
-        lines.append(f"unclaimed `{column}` values (never read):")
-        lines += [f"    {value if value is not None else '(null)':<40} {rows:>12,} rows {vt:>16,} tokens "
-                  f"{vt / tokens if tokens else 0.0:>8.3%}" for value, (rows, vt) in _by_tokens(counts)]
-    if problems:
-        lines += [f"error: {e}" for e in report.errors] + [f"warning: {w}" for w in report.warnings]
-    return "\n".join(lines)
 
 
 def _by_tokens(counts: ValueCounts) -> list[tuple[str | None, list[int]]]:

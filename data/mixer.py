@@ -15,7 +15,7 @@ source's queue, which offers it (pieces in order) the next time the source is ch
 book no longer pins a batch row for hundreds of steps and the long-run shares follow the target
 whatever the document lengths.
 ``data.commit: document`` keeps the older rule (a row continues its document to the end) for
-benchmarks.
+comparison (tests/unit/test_long_docs.py).
 
 Targets grow when tokens are *emitted* into a sequence, not when a document is chosen: with
 row-parallel packing a long document is emitted over many steps. But the choice must see the tokens

@@ -4,29 +4,11 @@
     python scripts/bench_data.py --corpus demo_corpus  # or uses DIR/<source>/*.parquet
     python scripts/bench_data.py --quick               # smoke run, a few seconds of work per part
 
-(a) Throughput. Bare tiktoken (``encode_ordinary_batch`` over every text of the corpus, texts
-    already in memory: the ceiling for tokenizing on the fly) against the full data path of ONE
-    consumer (parquet reads, k open chunks, shuffle buffers, mixer, row-parallel packer, cursor),
-    counting the input tokens of its batches. Same tokenizer thread count in both. The two
-    alternate a few times in this process and the ratio is the median of the per-round ratios;
-    the first batch, which fills the buffers, is timed separately (peak memory: part f).
-(b) Mixing. Mean over batches of the total-variation distance between a batch's token shares by
-    source and the target weights, for the stream with ``selector: deficit`` and ``random``, and
-    for an i.i.d. draw of documents by tokens (a perfect global shuffle: source s with probability
-    proportional to w_s / mean document tokens of s, then a uniform document of s, packed linearly
-    into the same batch shape). The 350M config's stable weights; its per-rank micro-batch shape.
-(d) Cost of resume. The cursor of one consumer of the order dump (OrderSimulator, demo batch shape
-    4 x 256) taken at step 10 and at step 10,000 (~10 epochs of the demo corpus), each restored into
-    a fresh consumer a few times: the median restore time (re-reading the open chunks, buffered
-    documents and rows' leftovers by address) must not grow with the position (target ratio <= 1.5),
-    and the cursor's size per consumer, as JSON bytes.
-(e) Book-length documents: bounded commitment against the older whole-document rule (``--part e``).
-(f) A Dolma3-shaped corpus, one consumer in a fresh process: start-up, throughput, peak RSS, cursor,
-    restore; this tree against ``--before TREE`` (``--part f``).
-
-(Per-phase long-run shares under a schedule are tests/unit/test_mixing.py's.)
-
-Absolute times are noisy on a shared machine; read the ratios.
+(a) throughput of one consumer against bare tiktoken; (b) per-batch mixing against an i.i.d. draw of
+documents; (d) a cursor's restore time and size early and late in the order; (f, ``--part f``) a
+Dolma3-shaped corpus in a fresh process: start-up, throughput, peak RSS, cursor, restore. How each
+part measures, and the figures: docs/benchmarks.md. Absolute times are noisy on a shared machine;
+read the ratios.
 """
 
 from __future__ import annotations
@@ -48,23 +30,20 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data.config import DataConfig, corpus_sources, load_data_config
-from data.corpus import PAGE_OPTIONS
 from data.corpus.demo import build_demo_corpus
-from data.corpus.scale import MIXTURE, make_scale_corpus
+from data.corpus.scale import make_scale_corpus
 from data.formatting import human
 from data.manifest import build_manifest
 from data.packer import ConsumerStream
 from data.schedules import build_schedule, fixed_schedule
 from data.simulate import OrderSimulator
-from data.tokenizer import count_tokens, get_encoding
+from data.tokenizer import get_encoding
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
-DEMO_CONFIG = ROOT / "configs" / "demo.yaml"
 BIG_CONFIG = ROOT / "configs" / "pretrain_350m_20b.yaml"
 DEMO_WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}
 DEFAULT_BUFFER = 10_000  # DataConfig.buffer_size
@@ -88,30 +67,23 @@ def read_corpus(corpus: Path) -> tuple[list[str], dict[str, np.ndarray]]:
     return texts, lengths
 
 
-def stream_config(corpus: Path, weights: dict[str, float] | None = None, seq_len: int = 2048,
-                  **overrides) -> DataConfig:
-    """The bench corpus at a fixed mixture (default: the 350M config's stable phase) and one sequence length."""
-    kw = dict(sources=corpus_sources(corpus, SOURCES), schedule=fixed_schedule(weights or big_weights(), seq_len),
+def stream_config(corpus: Path, seq_len: int = 2048, **overrides) -> DataConfig:
+    """The bench corpus at the 350M config's stable-phase mixture and one sequence length."""
+    kw = dict(sources=corpus_sources(corpus, SOURCES), schedule=fixed_schedule(big_config()[0], seq_len),
               val_tokens_per_source=0)
     kw.update(overrides)
     return DataConfig(**kw)
 
 
-def big_weights() -> dict[str, float]:
+def big_config() -> tuple[dict[str, float], int, int]:
     """The 350M/20B config's stable-phase weights (its first phase), slot by slot on this bench's corpus
-    sources: the real config names its four slots web, code, pdfs, curated; the demo and scale corpora
-    call the third one books."""
+    sources (the real config's third slot is pdfs, the demo and scale corpora's books), and its per-rank
+    micro-batch after the warmup: (weights, sequences per rank, tokens per sequence)."""
     cfg = load_data_config(BIG_CONFIG)
     weights = build_schedule(cfg.schedule, sources=list(cfg.sources)).mixture_weights(0)
     if len(weights) != len(SOURCES):
         raise SystemExit(f"{BIG_CONFIG}: {len(weights)} mixture sources, this bench's corpus has {len(SOURCES)}")
-    return dict(zip(SOURCES, weights.values()))
-
-
-def big_batch_shape() -> tuple[int, int]:
-    """(sequences per rank, tokens per sequence) of the 350M config after the warmup."""
-    cfg = load_data_config(BIG_CONFIG)
-    return cfg.batch_size, int(cfg.schedule.seq_len.end)
+    return dict(zip(SOURCES, weights.values())), cfg.batch_size, int(cfg.schedule.seq_len.end)
 
 
 def tv(shares: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -187,17 +159,13 @@ def held_in_buffers(runner: PathRunner) -> str:
 # (b) per-batch mixing
 
 
-def consumer_tokens(cfg: DataConfig, steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """One consumer's tokens per source in each batch, [steps, sources], and each batch's target weights."""
+def stream_tv(corpus: Path, selector: str, buffer_size: int, batch_size: int, seq_len: int, batches: int) -> np.ndarray:
+    """Per-batch TV of one consumer of the stream."""
+    cfg = stream_config(corpus, selector=selector, buffer_size=buffer_size, batch_size=batch_size, seq_len=seq_len)
     sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
     rows = [(b["source_tokens"].astype(np.float64), np.array(b["weights"], dtype=np.float64))  # copies
-            for _, _, b in sim.batches(steps)]
-    return np.array([c for c, _ in rows]), np.array([w for _, w in rows])
-
-
-def stream_tv(corpus: Path, selector: str, buffer_size: int, batch_size: int, seq_len: int, batches: int) -> np.ndarray:
-    counts, weights = consumer_tokens(stream_config(corpus, selector=selector, buffer_size=buffer_size,
-                                                    batch_size=batch_size, seq_len=seq_len), batches)
+            for _, _, b in sim.batches(batches)]
+    counts, weights = np.array([c for c, _ in rows]), np.array([w for _, w in rows])
     return tv(counts / counts.sum(axis=1, keepdims=True), weights)
 
 
@@ -230,8 +198,7 @@ def iid_tv(lengths: dict[str, np.ndarray], weights: np.ndarray, batch_size: int,
 
 def bench_mixing(corpus: Path, lengths: dict[str, np.ndarray], buffer_size: int, batches: int,
                  iid_batches: int) -> list[str]:
-    batch_size, seq_len = big_batch_shape()
-    w = big_weights()
+    w, batch_size, seq_len = big_config()
     weights = np.array([w[s] for s in SOURCES])
     rows = {f"stream, selector {sel} ({batches} batches)": stream_tv(corpus, sel, buffer_size, batch_size, seq_len,
                                                                       batches) for sel in ("deficit", "random")}
@@ -291,104 +258,26 @@ def bench_resume(corpus: Path, buffer_size: int, positions: tuple[int, int], rep
 
 
 # ---------------------------------------------------------------------------------------------------
-# (e) book-length documents: bounded commitment against the older whole-document rule
-
-
-def long_doc_corpus(demo: Path, out: Path) -> Path:
-    """The demo corpus with 4 extra books of 185k-234k tokens (demo book text, repeated): the shape on
-    which whole-document commitment let one book pin a batch row for ~300 steps."""
-    for source in SOURCES:
-        (out / source).mkdir(parents=True, exist_ok=True)
-        for path in sorted((demo / source).glob("*.parquet")):
-            (out / source / path.name).write_bytes(path.read_bytes())
-    books = [t for path in sorted((demo / "books").glob("*.parquet"))
-             for t in pq.read_table(path, columns=["text"]).column(0).to_pylist()]
-    whole = "\n\n".join(books)
-    per_token = len(whole) / max(1, sum(count_tokens([whole])))
-    texts = [(whole * 3)[: int(n * per_token)] for n in (185_000, 200_000, 215_000, 234_000)]
-    table = pa.table({"source": ["books"] * 4, "date": ["2024-01-01"] * 4, "text": texts,
-                      "token_count": pa.array(count_tokens(texts), pa.int64()), "category": ["books"] * 4})
-    pq.write_table(table, out / "books" / "long_books.parquet", row_group_size=1)
-    return out
-
-
-def phase_errors(corpus: Path, commit: str) -> tuple[object, list[tuple[str, float]]]:
-    """The demo schedule (configs/demo.yaml) run to its end by one consumer whose micro-batch is the whole
-    global batch: per phase, (name, max over sources of |realised share - target share|)."""
-    cfg = load_data_config(DEMO_CONFIG, {"selector": "deficit", "commit": commit})
-    cfg.sources = corpus_sources(corpus, list(cfg.sources))
-    schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
-    cfg.batch_size = schedule.config.global_batch_size
-    sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1, schedule=schedule)
-    starts = [first for _, first in schedule.phase_boundaries]
-    realised = np.zeros((len(starts), len(cfg.sources)))
-    target = np.zeros_like(realised)
-    for step, _, batch in sim.batches(schedule.total_steps):
-        i = int(np.searchsorted(starts, step, side="right")) - 1
-        realised[i] += batch["source_tokens"]
-        target[i] += batch["weights"] * batch["source_tokens"].sum()
-    return schedule, [(name, float(np.abs(realised[i] / realised[i].sum() - target[i] / target[i].sum()).max()))
-                      for i, (name, _) in enumerate(schedule.phase_boundaries)]
-
-
-def commit_run(corpus: Path, commit: str, seed: int, steps: int, batch_size: int, seq_len: int) -> np.ndarray:
-    """Tokens per source of each batch of one consumer, [steps, sources]."""
-    return consumer_tokens(stream_config(corpus, commit=commit, seed=seed, batch_size=batch_size, seq_len=seq_len,
-                                         buffer_size=256, open_shards=4, weights=DEMO_WEIGHTS), steps)[0]
-
-
-def bench_long_docs(demo: Path, tmp: Path, steps: int, seeds: list[int], phases: bool) -> list[str]:
-    corpus = long_doc_corpus(demo, tmp / "long_docs")
-    w = np.array([DEMO_WEIGHTS[s] for s in SOURCES])
-    batch_size, seq_len = 4, 2048
-    lines = [f"(e) book-length documents: demo corpus + 4 books of 185k-234k tokens; one consumer, {batch_size} x "
-             f"{seq_len} tokens, {steps} steps, seeds {seeds}; weights {DEMO_WEIGHTS}",
-             f"    {'':<50} {'long-run err':>14} {'per-batch TV':>13}"]
-    out = {}
-    for commit, label in (("document", "stream, commit: document (older rule)"),
-                          ("sequence", "stream, commit: sequence (bounded)")):
-        per_seed = [commit_run(corpus, commit, seed, steps, batch_size, seq_len) for seed in seeds]
-        err = [float(np.abs(c.sum(0) / c.sum() - w).max()) for c in per_seed]
-        flat = [tv(c / c.sum(1, keepdims=True), w).mean() for c in per_seed]
-        out[commit] = (float(np.mean(err)), float(np.mean(flat)))
-        lines.append(f"    {label:<50} {out[commit][0]:>7.4f} +-{np.std(err):.3f} {out[commit][1]:>13.3f}")
-    lines.append(f"    ratios sequence/document: long-run err {out['sequence'][0] / out['document'][0]:.2f}, "
-                 f"per-batch TV {out['sequence'][1] / out['document'][1]:.2f}")
-    for commit in ("document", "sequence") if phases else ():
-        schedule, per_phase = phase_errors(corpus, commit)
-        cells = "  ".join(f"{name} {err:.4f}" for name, err in per_phase)
-        lines.append(f"    demo.yaml schedule ({schedule.total_steps} steps), commit {commit:<8}: "
-                     f"phase share error {cells}")
-    return lines
-
-
-# ---------------------------------------------------------------------------------------------------
-# (f) a Dolma3-shaped corpus: start-up, throughput, memory, cursor, restore (this tree vs --before)
+# (f) a Dolma3-shaped corpus: start-up, throughput, memory, cursor, restore
 
 SCALE_PROBE = r"""
-import dataclasses, json, os, resource, shutil, sys, time
+import json, resource, shutil, sys, time
 import numpy as np
-from data.config import DataConfig, FilterConfig, SourceConfig
+from data.config import DataConfig
+from data.corpus.scale import scale_sources
 from data.manifest import build_manifest
 from data.packer import ConsumerStream
+from data.schedules import fixed_schedule
 a = json.loads(sys.argv[1])
-srcs = {n: SourceConfig(paths=[a["pattern"]], filter=FilterConfig(column="source", values=v))
-        for n, v in a["mixture"].items()}
-L = a["seq_len"]
-if "weights" in {f.name for f in dataclasses.fields(DataConfig)}:  # a --before tree with data.weights
-    mixture = dict(weights=a["weights"], seq_len=L)
-else:
-    mixture = dict(schedule={"mixture": {"weights": a["weights"]}, "lr": {"warmup_steps": 0}, "anneal_start": 1.0,
-                             "seq_len": {"start": L, "end": L, "warmup_steps": 0, "multiple": 1}})
 def cfg_with(cache):
-    return DataConfig(sources=srcs, **mixture, buffer_size=a["buffer"], open_shards=a["open"],
-                      batch_size=a["rows"], min_chunks_per_source=1, num_workers=1,
-                      val_tokens_per_source=0, manifest_cache=cache)
+    return DataConfig(sources=scale_sources(a["corpus"]), schedule=fixed_schedule(a["weights"], a["seq_len"]),
+                      buffer_size=a["buffer"], open_shards=a["open"], batch_size=a["rows"], min_chunks_per_source=1,
+                      num_workers=1, val_tokens_per_source=0, manifest_cache=cache)
 shutil.rmtree(a["cache"], ignore_errors=True)
 t = time.perf_counter(); m = build_manifest(cfg_with(a["cache"])); cold = time.perf_counter() - t
 t = time.perf_counter(); m = build_manifest(cfg_with(a["cache"])); warm = time.perf_counter() - t
 cfg = cfg_with(a["cache"])
-w = np.array([a["weights"][n] for n in srcs])
+w = np.array([a["weights"][n] for n in cfg.sources])
 make = lambda: ConsumerStream(m, cfg, 0, 1, 0, 1, lambda s: w, lambda s: a["seq_len"])
 t = time.perf_counter(); c = make(); c.next_batch(); first = time.perf_counter() - t
 t = time.perf_counter()
@@ -408,62 +297,35 @@ print(json.dumps({"manifest_cold": cold, "manifest_warm": warm, "first_batch": f
 """
 
 
-def scale_probe(tree: Path, corpus: Path, cache: Path, buffer_size: int, batches: int) -> dict:
-    """The probe above in a fresh process with ``tree`` first on the path (so peak RSS is its own)."""
-    args = {"pattern": str(corpus / "*.parquet"), "mixture": MIXTURE, "weights": DEMO_WEIGHTS, "cache": str(cache),
-            "buffer": buffer_size, "open": 8, "rows": 4, "seq_len": 2048, "batches": batches}
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.run([sys.executable, "-c", SCALE_PROBE, json.dumps(args)], cwd=tree, env=env,
+def scale_probe(corpus: Path, cache: Path, buffer_size: int, batches: int) -> dict:
+    """The probe above in a fresh process (so peak RSS is its own)."""
+    args = {"corpus": str(corpus), "weights": DEMO_WEIGHTS, "cache": str(cache), "buffer": buffer_size, "open": 8,
+            "rows": 4, "seq_len": 2048, "batches": batches}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", SCALE_PROBE, json.dumps(args)], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"scale probe in {tree} failed:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"scale probe failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def small_pages_copy(corpus: Path, out: Path) -> Path:
-    """The same rows, row groups and codec, written with the corpus tools' ~1 MiB pages (PAGE_OPTIONS)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for path in sorted(corpus.glob("*.parquet")):
-        f = pq.ParquetFile(path)
-        per_group = f.metadata.num_rows // f.metadata.num_row_groups
-        pq.write_table(f.read(), out / path.name, row_group_size=per_group, **PAGE_OPTIONS)
-    return out
-
-
-def bench_scale(tmp: Path, corpus: Path | None, before: Path | None, demo: Path, rows: int, buffer_size: int,
-                batches: int, small_pages: bool = False) -> list[str]:
+def bench_scale(tmp: Path, corpus: Path | None, demo: Path, rows: int, buffer_size: int, batches: int) -> list[str]:
     if corpus is None:
         corpus = tmp / "scale_corpus"
         make_scale_corpus(corpus, files=2, rows=rows, row_group=rows, demo=demo)
-    runs = {"after (this tree)": (ROOT, corpus)} | ({"before": (before.resolve(), corpus)} if before else {})
-    if small_pages:
-        runs["after, 1 MiB pages"] = (ROOT, small_pages_copy(corpus, tmp / "small_pages"))
-    results = {name: scale_probe(tree, data, tmp / f"cache-{i}", buffer_size, batches)
-               for i, (name, (tree, data)) in enumerate(runs.items())}
+    r = scale_probe(corpus, tmp / "cache", buffer_size, batches)
     files = sorted(corpus.glob("*.parquet"))
     meta = pq.ParquetFile(files[0]).metadata
-    lines = [f"(f) Dolma3-shaped corpus: {len(files)} files x {meta.num_rows:,} rows, "
-             f"{meta.num_rows // meta.num_row_groups:,} rows per row group, every file mixing 6 sub-sources; "
-             f"one consumer, chunks = whole row groups (as at 3,000 files), buffer {buffer_size:,}, 8 open chunks, "
-             f"4 x 2048 tokens per batch, {batches} batches",
-             "    tok/s: steady (after the first batch) / overall (first batch included; the older path "
-             "tokenizes whole chunks up front)",
-             f"    {'':<20} {'manifest cold/warm':>19} {'first batch':>12} {'tok/s':>19} {'peak RSS':>9} "
-             f"{'cursor':>9} {'restore':>8}"]
-    for name, r in results.items():
-        lines.append(f"    {name:<20} {r['manifest_cold']:>8.2f} s/{r['manifest_warm']:>6.2f} s "
-                     f"{r['first_batch']:>10.1f} s "
-                     f"{human(r['tok_s']):>9} / {human(r['tok_s_overall']):>7} {r['peak_rss_mb']:>6.0f} MB "
-                     f"{r['cursor_bytes'] / 1e3:>6.1f} KB "
-                     f"{r['restore']:>6.1f} s")
-    pairs = ([("after/before", "after (this tree)", "before")] if before else []) + (
-        [("1 MiB pages / pyarrow's default pages", "after, 1 MiB pages", "after (this tree)")] if small_pages else [])
-    for label, x, y in pairs:
-        a, b = results[x], results[y]
-        lines.append(f"    {label}: first batch {a['first_batch'] / b['first_batch']:.2f}, tok/s steady "
-                     f"{a['tok_s'] / b['tok_s']:.2f}, overall {a['tok_s_overall'] / b['tok_s_overall']:.2f}, "
-                     f"peak RSS {a['peak_rss_mb'] / b['peak_rss_mb']:.2f}, restore {a['restore'] / b['restore']:.2f}")
-    return lines
+    return [f"(f) Dolma3-shaped corpus: {len(files)} files x {meta.num_rows:,} rows, "
+            f"{meta.num_rows // meta.num_row_groups:,} rows per row group, every file mixing 6 sub-sources; "
+            f"one consumer, chunks = whole row groups (as at 3,000 files), buffer {buffer_size:,}, 8 open chunks, "
+            f"4 x 2048 tokens per batch, {batches} batches",
+            "    tok/s: steady (after the first batch) / overall (first batch included)",
+            f"    {'manifest cold/warm':>19} {'first batch':>12} {'tok/s':>19} {'peak RSS':>9} {'cursor':>9} "
+            f"{'restore':>8}",
+            f"    {r['manifest_cold']:>8.2f} s/{r['manifest_warm']:>6.2f} s {r['first_batch']:>10.1f} s "
+            f"{human(r['tok_s']):>9} / {human(r['tok_s_overall']):>7} {r['peak_rss_mb']:>6.0f} MB "
+            f"{r['cursor_bytes'] / 1e3:>6.1f} KB {r['restore']:>6.1f} s"]
 
 
 def comma_ints(text: str) -> list[int]:
@@ -481,17 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{DEFAULT_BUFFER:,}, or {DEMO_BUFFER} when the corpus has fewer docs)")
     p.add_argument("--rounds", type=int, default=None, help="alternating rounds of (a) (default 5)")
     p.add_argument("--part", default="abd",
-                   help="which parts to run, e.g. 'a' or 'bd' (default abd; e: book-length documents, old vs new "
-                        "commitment side by side; f: a Dolma3-shaped corpus, this tree vs --before)")
+                   help="which parts to run, e.g. 'a' or 'bd' (default abd; f: a Dolma3-shaped corpus)")
     p.add_argument("--scale-corpus", type=Path, default=None,
                    help="part f: a corpus from scripts/make_scale_corpus.py (default: 2 files written to a temp dir)")
     p.add_argument("--scale-rows", type=int, default=6000, help="part f: rows per file (one row group) when writing")
     p.add_argument("--scale-buffer", type=int, default=600,
                    help="part f: buffer size (default 600: a tenth of a row group, as 10,000 is of ~100k)")
-    p.add_argument("--before", type=Path, default=None,
-                   help="part f: a checkout of the code to compare with (e.g. git worktree of the base commit)")
-    p.add_argument("--scale-small-pages", action="store_true",
-                   help="part f: also this tree on the same corpus rewritten with the corpus tools' ~1 MiB pages")
     return p
 
 
@@ -523,10 +380,10 @@ def run(args, corpus: Path) -> int:
     return 0
 
 
-QUICK = dict(buffer=64, threads=[1], rounds=1, batches=4, mixing=(4, 50), positions=(10, 300),
-             repeats=3, long_steps=40, seeds=[1], scale_batches=3)
-FULL = dict(buffer=0, threads=[1, 4], rounds=5, batches=0, mixing=(48, 2000), positions=(10, 10_000),
-            repeats=5, long_steps=400, seeds=[1, 2, 3], scale_batches=300)
+QUICK = dict(buffer=64, threads=[1], rounds=1, batches=4, mixing=(4, 50), positions=(10, 300), repeats=3,
+             scale_batches=3)
+FULL = dict(buffer=0, threads=[1, 4], rounds=5, batches=0, mixing=(48, 2000), positions=(10, 10_000), repeats=5,
+            scale_batches=300)
 """The parts' sizes with ``--quick`` and without (0: from the corpus); the flags override some."""
 
 
@@ -542,9 +399,8 @@ def parts(args, corpus: Path, texts: list[str], lengths: dict) -> dict:
         "a": lambda tmp: bench_throughput(corpus, texts, threads, buffer_size, args.rounds or z["rounds"], batches),
         "b": lambda tmp: bench_mixing(corpus, lengths, buffer_size, *z["mixing"]),
         "d": lambda tmp: bench_resume(corpus, buffer_size, z["positions"], z["repeats"]),
-        "e": lambda tmp: bench_long_docs(corpus, tmp, z["long_steps"], z["seeds"], phases=not args.quick),
-        "f": lambda tmp: bench_scale(tmp, args.scale_corpus, args.before, corpus, rows=rows, buffer_size=scale_buffer,
-                                     batches=z["scale_batches"], small_pages=args.scale_small_pages),
+        "f": lambda tmp: bench_scale(tmp, args.scale_corpus, corpus, rows=rows, buffer_size=scale_buffer,
+                                     batches=z["scale_batches"]),
     }
 
 

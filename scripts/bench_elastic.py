@@ -3,17 +3,10 @@
     python scripts/bench_elastic.py                      # 2,048 consumers (512 ranks x 4 workers) -> 1,024
     python scripts/bench_elastic.py --consumers 256 --buffer 2000   # a quick run
 
-Cursors are built directly in the version-2 format (data/cursor.py) with the real defaults' shape:
-4 sources, a shuffle buffer of ``--buffer`` documents per source (10,000), 8 open chunks per source,
-``--batch`` row leftovers, random addresses over a corpus of 3,000 files x 100k rows (random
-addresses compress worse than real ones, so sizes are an upper bound). Reported: bytes per cursor
-(JSON); the per-rank cursor file each rank writes at a checkpoint (train/cursor_files.py: its
-workers' cursors, torch.save; ``--files`` ranks' files are written to a temporary folder and read
-back, the mean size and load time are per file); what one rank reads on resume, its own file with the
-same layout, every rank's file on an elastic resume (files x ranks, from the measured mean); the
-re-cut time to ``--to`` consumers (data/elastic.py ``redistribute``) for one rank's cursors (what
-every rank runs on an elastic resume) and for all of them; and this process's peak RSS. Target: the
-re-cut at 2,048 consumers in <= 10 s.
+Synthetic version-2 cursors of the real defaults' shape: bytes per cursor, the per-rank cursor file
+(written and read back), what a rank reads on resume, the re-cut to ``--to`` consumers for one rank's
+cursors and for all, peak RSS. Target: the re-cut at 2,048 consumers in <= 10 s. How it measures, and
+the figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -103,8 +96,6 @@ def main(argv: list[str] | None = None) -> int:
           f"each checkpoint; {file_bytes * ranks / 1e6:,.0f} MB on disk for all {ranks} ranks)")
     print(f"  read per rank, resume    {file_bytes / 1e6:8.2f} MB in {load_s * 1e3:.0f} ms with the same layout "
           f"(its own file); {file_bytes * ranks / 1e6:,.0f} MB, ~{load_s * ranks:.1f} s elastic (all {ranks} files)")
-    print(f"  (before: {per * n / 1e6:,.0f} MB gathered to rank 0 per checkpoint, all of it unpickled by every rank "
-          "on resume)")
     print(f"  re-cut {n} -> {to}, one rank's cursors   {recut_s:6.2f} s   (what each rank runs; target <= 10 s)")
     print(f"  re-cut {n} -> {to}, every cursor         {all_s:6.2f} s   ({moved:,} open chunks dealt)")
     print(f"  peak RSS                 {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:8.2f} GB")

@@ -4,18 +4,9 @@
     python scripts/bench_shuffle.py --corpus demo_corpus --synthetic-mb 512
     python scripts/bench_shuffle.py --quick               # smoke run: 32 MB synthetic, fewer bucket counts
 
-(a) Throughput. The whole run (scatter, gather, verify) as a user runs it, ``--workers 2``, on the
-    demo corpus (16 files, 1.6k rows: dominated by process start-up) and on a synthetic corpus
-    (clustered like Dolma3: one sub-source per file, 20 sub-sources, lognormal document lengths of
-    random letters, which compress about like text). Rows/s, MB/s of input parquet (on disk) and MB/s
-    of decoded text, best of ``--repeats``.
-(b) Memory. The synthetic corpus shuffled into 4, 16 and 64 buckets with ``--workers 1``, each phase in
-    its own process: peak RSS of scatter (bounded by ``--buffer-mb``, not by the bucket) and of gather
-    (one bucket in memory at a time), next to the largest bucket's decoded size (sum of its row groups'
-    uncompressed bytes) and the RSS of a process that only imported the tool. With W workers each
-    worker peaks like this one.
-
-Absolute times are noisy on a shared machine; read the ratios.
+(a) throughput of the whole run, ``--workers 2``, on the demo corpus and a synthetic clustered one;
+(b) peak RSS of scatter and of gather against the largest bucket's decoded size, ``--workers 1``. How
+each part measures, and the figures: docs/benchmarks.md. Absolute times are noisy; read the ratios.
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@
     gradient clipping and LR schedule: our LightningModule under a Trainer (its per-source loss
     reductions and logging included) against a plain PyTorch loop. The contenders alternate a few
     rounds in this process; the overhead ratio is the median of per-round time ratios (target <= 1.05).
-(b) GPU: the 350M's eager vs compiled x plain vs chunked loss at the real micro-batch is the GPU check's
-    ``contenders`` section (``bash scripts/gpu_check.sh --only contenders``, train/tools/gpu_check.py).
+(b) GPU: the GPU check's ``contenders`` section (``bash scripts/gpu_check.sh --only contenders``).
 (c) The demo model (configs/model/demo.yaml) forward + backward on 4 x 128 tokens, fp32 against bf16
     autocast, alternating in this process: the bf16/fp32 time ratio, and whether this CPU has native
     bf16 (AVX512-BF16 / AMX). It decides configs/demo.yaml's trainer.precision for a given machine.

@@ -12,12 +12,10 @@ The configuration is resolved as ``python -m train fit`` resolves its data secti
 or Lightning (data/config.py's resolve_data_config; a run's config.yaml is accepted): stacked
 ``--config`` files and ``--data.<key>`` overrides (``--data.seed 7``, ``--data.batch_size 2``,
 ``--data.schedule.seq_len.end 512``). ``--corpus DIR`` reads DIR/<source>/*.parquet instead of the
-config's globs. The older spellings map onto those keys: ``--seed`` (data.seed), ``--batch-size``
-(data.batch_size), ``--buffer-size`` (data.buffer_size), ``--open-shards`` (data.open_shards),
-``--selector`` (data.selector), ``--weights web=0.6,...`` or ``--weights '{"web": 0.6, ...}'`` (a fixed
-mixture: data.schedule.mixture.weights, replacing the configured mixture) and ``--seq-len L`` (one
-length throughout: data.schedule.seq_len.start = end = L, warmup_steps 0, multiple 1). The default
-``--steps`` is the total of the schedule that results.
+config's globs. The older spellings map onto those keys (each flag's help below names its key):
+``--seed``, ``--batch-size``, ``--buffer-size``, ``--open-shards``, ``--selector``, ``--weights`` (a fixed
+mixture, ``web=0.6,...`` or JSON) and ``--seq-len L`` (one length throughout). The default ``--steps``
+is the total of the schedule that results.
 """
 
 from __future__ import annotations

@@ -7,15 +7,12 @@ memory and written as parquet with the input's schema::
     python scripts/global_shuffle.py 'dolma3/**/*.parquet' --out shuffled --buckets 200 --seed 42 --workers 16
     python scripts/global_shuffle.py 'demo_corpus/*/*.parquet' --out /tmp/demo_shuffled --buckets 8
 
-Phases (data/corpus/shuffle.py has the details, memory and restart rules included): *scatter*, one
-task per input file, into per-bucket parts under ``--tmp`` (default ``OUT/_shuffle_tmp``; about
-1.3-2x the input's size in free space, memory bounded by ``--buffer-mb``); *gather*, one task per
-bucket, into ``OUT/bucket-00042.parquet`` (peak memory per worker about 3 x corpus / N + ~120 MB:
-pick N so that fits); *report*, which verifies the outputs against the input (rows, a checksum of
-every text, rows per source, each bucket's source shares within sampling error), writes
-``OUT/shuffle_report.json`` pinning every bucket (rows, size, footer hash: data/shuffled.py) and
-deletes the parts (``--keep-tmp`` keeps them). Rerun the same command after an interruption: what is
-done is skipped; delete a bucket and rerun, and only that bucket is rebuilt (identical bytes).
+Phases (data/corpus/shuffle.py: what each writes, the checks, memory and restart rules): *scatter*
+into parts under ``--tmp`` (default ``OUT/_shuffle_tmp``; 1.3-2x the input's size free); *gather*
+into ``OUT/bucket-00042.parquet`` (about 3 x corpus / N + ~120 MB per worker: pick N so that fits);
+*report*, which verifies the buckets, writes ``OUT/shuffle_report.json`` and deletes the parts
+(``--keep-tmp`` keeps them). Rerun the same command after an interruption: what is done is skipped;
+delete a bucket and rerun, and only that bucket is rebuilt (identical bytes).
 ``--report-only`` re-verifies the buckets and rewrites the record (as one of an older version must be).
 Exit status: 0 when verified, 1 when a check fails, 2 for bad arguments or input.
 

@@ -11,20 +11,8 @@ printed, or kept in ``OUT/<--unmapped>/``. ``OUT/split_report.json`` has the cou
 for bad arguments and when no row matched any mapping (nothing is written then), 1 with ``--strict``
 when some rows matched no mapping.
 
-The alternative: leave the corpus mixed and give each mixture source a ``filter:`` in the data config
-(``data/config.py``), all sources pointing at the same files. That works, at a read cost: building the
-manifest reads the filter and token_count columns of every row group once per source, and reading a chunk
-decodes the whole row group's text and filter columns for each source that shares it, then drops the other
-sources' rows. With S filtered sources over the same files, every row group is decoded S times instead of
-once. Measured (manifest build, cold cache, plus decoding every chunk of every source, filtered over the
-inputs vs plain over the split output; the one-off probe that measured it was retired once the figures were
-written here) on the demo corpus shuffled into 8 buckets (row groups of 64 rows), 4 sources, 2 busy cores:
-with chunk = row group the filter route decodes 3.48x the rows and 3.60x the bytes and takes 3.3x the time (up
-to S = 4x: a row group holding no row of a source is skipped for it); with the default 64 chunks per source
-the ratio falls to 1.4-1.5x in time because both routes re-decode row groups. The extra time is 11-13% of
-tokenizing the same documents once. So per-source filters serve, at a read cost that grows with the number of
-sources sharing the files; splitting pays off when many sources share them or decoding (not tokenizing) is the
-bottleneck, e.g. with pre-tokenized data.
+The alternative, a ``filter:`` per mixture source over the mixed files, and what it costs in reads
+(measured): docs/data-path.md, "Split or filter".
 """
 
 from __future__ import annotations
