@@ -3,15 +3,12 @@ what makes it fail: docs/diagnostics.md.
 
     python scripts/diagnose_run.py runs/demo            # writes runs/demo/diagnostics.md and its plots
 
-Reads ``<run>/csv/metrics.csv``, the order logs ``<run>/order_log/rank<r>.jsonl`` (``--data.order_log
-true``) and the saved ``config.yaml``; with the corpus reachable (the config's source globs, or
-``--corpus DIR``) also its manifest. The checks: 1. the per-batch source histogram and all tokens
-against their targets; 2. a sawtooth in a source's loss (periodogram against white noise); 3. a loss
-drop where a source starts a new epoch; 4. documents read twice within a source-epoch (on two ranks,
-or on one); 5. tokens per source trained against those planned for the same steps. Each gets PASS,
-FAIL, or SKIP with the reason when its inputs are missing or too few (a short or killed run). Limits
-that depend on how much was trained scale with it: the cumulative distance and the planned tokens
-each allow one step's tokens (the deficit selector keeps a source within about that of its target).
+Reads ``<run>/csv/metrics.csv``, the order logs (``--data.order_log true``) and the saved ``config.yaml``;
+with the corpus reachable (the config's source globs, or ``--corpus DIR``) also its manifest. Each check
+(the per-batch source histogram, a sawtooth in a source's loss, a loss drop at a source's new epoch,
+documents read twice within a source-epoch, tokens per source against the plan) gets PASS, FAIL, or
+SKIP with the reason when its inputs are missing or too few. The cumulative distance and the planned
+tokens each allow one step's tokens (the deficit selector keeps a source within about that of its target).
 """
 
 from __future__ import annotations

@@ -5,12 +5,10 @@
     python ablations/report.py runs/branch-demo          # a decay-branch ablation (OUT/branch.json)
 
 A pair (``OUT/<arm>-seed<S>``, arms ``scheduled`` and ``fixed``): the verdict of the decision rule
-(ablations/decision.py) and one table of its inputs; tokens per source planned and drawn by each arm,
-which must be equal up to the documents in flight (``--token-rtol`` of the plan, or ``--token-atol``:
-one step's tokens) and are FLAGGED otherwise; held-out loss per source at the end and along the run;
-the other evaluations of ``--suite``; three PNGs. A decay-branch ablation (``OUT/<arm>-rep<R>``): each
-arm against the control (ablations/branch_report.py). Only files are read (CSV and order logs, saved
-configs, the final checkpoints' cursors); ablations/README.md describes every section.
+(ablations/decision.py), the tokens per source each arm drew (equal up to the documents in flight, else
+FLAGGED), held-out loss per source, the other evaluations of ``--suite``, three PNGs. A decay-branch
+ablation (``OUT/<arm>-rep<R>``): each arm against the control (ablations/branch_report.py). Only files
+are read; ablations/README.md describes every section.
 
 One sign convention throughout, :data:`GAIN`: positive means the schedule (the arm) is better. Exit
 status 1 when a check fails (tokens not equal, a run unfinished, an arm missing); the decision itself

@@ -79,12 +79,10 @@ def set_max_steps(trainer, max_steps: int) -> None:
 def align_accumulation_phase(trainer) -> None:
     """After a resume, make Lightning's micro-batch counters say ``global_step x accumulation``.
 
-    Lightning decides where an optimizer step ends from its restored micro-batch count (``ready %
-    accumulate_grad_batches``). A checkpoint of a 4 x 1 run at step 9 holds 9 micro-batches; resumed as
-    2 x 2, the first step after it took a single micro-batch (half the global batch) and every later
-    boundary was off by one. Checkpoints are written at step boundaries, so shifting every counter by
-    the same amount (their relations, which Lightning's restart logic reads, are kept) fixes the phase;
-    for an unchanged accumulation the shift is 0.
+    Lightning ends an optimizer step by its restored micro-batch count (``ready % accumulate_grad_batches``),
+    so a resume with another accumulation would put every step boundary out of phase. Checkpoints are
+    written at step boundaries: shifting every counter by the same amount (keeping the relations Lightning's
+    restart logic reads) fixes the phase; for an unchanged accumulation the shift is 0.
     """
     progress = trainer.fit_loop.epoch_loop.batch_progress
     shift = trainer.global_step * trainer.accumulate_grad_batches - progress.current.ready
@@ -177,14 +175,10 @@ def dead_loader_workers(trainer) -> list[tuple[int, int, int | None, int]]:
 
 
 class ResumableCSVLogger(CSVLogger):
-    """CSVLogger that continues an existing ``metrics.csv`` instead of deleting it.
-
-    Lightning's CSV writer removes the file when it starts, so a resumed run kept only the rows
-    logged after the resume (a 308-step run resumed at step 300 was left with 8 steps of history).
-    When training starts at step g, :meth:`drop_steps_from` cuts the rows of steps >= g (logged by a
-    launch that was killed after its checkpoint; about to be trained and logged again), so the file
-    holds each step once. Every rewrite of the file is atomic, and ``metrics.csv`` / ``hparams.yaml``
-    are never written through a symbolic link.
+    """CSVLogger that continues an existing ``metrics.csv`` instead of deleting it (Lightning's writer
+    removes the file when it starts). :meth:`drop_steps_from` cuts the rows of steps >= the step training
+    starts at (logged by a launch killed after its checkpoint), so the file holds each step once. Every
+    rewrite is atomic, and ``metrics.csv`` / ``hparams.yaml`` are never written through a symbolic link.
     """
 
     @property

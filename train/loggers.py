@@ -125,16 +125,10 @@ def wandb_run_id(run_dir: Path) -> str:
 def log_evaluation(run_dir: Path, step: int, metrics: dict[str, float]) -> list[str]:
     """Send a checkpoint's evaluation (``eval/...`` metrics) to the loggers the run trained with, at the
     checkpoint's step; returns where each went. Needs the run's ``config.yaml`` (its ``run.loggers``).
-
-    - csv: ``csv/eval_metrics.csv``, one row per evaluated step (an evaluation of the same step again
-      replaces its row), rewritten atomically. Not ``metrics.csv``: that file belongs to the training
-      process, which may still be running and appending to it.
-    - wandb: the run's own wandb run (:func:`wandb_run_id`), x-axis ``trainer/global_step`` like every
-      training metric. Offline, it lands in a new ``offline-run-*`` folder with the run's id; ``wandb
-      sync <run>/wandb/offline-run-*`` puts both into the one run.
-    - tensorboard: a new event file in ``<run>/tensorboard`` (TensorBoard merges the files of a folder).
-    - mlflow: a run of its own, named ``<run name>/eval`` (resuming another process's MLflow run is
-      not done here).
+    csv: ``csv/eval_metrics.csv``, one row per evaluated step (not ``metrics.csv``, which the training
+    process may still be appending to); wandb: the run's own wandb run (:func:`wandb_run_id`; offline, a new
+    ``offline-run-*`` folder to ``wandb sync``); tensorboard: a new event file in ``<run>/tensorboard``;
+    mlflow: a run of its own, ``<run name>/eval``.
     """
     paths = RunDir(run_dir)
     run = (read_config(paths.root).get("run") or {})

@@ -96,16 +96,12 @@ class DataLoaderWorkerDied(RuntimeError):
 class StopOnSignal(L.Callback):
     """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly.
 
-    Also a **killed DataLoader worker** (the OOM killer): torch's SIGCHLD handler raised its error at
-    whatever bytecode the main thread was running, mid-step, so no consistent checkpoint could be made.
-    During training that handler is replaced by one that only sets a flag; at the next optimizer-step
-    boundary the workers are looked at and, if one died, ``last.ckpt`` is written (the cursors of the
-    last trained step, as for a signal; collectively, every rank agreeing through the same all-reduce)
-    and the run ends with :class:`DataLoaderWorkerDied` naming the worker, its pid and how it died
-    (exit 1). If torch notices first (its 5 s liveness poll while waiting for that worker's batch,
-    which happens between steps), the same checkpoint is written from ``on_exception`` -- on a single
-    process only: other ranks cannot join a collective save from there. In the middle of a gradient
-    accumulation no checkpoint is written (the last one stands) and the error says so.
+    Also a **killed DataLoader worker** (docs/faults.md): torch's SIGCHLD handler would raise mid-step,
+    so during training it is replaced by one that only sets a flag; at the next optimizer-step boundary
+    the ranks agree, ``last.ckpt`` is written and the run ends with :class:`DataLoaderWorkerDied` (exit
+    1). If torch notices first (its liveness poll between steps), the same checkpoint is written from
+    ``on_exception``, on a single process only (other ranks cannot join a collective save from there).
+    Mid-accumulation no checkpoint is written and the error says so.
     """
 
     def __init__(self, ckpt_dir: str):
