@@ -481,22 +481,14 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
     return {"along": along, "end": end, "tokens": tokens}
 
 
-def _pyplot():
-    """matplotlib.pyplot on the Agg backend (files only, no display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def along_run_figure(runs, seeds, decay_start: int):
     """heldout_along_run.png: per source and overall, the loss of both arms (top) and the gain (bottom)."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure
+
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
     keys = _source_losses(rows) + ["val/loss"]
-    fig, axes = plt.subplots(2, len(keys), figsize=(3.2 * len(keys), 6.2), sharex=True, squeeze=False)
+    fig = Figure(figsize=(3.2 * len(keys), 6.2))
+    axes = fig.subplots(2, len(keys), sharex=True, squeeze=False)
     for j, key in enumerate(keys):
         ax, dx = axes[0, j], axes[1, j]
         _plot_losses(ax, rows, key, len(seeds))
@@ -548,8 +540,10 @@ def _plot_gain(dx, rows, key: str, n_seeds: int) -> None:
 def tokens_figure(runs, seeds, decay_start: int):
     """tokens_drawn.png: cumulative tokens per source of both arms, first seed (the schedule catches up in
     the anneal)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     for arm, ls in (("scheduled", "-"), ("fixed", "--")):
         cum = _cumulative_tokens(runs[arm][seeds[0]])
         colors = source_colors(cum)
@@ -620,12 +614,9 @@ def _cumulative_tokens(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
-
+    """Write a figure (a ``matplotlib.figure.Figure``: no pyplot, no backend, nothing to close) atomically."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    if plt.fignum_exists(getattr(fig, "number", -1)):  # a pyplot figure; a matplotlib.figure.Figure is not registered
-        plt.close(fig)
     return path.name
 
 
