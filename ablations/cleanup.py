@@ -47,15 +47,3 @@ def prune_finished_run(run_dir: str | Path) -> list[Path]:
                 removed.append(path)
     removed += remove_unreferenced(run.checkpoints)
     return removed
-
-
-def disk_usage(path: str | Path) -> int:
-    """Bytes of the files under ``path`` (each hard-linked file once)."""
-    seen, total = set(), 0
-    for p in Path(path).rglob("*"):
-        if p.is_file() and not p.is_symlink():
-            st = p.stat()
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_size
-    return total
