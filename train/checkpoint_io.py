@@ -120,15 +120,12 @@ def _save_error(path: Path, e: Exception) -> files.WriteError:
 
 
 class FinalCheckpoint(internals.CheckpointHooks):
-    """ModelCheckpoint that writes each checkpoint once, and ``last.ckpt`` at the final step too.
-
-    Lightning writes ``last.ckpt`` at the end only when it wrote no checkpoint during the run (a 308-step
-    run checkpointing every 50 steps ended with ``last.ckpt`` at step 300: the end of the anneal and the LR
-    decay missed); a run stopped by a signal is left to StopOnSignal. With ``save_last=True`` Lightning
-    serializes the same state twice (~4.3 GB for the 350M run, on the critical path): here ``last.ckpt`` at
-    a step file's step is a hard link to it, renamed into place, the step file written with the callback
-    state ``last.ckpt`` holds. After each save, removal or link, global rank 0 deletes the data cursor
-    folders no checkpoint in ``dirpath`` references (train/checkpoint.py ``remove_unreferenced``)."""
+    """ModelCheckpoint that writes each checkpoint once, and ``last.ckpt`` at the final step too
+    (Lightning's writes it at the end only when it wrote none during the run, missing the end of the
+    anneal; a run stopped by a signal is left to StopOnSignal). ``last.ckpt`` at a step file's step is a
+    hard link to it, not a second serialization of the same state (~4.3 GB for the 350M run, on the
+    critical path). After each save, removal or link, global rank 0 deletes the data cursor folders no
+    checkpoint in ``dirpath`` references (train/checkpoint.py ``remove_unreferenced``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

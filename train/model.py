@@ -186,10 +186,7 @@ class GPT(nn.Module):
         With tied embeddings the shared matrix gets the embedding's N(0, init_std).
         """
         cfg = self.config
-        if cfg.tie_embeddings:
-            # One [V, D] matrix both embeds tokens and scores them; parameters() yields it once.
-            # Tied here rather than in __init__ because to_empty() replaces meta parameters one by
-            # one and so unties them.
+        if cfg.tie_embeddings:  # here, not in __init__: to_empty() unties them (above)
             self.lm_head.weight = self.tok_emb.weight
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         for name, module in self.named_modules():
@@ -233,9 +230,7 @@ class GPT(nn.Module):
             cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # [B, L, Dh/2]
         cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # [1, L, Dh/2] or [B, 1, L, Dh/2]: broadcast over heads
 
-        # Mask choice, fixed by the config and the device (so compiled graphs never branch on data):
-        # plain causal attention (SDPA's is_causal, which allows the flash kernel) or block-diagonal
-        # causal, as one BlockMask for flex_attention or a dense boolean mask for SDPA.
+        # Mask choice, fixed by the config and the device (so compiled graphs never branch on data).
         mask: Tensor | BlockMask | None = None
         if cfg.doc_mask:
             if doc_index is None:
@@ -372,9 +367,7 @@ class Attention(nn.Module):
             v = v.repeat_interleave(rep, dim=1)  # [B, H, L, Dh]
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, L, Dh]
-        else:
-            # A dense boolean mask rules out the flash kernel (SDPA falls back to memory-efficient
-            # attention): the reference and CPU path of doc_mask_impl (the flex path above is the fast one).
+        else:  # the dense reference and CPU path (no flash kernel with a mask)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, L, Dh]
         y = y.transpose(1, 2).reshape(B, L, self.n_heads * self.head_dim)  # [B, L, D]
         return self.wo(y)  # [B, L, D]
@@ -463,8 +456,7 @@ def document_mask_mod(doc_index: Tensor):
 def document_block_mask(doc_index: Tensor, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
     """The flex ``BlockMask`` of the block-diagonal causal mask of ``doc_index`` [B, L], shared by all heads:
     which ``block_size`` tiles are empty (skipped), full (no mask evaluated) or partial, plus the mask_mod.
-    On CUDA ``create_block_mask`` runs compiled, which never materialises the [B, L, L] mask; uncompiled
-    (CPU) it evaluates the mask_mod densely once."""
+    Compiled on CUDA (never a dense [B, L, L] mask); on CPU it evaluates the mask_mod densely once."""
     B, L = doc_index.shape
     make = create_block_mask
     if doc_index.is_cuda and not torch.compiler.is_compiling():
