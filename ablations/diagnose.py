@@ -39,11 +39,10 @@ class Thresholds:
     ``batch_factor`` x the distance of batches whose rows each hold one source drawn by weight
     (``iid_rows_distance``)."""
     batch_factor: float = 2.0
-    """At 32 rows of 2,048 tokens random one-source rows give 0.10, so the limit is 0.21:
-    row-parallel packing (0.13, simulated) passes, linear packing of long documents (0.35) fails."""
+    """0.21 at 32 rows of 2,048 tokens: row-parallel packing passes, linear packing fails (docs/diagnostics.md)."""
     max_cumulative_distance: float = 0.02
-    """The same over all tokens trained, plus one step's share of them (``1 / steps``): the mixer must hit
-    the target in the long run; it can trail it by about what one step holds (module doc)."""
+    """The same over all tokens trained, plus one step's share of them (``1 / steps``: the mixer can trail
+    its target by about what one step holds, module doc)."""
     min_steps: int = 10
     """Histogram: fewer logged steps are SKIP (a short or killed run); the mean of fewer batches is noise."""
     alpha: float = 1e-3

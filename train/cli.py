@@ -181,9 +181,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
                 f"run.dir {ckpt_dir.parent} already holds checkpoints: resume with --ckpt_path last, "
                 "or choose a new --run.dir"
             )
-        # A checked file instead of Lightning's "last" lookup: an unreadable one is named (or skipped).
-        # On several ranks only the presence of the cursor files is checked here (the same answer on
-        # every rank); each rank range-checks its own file when it loads it.
+        # A checked file instead of Lightning's "last" lookup; on several ranks []: see resolve_checkpoint.
         cursor_ranks = None if self.trainer.world_size == 1 else []
         ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback, cursor_ranks,
                                        unverified_ok=run.allow_unverified_ckpt)

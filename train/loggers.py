@@ -1,16 +1,11 @@
 """The loggers a run writes to, chosen with ``run.loggers``, and what every one of them receives.
 
-- ``csv`` is always written (``<run>/csv/metrics.csv``): the reports in scripts/ and ablations/
-  read it, so a run without it could not be compared. The others are optional:
-  ``wandb`` (offline unless ``WANDB_API_KEY`` is set), ``tensorboard`` (``<run>/tensorboard``)
-  and ``mlflow`` (``<run>/mlruns``), each where its package is installed; asking for one that is
-  not installed is an error naming the package, never a silent skip.
-- Every logger gets the same metric names (``train/loss/<source>``, docs/training.md lists them)
-  and the same hyperparameters: the whole resolved config (what ``--print_config`` shows) plus
-  the values derived from it (:func:`derived_values`).
-- One run directory is one wandb run: its id is made at the first launch and kept in
-  ``<run>/wandb/run_id``, so resumes and requeues continue it, and :func:`log_evaluation` adds a
-  checkpoint's evaluation to it (and to the other loggers the run used) at the checkpoint's step.
+docs/training.md lists the loggers, where each writes and the metric names. ``csv`` is always written
+(the reports in scripts/ and ablations/ read it); asking for a logger whose package is not installed is
+an error naming the package, never a silent skip. Every logger gets the same metric names and the same
+hyperparameters: the whole resolved config plus the values derived from it (:func:`derived_values`).
+One run directory is one wandb run (its id kept in ``<run>/wandb/run_id``), so resumes, requeues and
+:func:`log_evaluation` continue it.
 """
 
 from __future__ import annotations

@@ -46,8 +46,7 @@ _TIMER: list[threading.Timer] = []
 def arm_fatal_exit(exception: BaseException) -> None:
     """After a fatal error, in a CLI process: end the DataLoader workers now (teardown then has none to
     wait on), and exit 1 with every thread's stack if the process has not ended ``FATAL_EXIT_AFTER_S``
-    later. Before: the run directory removed under a running demo made the CSV logger fail, and the
-    main process sat in ``waitpid`` on a worker for 20+ minutes."""
+    later: a crash never holds an allocation until its time limit."""
     if FATAL_EXIT_AFTER_S is None or _ARMED.is_set():
         return
     _ARMED.set()
@@ -231,16 +230,13 @@ def worker_death_message(dead: list, step: int, saved: Path | None, rank: int = 
            "with --ckpt_path last"
 
 
-
 def end_worker_processes() -> list[int]:
     """SIGKILL this process's multiprocessing children (DataLoader workers) after a fatal error.
 
     The workers ignore SIGTERM (SLURM signals the whole job step; datamodule.ignore_stop_signals), so
-    multiprocessing's exit-time ``terminate()`` did nothing and its ``join()`` waited forever: a run whose
-    CSV logger failed sat in ``waitpid`` for 20+ minutes, holding its allocation. SIGKILL cannot be
-    ignored, and a worker holds nothing that needs a clean shutdown (it only reads parquet).
+    multiprocessing's exit-time ``terminate()`` does nothing and its ``join()`` would wait forever. SIGKILL
+    cannot be ignored, and a worker holds nothing that needs a clean shutdown (it only reads parquet).
     """
-
     pids = []
     for child in multiprocessing.active_children():
         child.kill()
