@@ -435,9 +435,8 @@ def downstream_section(c: Comparison) -> list[str]:
 
 
 def along_run_table(runs, seeds, decay_start: int) -> list[str]:
-    """The gain (fixed - scheduled held-out loss: positive, the schedule is better), overall and per
-    source, at each evaluation of the first seed's runs; a cell is the mean over the seeds that evaluated
-    both arms at that step."""
+    """The :data:`GAIN` in held-out loss, overall and per source, at each evaluation of the first seed's runs;
+    a cell is the mean over the seeds that evaluated both arms at that step."""
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
     keys = ["val/loss"] + _source_losses(rows)
     steps = sorted(set.intersection(*(set(dict(series(rows[arm][0], "val/loss"))) for arm in ARMS)))
@@ -524,8 +523,7 @@ def _plot_losses(ax, rows, key: str, n_seeds: int) -> None:
 
 
 def _plot_gain(dx, rows, key: str, n_seeds: int) -> None:
-    """The gain in loss ``key`` along the run: the mean, and with 2+ seeds each seed thin and the spread
-    (mean ± std)."""
+    """The gain in loss ``key`` along the run: the mean, and with 2+ seeds each seed thin and mean ± std."""
     steps, mean, std, per_seed = _gain_series(rows, key, n_seeds)
     dx.axhline(0, color="k", lw=0.6)
     if not steps:
@@ -598,8 +596,7 @@ def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdic
 
 
 def _gain_series(rows, key: str, n: int):
-    """Steps evaluated by every run, and the gain (fixed - scheduled loss) at them: mean, std over
-    seeds, each seed's."""
+    """Steps evaluated by every run, and the gain at them: mean, std over seeds, each seed's."""
     at = {st: g for st, g in _gains_at(rows, key, n).items() if len(g) == n}
     steps = sorted(at)
     vals = np.array([at[st] for st in steps]).reshape(len(steps), n).T

@@ -47,12 +47,10 @@ def _lightning_peak_flops(device, precision: str) -> float | None:
 class DataStateCallback(L.Callback):
     """After every optimizer step: record the trained batch's cursor; optionally append its order line.
 
-    The order log (``data.order_log: true``) is ``<run dir>/order_log/rank<r>.jsonl``, one line per data
-    step (micro-batch: with accumulation A, optimizer step s trains lines sA .. sA+A-1) in the order-dump
-    format plus ``loss``. On resume, lines past the checkpoint's data step (written before a kill,
-    about to be trained again) are dropped, so the file reads as one clean run. After an elastic
-    resume that changes the accumulation, the step numbers continue in the new units (optimizer step
-    s resumes at data step s x new A).
+    The order log (``data.order_log: true``, docs/checkpoints.md) has one line per data step (micro-batch:
+    with accumulation A, optimizer step s trains lines sA .. sA+A-1). On resume, lines past the checkpoint's
+    data step (about to be trained again) are dropped, so the file reads as one clean run; after an elastic
+    resume that changes the accumulation, the steps continue in the new units (step s at data step s x A).
     """
 
     def __init__(self, run_dir: str):

@@ -87,11 +87,9 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         super().__init__(args=args, run=run, model_class=PretrainModule, **kwargs)
 
     def check_ckpt_path(self) -> None:
-        """``--ckpt_path`` checked when the command line is parsed, before anything is built or written
-        (train/checkpoint.py: a name this CLI writes no checkpoint for, ``last`` in a run without any, a
-        file that is no checkpoint). LightningCLI would also replace every ``model:`` setting by the
-        checkpoint's; here nothing is replaced: :meth:`before_fit` compares them (train/resume.py's resume
-        rule) once the checkpoint to load is known."""
+        """``--ckpt_path`` checked when the command line is parsed (train/checkpoint.py ``requested_hparams``).
+        LightningCLI would also replace every ``model:`` setting by the checkpoint's; here :meth:`before_fit`
+        compares them (train/resume.py) once the checkpoint to load is known."""
         if not self.config.get("subcommand"):
             return
         section = self.config[self.config.subcommand]

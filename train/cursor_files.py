@@ -133,11 +133,9 @@ def load_checkpoint_cursors(ckpt_path: str | PathLike | None, state: dict[str, A
                             ranks: list[int] | None = None) -> list[list[dict | None]]:
     """The serialised cursors ``[rank][worker]`` of the checkpoint at ``ckpt_path`` (a ``.ckpt`` file or a
     sharded checkpoint folder) whose WellMixedData state is ``state``: one row per rank in ``ranks``
-    (default: every rank of the checkpoint), in that order. Only those ranks' files are read.
-
-    A missing, unreadable or mismatched file is a ConfigError naming it. The cursors are returned
-    serialised, not read: data/cursor.py ``read_order_state`` is the callers' step, so that a cursor of
-    another version gets the data path's own message."""
+    (default: every rank of the checkpoint), in that order. Only those ranks' files are read; a missing,
+    unreadable or mismatched one is a ConfigError naming it. Returned serialised: data/cursor.py
+    ``read_order_state`` is the callers' step, so a cursor of another version gets the data path's message."""
     ranks = list(range(int(state["world_size"]))) if ranks is None else list(ranks)
     if state.get("cursor_dir") is None:  # inline: an older checkpoint, or library use without a checkpoint dir
         inline = state.get("cursors")

@@ -1,9 +1,7 @@
 """The Lightning DataModule: the stream of data/stream.py behind DataLoader workers, with its cursor.
 
-The DataModule holds the data config (a :class:`DataConfig`, LightningCLI's ``data:`` section, the
-schema ``scripts/dump_order.py`` and the tests read) and passes it, with the rank facts (rank, world size,
-workers), down to the framework-free data path: a DataLoader worker receives those, never the DataModule
-or the Trainer behind it.
+:class:`WellMixedData` passes its data config (a :class:`DataConfig`, the ``data:`` section) and the rank
+facts down to the framework-free data path: a DataLoader worker receives those, never the Trainer.
 
 Resume (docs/checkpoints.md has the file layout, the checks and the elastic re-cut): every batch
 carries its producer's cursor; :meth:`record` keeps, per worker, that of the last batch *trained*

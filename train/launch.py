@@ -80,9 +80,8 @@ def master_port(env: dict | None = None, tries: int = 200) -> int:
 
 
 def probe_ports(first: int, tries: int) -> list[int]:
-    """``first``, then steps of PORT_STRIDE (wrapping in the range): a job whose port is busy must
-    not fall back to the port of the job submitted right after it (``first + 1``), which may be
-    starting on the same node at the same moment."""
+    """``first``, then steps of PORT_STRIDE (wrapping in the range), not ``first + 1``: the port of the job
+    submitted right after, which may be starting on the same node (docs/slurm.md)."""
     return [PORT_BASE + (first - PORT_BASE + i * PORT_STRIDE) % PORT_SPAN for i in range(tries)]
 
 

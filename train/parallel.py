@@ -46,9 +46,7 @@ def check_global_batch(global_batch: int, batch_size: int, world_size: int, accu
 
 
 def fsdp_strategy(**overrides: Any):
-    """Lightning's FSDPStrategy, one FSDP unit per :class:`train.model.Block`, sharded checkpoints.
-
-    FSDP1: torch refuses it on CPU, so it is for GPUs only (``--trainer.strategy fsdp1``)."""
+    """Lightning's FSDPStrategy (FSDP1, GPUs only), one unit per :class:`train.model.Block`, sharded checkpoints."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     from train.model import Block
@@ -88,8 +86,8 @@ def shard_per_block(model: Architecture, mesh) -> None:
 
 
 def fsdp2_strategy(**overrides: Any):
-    """Lightning's ModelParallelStrategy (FSDP2 over a 1-D data-parallel mesh, distributed checkpoints);
-    the per-block ``fully_shard`` happens in PretrainModule.configure_model via :func:`shard_per_block`."""
+    """Lightning's ModelParallelStrategy over a 1-D data-parallel mesh, distributed checkpoints (the
+    per-block ``fully_shard``: :func:`shard_per_block`, from PretrainModule.configure_model)."""
     from train.lightning_internals import FSDP2Strategy  # ModelParallelStrategy, data parallel over every rank
 
     kwargs: dict[str, Any] = {"save_distributed_checkpoint": True}
