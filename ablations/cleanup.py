@@ -1,16 +1,12 @@
 """Keep of a finished ablation run only what the report reads: the disk an ablation needs.
 
-The demo pair (6 runs of the 13.6M model, a checkpoint every 50 steps) left 4.1 GB behind, almost all
-of it the intermediate ``stepNNNNNNN.ckpt`` files (weights and AdamW state, ~165 MB each). The report
-(ablations/report.py) and its evaluations read, per run: the CSV log, the saved config, the order
-logs, ``checkpoints/last.ckpt`` (its data cursors for the mixer's final counters, its weights for the
-``local``/``lm_eval`` export) and whatever ``evals/`` cached. So once a run is complete, its step
-checkpoints and the cursor folders only they referenced can go; ``last.ckpt`` stays (a hard link to
-the final step file where there is one: removing the step name keeps its data), so the run still
-resumes, exports and reports.
-
-Nothing is removed from a run that is not complete (it may resume from a step file), nor when
-``last.ckpt`` is missing, does not open, lacks its cursors or is not at the run's last step.
+The step checkpoints (weights and AdamW state) are nearly all of an ablation's disk (ablations/README.md,
+"What it costs"); the report and its evaluations read, per run, the CSV log, the saved config, the order
+logs, ``checkpoints/last.ckpt`` and ``evals/``. So once a run is complete its step checkpoints and the
+cursor folders only they referenced go; ``last.ckpt`` stays (a hard link to the final step file: removing
+the step name keeps its data), so the run still resumes, exports and reports. Nothing is removed from a
+run that is not complete, nor when ``last.ckpt`` is missing, does not open, lacks its cursors or is not
+at the run's last step.
 """
 
 from __future__ import annotations
@@ -51,15 +47,3 @@ def prune_finished_run(run_dir: str | Path) -> list[Path]:
                 removed.append(path)
     removed += remove_unreferenced(run.checkpoints)
     return removed
-
-
-def disk_usage(path: str | Path) -> int:
-    """Bytes of the files under ``path`` (each hard-linked file once)."""
-    seen, total = set(), 0
-    for p in Path(path).rglob("*"):
-        if p.is_file() and not p.is_symlink():
-            st = p.stat()
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_size
-    return total

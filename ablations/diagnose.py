@@ -3,15 +3,12 @@ what makes it fail: docs/diagnostics.md.
 
     python scripts/diagnose_run.py runs/demo            # writes runs/demo/diagnostics.md and its plots
 
-Reads ``<run>/csv/metrics.csv``, the order logs ``<run>/order_log/rank<r>.jsonl`` (``--data.order_log
-true``) and the saved ``config.yaml``; with the corpus reachable (the config's source globs, or
-``--corpus DIR``) also its manifest. The checks: 1. the per-batch source histogram and all tokens
-against their targets; 2. a sawtooth in a source's loss (periodogram against white noise); 3. a loss
-drop where a source starts a new epoch; 4. documents read twice within a source-epoch (on two ranks,
-or on one); 5. tokens per source trained against those planned for the same steps. Each gets PASS,
-FAIL, or SKIP with the reason when its inputs are missing or too few (a short or killed run). Limits
-that depend on how much was trained scale with it: the cumulative distance and the planned tokens
-each allow one step's tokens (the deficit selector keeps a source within about that of its target).
+Reads ``<run>/csv/metrics.csv``, the order logs (``--data.order_log true``) and the saved ``config.yaml``;
+with the corpus reachable (the config's source globs, or ``--corpus DIR``) also its manifest. Each check
+(the per-batch source histogram, a sawtooth in a source's loss, a loss drop at a source's new epoch,
+documents read twice within a source-epoch, tokens per source against the plan) gets PASS, FAIL, or
+SKIP with the reason when its inputs are missing or too few. The cumulative distance and the planned
+tokens each allow one step's tokens (the deficit selector keeps a source within about that of its target).
 """
 
 from __future__ import annotations
@@ -42,11 +39,10 @@ class Thresholds:
     ``batch_factor`` x the distance of batches whose rows each hold one source drawn by weight
     (``iid_rows_distance``)."""
     batch_factor: float = 2.0
-    """At 32 rows of 2,048 tokens random one-source rows give 0.10, so the limit is 0.21:
-    row-parallel packing (0.13, simulated) passes, linear packing of long documents (0.35) fails."""
+    """0.21 at 32 rows of 2,048 tokens: row-parallel packing passes, linear packing fails (docs/diagnostics.md)."""
     max_cumulative_distance: float = 0.02
-    """The same over all tokens trained, plus one step's share of them (``1 / steps``): the mixer must hit
-    the target in the long run; it can trail it by about what one step holds (module doc)."""
+    """The same over all tokens trained, plus one step's share of them (``1 / steps``: the mixer can trail
+    its target by about what one step holds, module doc)."""
     min_steps: int = 10
     """Histogram: fewer logged steps are SKIP (a short or killed run); the mean of fewer batches is noise."""
     alpha: float = 1e-3

@@ -1,12 +1,10 @@
 """The downstream suite: a registry of evaluations, each mapping one run directory to named numbers.
 
 The report runs every evaluation of ``--suite`` on every run and its decision rule reads the metrics
-as ``<evaluation>/<metric>`` (e.g. ``heldout/curated``). Registered here: ``heldout`` (the final
-held-out loss per source and overall, from the CSV log; lower is better), ``local`` (the offline 4-way
-cloze per source of train/tools/evaluate.py through lm-evaluation-harness; higher is better) and ``lm_eval``
-(the harness's standard tasks, opt-in). Add one with :func:`register` (``--plugin MODULE`` imports it
-first); cache expensive results under ``run_dir / "evals"``. ablations/README.md ("The downstream
-suite") has an example.
+as ``<evaluation>/<metric>`` (e.g. ``heldout/curated``). Registered here (each ``@register`` says what
+it is): ``heldout``, ``local`` and ``lm_eval`` (opt-in). Add one with :func:`register` (``--plugin MODULE``
+imports it first); cache expensive results under ``run_dir / "evals"``. ablations/README.md ("The
+downstream suite") has an example.
 """
 
 from __future__ import annotations

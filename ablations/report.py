@@ -5,12 +5,10 @@
     python ablations/report.py runs/branch-demo          # a decay-branch ablation (OUT/branch.json)
 
 A pair (``OUT/<arm>-seed<S>``, arms ``scheduled`` and ``fixed``): the verdict of the decision rule
-(ablations/decision.py) and one table of its inputs; tokens per source planned and drawn by each arm,
-which must be equal up to the documents in flight (``--token-rtol`` of the plan, or ``--token-atol``:
-one step's tokens) and are FLAGGED otherwise; held-out loss per source at the end and along the run;
-the other evaluations of ``--suite``; three PNGs. A decay-branch ablation (``OUT/<arm>-rep<R>``): each
-arm against the control (ablations/branch_report.py). Only files are read (CSV and order logs, saved
-configs, the final checkpoints' cursors); ablations/README.md describes every section.
+(ablations/decision.py), the tokens per source each arm drew (equal up to the documents in flight, else
+FLAGGED), held-out loss per source, the other evaluations of ``--suite``, three PNGs. A decay-branch
+ablation (``OUT/<arm>-rep<R>``): each arm against the control (ablations/branch_report.py). Only files
+are read; ablations/README.md describes every section.
 
 One sign convention throughout, :data:`GAIN`: positive means the schedule (the arm) is better. Exit
 status 1 when a check fails (tokens not equal, a run unfinished, an arm missing); the decision itself
@@ -437,9 +435,8 @@ def downstream_section(c: Comparison) -> list[str]:
 
 
 def along_run_table(runs, seeds, decay_start: int) -> list[str]:
-    """The gain (fixed - scheduled held-out loss: positive, the schedule is better), overall and per
-    source, at each evaluation of the first seed's runs; a cell is the mean over the seeds that evaluated
-    both arms at that step."""
+    """The :data:`GAIN` in held-out loss, overall and per source, at each evaluation of the first seed's runs;
+    a cell is the mean over the seeds that evaluated both arms at that step."""
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
     keys = ["val/loss"] + _source_losses(rows)
     steps = sorted(set.intersection(*(set(dict(series(rows[arm][0], "val/loss"))) for arm in ARMS)))
@@ -483,22 +480,14 @@ def write_plots(out: Path, runs, seeds, diffs, rule, decay_start: int, verdict: 
     return {"along": along, "end": end, "tokens": tokens}
 
 
-def _pyplot():
-    """matplotlib.pyplot on the Agg backend (files only, no display)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def along_run_figure(runs, seeds, decay_start: int):
     """heldout_along_run.png: per source and overall, the loss of both arms (top) and the gain (bottom)."""
-    plt = _pyplot()
+    from matplotlib.figure import Figure
+
     rows = {arm: [read_metrics(runs[arm][s]) for s in seeds] for arm in ARMS}
     keys = _source_losses(rows) + ["val/loss"]
-    fig, axes = plt.subplots(2, len(keys), figsize=(3.2 * len(keys), 6.2), sharex=True, squeeze=False)
+    fig = Figure(figsize=(3.2 * len(keys), 6.2))
+    axes = fig.subplots(2, len(keys), sharex=True, squeeze=False)
     for j, key in enumerate(keys):
         ax, dx = axes[0, j], axes[1, j]
         _plot_losses(ax, rows, key, len(seeds))
@@ -534,8 +523,7 @@ def _plot_losses(ax, rows, key: str, n_seeds: int) -> None:
 
 
 def _plot_gain(dx, rows, key: str, n_seeds: int) -> None:
-    """The gain in loss ``key`` along the run: the mean, and with 2+ seeds each seed thin and the spread
-    (mean ± std)."""
+    """The gain in loss ``key`` along the run: the mean, and with 2+ seeds each seed thin and mean ± std."""
     steps, mean, std, per_seed = _gain_series(rows, key, n_seeds)
     dx.axhline(0, color="k", lw=0.6)
     if not steps:
@@ -550,8 +538,10 @@ def _plot_gain(dx, rows, key: str, n_seeds: int) -> None:
 def tokens_figure(runs, seeds, decay_start: int):
     """tokens_drawn.png: cumulative tokens per source of both arms, first seed (the schedule catches up in
     the anneal)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     for arm, ls in (("scheduled", "-"), ("fixed", "--")):
         cum = _cumulative_tokens(runs[arm][seeds[0]])
         colors = source_colors(cum)
@@ -606,8 +596,7 @@ def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdic
 
 
 def _gain_series(rows, key: str, n: int):
-    """Steps evaluated by every run, and the gain (fixed - scheduled loss) at them: mean, std over
-    seeds, each seed's."""
+    """Steps evaluated by every run, and the gain at them: mean, std over seeds, each seed's."""
     at = {st: g for st, g in _gains_at(rows, key, n).items() if len(g) == n}
     steps = sorted(at)
     vals = np.array([at[st] for st in steps]).reshape(len(steps), n).T
@@ -622,12 +611,9 @@ def _cumulative_tokens(run_dir: Path) -> dict[str, np.ndarray]:
 
 
 def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
-
+    """Write a figure (a ``matplotlib.figure.Figure``: no pyplot, no backend, nothing to close) atomically."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    if plt.fignum_exists(getattr(fig, "number", -1)):  # a pyplot figure; a matplotlib.figure.Figure is not registered
-        plt.close(fig)
     return path.name
 
 

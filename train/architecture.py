@@ -9,17 +9,8 @@ defines a config dataclass with a ``build()`` method and the model, plus a model
     losses = model(input_ids, doc_index=doc_index, targets=targets)    # [B, L] fp32, no reduction
     logits = model(input_ids)                                            # [B, L, V] fp32
 
-Who reads what:
-
-- ``train/module.py`` builds the model (:func:`build_model`), calls it for per-token losses, passes
-  ``doc_index`` when ``config.doc_mask`` is on, optimises ``parameters()`` (decay on matrices), saves
-  ``vars(config)`` as the checkpoint's hyper-parameters and prints ``param_summary()``;
-- ``train/callbacks.py`` (throughput, MFU) calls ``flops_per_token(seq_len)``;
-- ``train/parallel.py`` (FSDP2) shards each of ``blocks``, then the root;
-- ``train/loggers.py`` records ``num_params()`` and ``num_params(non_embedding=True)``;
-- ``train/cli.py`` refuses a sequence length above ``config.max_seq_len`` and prints ``loss_impl``;
-  ``train/memory.py`` (the memory plan before compute) and ``train/tools/export.py`` (the Hugging Face
-  Llama export) are GPT's own: they read its shape fields and weight names.
+docs/model.md's tables say which file reads which member. ``train/memory.py`` (the memory plan) and
+``train/tools/export.py`` (the Hugging Face Llama export) are GPT's own: they read its shape and names.
 """
 
 from __future__ import annotations

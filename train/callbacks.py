@@ -47,12 +47,10 @@ def _lightning_peak_flops(device, precision: str) -> float | None:
 class DataStateCallback(L.Callback):
     """After every optimizer step: record the trained batch's cursor; optionally append its order line.
 
-    The order log (``data.order_log: true``) is ``<run dir>/order_log/rank<r>.jsonl``, one line per data
-    step (micro-batch: with accumulation A, optimizer step s trains lines sA .. sA+A-1) in the order-dump
-    format plus ``loss``. On resume, lines past the checkpoint's data step (written before a kill,
-    about to be trained again) are dropped, so the file reads as one clean run. After an elastic
-    resume that changes the accumulation, the step numbers continue in the new units (optimizer step
-    s resumes at data step s x new A).
+    The order log (``data.order_log: true``, docs/checkpoints.md) has one line per data step (micro-batch:
+    with accumulation A, optimizer step s trains lines sA .. sA+A-1). On resume, lines past the checkpoint's
+    data step (about to be trained again) are dropped, so the file reads as one clean run; after an elastic
+    resume that changes the accumulation, the steps continue in the new units (step s at data step s x A).
     """
 
     def __init__(self, run_dir: str):
@@ -132,18 +130,13 @@ def _drop_lines_from(path: Path, step: int) -> None:
 class ThroughputCallback(L.Callback):
     """Per-interval throughput: global tokens/s, TFLOP/s and MFU per device, every ``log_every_n_steps``.
 
-    Lightning's :class:`Throughput` is fed the way its docstring asks: ``time``, ``batches`` and
-    ``samples`` cumulative and strictly increasing, ``flops`` *since the previous update* (cumulative
-    FLOPs would make MFU grow with the step). Its window is 2 updates, so each figure
-    covers exactly the last interval. Updates happen only when an optimizer step completed
-    (``trainer.global_step`` advanced): under gradient accumulation the micro-batches in between add
-    their tokens and FLOPs but are not an update (the monitor refuses a step that did not advance).
-    The first completed step after (re)start is the baseline, so no interval contains compilation,
-    DataLoader start-up or the time a resumed job spent before its first step.
-
-    MFU is logged only where the peak is known (``run.peak_flops``, or a GPU in
-    :data:`PEAK_BF16_FLOPS` / Lightning's table); on CPU nothing is logged unless ``run.peak_flops``
-    is given. ``perf/tflops_per_sec`` is per device, ``perf/tokens_per_sec`` over all ranks.
+    Lightning's :class:`Throughput` gets ``time``, ``batches`` and ``samples`` cumulative and ``flops``
+    *since the previous update* (cumulative FLOPs would make MFU grow with the step); its window is 2
+    updates, so each figure covers exactly the last interval. Updates happen only when an optimizer step
+    completed (micro-batches in between add their tokens and FLOPs). The first completed step after a
+    (re)start is the baseline, so no interval contains compilation or start-up. MFU is logged only where
+    the peak is known (``run.peak_flops``, or a GPU in :data:`PEAK_BF16_FLOPS` / Lightning's table).
+    ``perf/tflops_per_sec`` is per device, ``perf/tokens_per_sec`` over all ranks.
     """
 
     def __init__(self, peak_flops: float | None = None, log_every_n_steps: int = 1,

@@ -1,31 +1,17 @@
-"""Checkpoints, in one module: write, verify, find, fall back.
+"""Checkpoints, in one module: write, verify, find, fall back (docs/checkpoints.md says what each step
+checks and refuses).
 
-1. **Write** (train/checkpoint_io.py): torch.save to a temporary file, fsync, rename over the target, then
-   the sidecar ``NAME.sha256``; ``last.ckpt`` at a step file is a hard link to it.
-2. **Verify**, the same way for every reader: ``train fit``'s resume (:func:`resolve_checkpoint`,
-   :func:`requested_hparams`), ``scripts/evaluate.py``, ``scripts/export_hf.py`` and the ablation report
-   (:func:`read_checkpoint`). In order:
-
-   a. **What the file is**: an empty file, a parquet or text file, a folder that is not a sharded
-      checkpoint, a truncated file, a saved tensor, a pickle that holds objects other than tensors and
-      plain types (never unpickled: ``weights_only=True`` always) are each named as what they are.
-   b. **The sidecar** ``NAME.sha256`` (``sha256sum -c`` format, read by :func:`sidecar_digest` alone). A
-      wrong digest or a malformed sidecar is an error, and so is a missing one (a run from before
-      checksums, or a kill between the rename and the sidecar): such a file cannot be told from one with
-      flipped bits. ``--run.allow_unverified_ckpt true`` resumes from it with a warning; any reader takes
-      it once its sidecar is written (``sha256sum NAME > NAME.sha256``). Sharded (FSDP) checkpoint folders
-      have no sidecar: their shards are written by every rank through torch.distributed.checkpoint.
-   c. **The structure**: a Lightning checkpoint holds ``state_dict`` and ``global_step``; the data cursor
-      files it names exist and are range-checked (:func:`cursor_problem`).
-
-   :func:`open_checkpoint` is the one place that opens a checkpoint for its small entries (a sharded
-   folder: its ``meta.pt``): the step, the hparams, the data state and the cursor folder it references.
-3. **Find**: ``last`` is the checkpoint of the highest step *recorded inside* the ``last*.ckpt`` files
-   (file times say nothing after a copy or a restore); without any ``last*.ckpt``, the step files.
-4. **Fall back** (:func:`resolve_checkpoint`, what ``--ckpt_path`` means): ``last`` where the run has no
-   checkpoint is refused; ``last_or_new`` starts such a run at step 0 (the SLURM requeue's choice);
-   ``best``/``hpc``/``registry`` are refused (this CLI writes none); an unusable file is refused in one
-   line, or with ``run.ckpt_fallback`` the newest valid checkpoint beside it is used.
+1. **Write** (train/checkpoint_io.py): atomic, then the sidecar ``NAME.sha256``.
+2. **Verify**, the same way for every reader (``train fit``'s resume: :func:`resolve_checkpoint`,
+   :func:`requested_hparams`; the evaluation, export and ablation tools: :func:`read_checkpoint`): what
+   the file is (never unpickled beyond ``weights_only=True``), its sidecar (:func:`sidecar_digest` alone
+   reads it; a missing one is an error unless ``--run.allow_unverified_ckpt true``), its structure and
+   the data cursor files it names (:func:`cursor_problem`). :func:`open_checkpoint` is the one place that
+   opens a checkpoint for its small entries (a sharded folder: its ``meta.pt``).
+3. **Find**: ``last`` is the highest step *recorded inside* the ``last*.ckpt`` files (file times say
+   nothing after a copy), else the step files.
+4. **Fall back** (:func:`resolve_checkpoint`, what ``--ckpt_path`` means): ``last``, ``last_or_new``,
+   ``run.ckpt_fallback``; ``best``/``hpc``/``registry`` are refused (this CLI writes none).
 """
 
 from __future__ import annotations

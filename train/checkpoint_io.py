@@ -1,9 +1,6 @@
-"""Checkpoint writes (train/checkpoint.py section 1; reading and verifying is train/checkpoint.py's).
-
-:class:`AtomicCheckpointIO` writes torch.save to a temporary file, fsyncs it and renames it over the
-target, with its sidecar ``NAME.sha256`` (before the rename for a new name); :class:`FinalCheckpoint` writes
-each step's checkpoint once, makes ``last.ckpt`` at a step file a hard link to it (:func:`link_checkpoint`),
-and writes a checkpoint at the final step; :func:`remove_stale_temp_files` clears what a killed write left.
+"""Checkpoint writes (train/checkpoint.py section 1; reading and verifying is train/checkpoint.py's):
+atomic with a sidecar (:class:`AtomicCheckpointIO`), once per step with ``last.ckpt`` a hard link
+(:class:`FinalCheckpoint`), and :func:`remove_stale_temp_files` for what a killed write left.
 """
 
 from __future__ import annotations
@@ -120,15 +117,12 @@ def _save_error(path: Path, e: Exception) -> files.WriteError:
 
 
 class FinalCheckpoint(internals.CheckpointHooks):
-    """ModelCheckpoint that writes each checkpoint once, and ``last.ckpt`` at the final step too.
-
-    Lightning writes ``last.ckpt`` at the end only when it wrote no checkpoint during the run (a 308-step
-    run checkpointing every 50 steps ended with ``last.ckpt`` at step 300: the end of the anneal and the LR
-    decay missed); a run stopped by a signal is left to StopOnSignal. With ``save_last=True`` Lightning
-    serializes the same state twice (~4.3 GB for the 350M run, on the critical path): here ``last.ckpt`` at
-    a step file's step is a hard link to it, renamed into place, the step file written with the callback
-    state ``last.ckpt`` holds. After each save, removal or link, global rank 0 deletes the data cursor
-    folders no checkpoint in ``dirpath`` references (train/checkpoint.py ``remove_unreferenced``)."""
+    """ModelCheckpoint that writes each checkpoint once, and ``last.ckpt`` at the final step too
+    (Lightning's writes it at the end only when it wrote none during the run, missing the end of the
+    anneal; a run stopped by a signal is left to StopOnSignal). ``last.ckpt`` at a step file's step is a
+    hard link to it, not a second serialization of the same state (~4.3 GB for the 350M run, on the
+    critical path). After each save, removal or link, global rank 0 deletes the data cursor folders no
+    checkpoint in ``dirpath`` references (train/checkpoint.py ``remove_unreferenced``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -177,11 +171,9 @@ class FinalCheckpoint(internals.CheckpointHooks):
 
 
 def remove_stale_temp_files(ckpt_dir: Path) -> list[Path]:
-    """Half-written ``.NAME.tmpPID`` files of a save that was killed (AtomicCheckpointIO); they can be
-    as large as a checkpoint. Called before training starts, when no save can be in progress.
-
-    Also the temporaries of checksum sidecars, and sidecars whose checkpoint is gone (a kill between
-    keep_last_k's removal of a file and of its sidecar)."""
+    """Half-written ``.NAME.tmpPID`` files of a killed save (AtomicCheckpointIO; as large as a checkpoint),
+    the temporaries of checksum sidecars, and sidecars whose checkpoint is gone (a kill between keep_last_k's
+    removal of a file and of its sidecar). Called before training starts, when no save can be in progress."""
     stale = []
     if ckpt_dir.is_dir():
         stale = sorted(ckpt_dir.glob(".*.ckpt.tmp*")) + sorted(ckpt_dir.glob(f".*.ckpt{CHECKSUM_SUFFIX}.*.tmp"))

@@ -2,28 +2,19 @@
 
 The parser (sections ``model:``, ``data:``, ``trainer:``, ``run:``; stacked ``--config`` files and
 ``--data.seed 7``-style overrides; one-line errors; the help) is train/config.py's, shared with every
-tool. What this file adds to it, and why:
-- derived Trainer defaults: ``max_steps`` from the schedule's token budget, bf16-mixed on GPU and
-  fp32 on CPU, validation every ``run.val_every_n_steps`` steps of the (endless) stream, no
-  distributed sampler (the data layer slices the global order itself), gradient clipping 1.0;
-- loggers chosen with ``run.loggers`` (train/loggers.py): CSV always, wandb (offline unless an API
-  key is set), TensorBoard, MLflow; each gets the whole resolved config plus derived values.
-  ``--trainer.logger`` is refused rather than ignored; they are made once the start-up checks pass;
-- no ``--optimizer`` / ``--lr_scheduler``: AdamW and the warmup-stable-decay LR of ``data.schedule``
-  are the module's (LightningCLI's automatic optimizer flags would silently replace both);
-- only the subcommands that work on this module: ``fit`` and ``validate`` (which prints its results);
-- checkpoints every ``run.ckpt_every_n_steps`` plus ``last``, written atomically; what ``--ckpt_path``
-  names (``last``, ``last_or_new``, a file) is found and verified before it is loaded
-  (train/checkpoint.py), its ``model:`` settings compared with the run's (train/resume.py's resume rule:
-  a must-match difference refused by name, the rest applied and logged), and SIGTERM/SIGUSR1
-  checkpoint and stop cleanly at the next step
-  (train/signals.py); under SLURM, Lightning's own auto-requeue is off (scripts/slurm/train.sbatch
-  requeues after that checkpoint);
-- start-up checks before any compute, and before anything is written into ``run.dir`` (its lock, the
-  mapping report, the loggers' files): the checkpoint, the manifest (bad files), the plan table and
-  implied epochs, the schedule against the model's context, the memory estimate on a GPU;
-- the config is saved per launch as ``<run>/config-NNN.yaml`` (a resume adds one, never overwrites)
-  and ``<run>/config.yaml`` is the latest.
+tool. What this file adds to it (docs/training.md describes each for the user):
+- derived Trainer defaults: ``max_steps`` from the schedule's token budget, bf16-mixed on GPU and fp32
+  on CPU, validation every ``run.val_every_n_steps`` steps of the (endless) stream, no distributed
+  sampler (the data layer slices the global order itself), gradient clipping 1.0;
+- loggers from ``run.loggers`` (train/loggers.py), made once the start-up checks pass; ``--trainer.logger``,
+  ``--optimizer`` and ``--lr_scheduler`` are not offered (LightningCLI's would silently replace AdamW
+  and the schedule's LR); only the ``fit`` and ``validate`` subcommands;
+- checkpoints every ``run.ckpt_every_n_steps`` plus ``last``; ``--ckpt_path`` found and verified before
+  it is loaded (train/checkpoint.py) and its ``model:`` settings checked (train/resume.py); SIGTERM and
+  SIGUSR1 checkpoint and stop at the next step (train/signals.py), Lightning's SLURM requeue off;
+- start-up checks before any compute and before anything is written into ``run.dir``: the checkpoint,
+  the manifest, the plan table, the schedule against the model's context, the memory estimate on a GPU;
+- the config saved per launch as ``<run>/config-NNN.yaml``, ``<run>/config.yaml`` the latest.
 """
 
 from __future__ import annotations
@@ -96,11 +87,9 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         super().__init__(args=args, run=run, model_class=PretrainModule, **kwargs)
 
     def check_ckpt_path(self) -> None:
-        """``--ckpt_path`` checked when the command line is parsed, before anything is built or written
-        (train/checkpoint.py: a name this CLI writes no checkpoint for, ``last`` in a run without any, a
-        file that is no checkpoint). LightningCLI would also replace every ``model:`` setting by the
-        checkpoint's; here nothing is replaced: :meth:`before_fit` compares them (train/resume.py's resume
-        rule) once the checkpoint to load is known."""
+        """``--ckpt_path`` checked when the command line is parsed (train/checkpoint.py ``requested_hparams``).
+        LightningCLI would also replace every ``model:`` setting by the checkpoint's; here :meth:`before_fit`
+        compares them (train/resume.py) once the checkpoint to load is known."""
         if not self.config.get("subcommand"):
             return
         section = self.config[self.config.subcommand]
@@ -190,9 +179,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
                 f"run.dir {ckpt_dir.parent} already holds checkpoints: resume with --ckpt_path last, "
                 "or choose a new --run.dir"
             )
-        # A checked file instead of Lightning's "last" lookup: an unreadable one is named (or skipped).
-        # On several ranks only the presence of the cursor files is checked here (the same answer on
-        # every rank); each rank range-checks its own file when it loads it.
+        # A checked file instead of Lightning's "last" lookup; on several ranks []: see resolve_checkpoint.
         cursor_ranks = None if self.trainer.world_size == 1 else []
         ckpt_path = resolve_checkpoint(self._section().get("ckpt_path"), ckpt_dir, run.ckpt_fallback, cursor_ranks,
                                        unverified_ok=run.allow_unverified_ckpt)

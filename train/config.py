@@ -1,23 +1,13 @@
-"""One configuration path: the parser ``python -m train fit`` uses, for every tool.
+"""One configuration path: the parser ``python -m train fit`` uses, for every tool (docs/config.md).
 
 ``train fit``, ``scripts/plan.py``, launch's dry run and the ablation runner resolve their configuration
-with :func:`resolve_config`: the same LightningCLI/jsonargparse parser, so stacked ``--config`` files (later
-ones override earlier ones) and ``--data.*`` / ``--model.*`` / ``--run.*`` / ``--trainer.*`` overrides mean
-the same everywhere, and what ``fit --print_config`` shows is what each tool sees. Tools that read only the
-data section (dump_order, inspect_corpus) resolve it with data/config.py's :func:`~data.config.data_parser`,
-the same ``data:`` group without torch or Lightning.
-
-What this module owns:
-
-- the typed sections: ``model:`` (train/module.py's init arguments; ``model.model`` is a
-  :class:`~train.model.ModelConfig` group, so ``--model.model configs/model/tiny.yaml`` loads a model
-  file and ``--model.model.d_model 64`` changes one field of the model the config names), ``data:``
-  (data/config.py's :class:`~data.config.DataConfig`, which the DataModule holds), ``run:``
-  (:class:`RunConfig`) and ``trainer:`` (Lightning's Trainer);
-- the parser itself (:class:`WellMixedParser`): no abbreviated flags, a typo answered with one line and
-  a "did you mean", and a ``--help`` that shows the options users set (data, schedule, model, run) and
-  the Trainer options this CLI does not set itself;
-The resume rule (what must match a checkpoint, what may change) is train/resume.py's.
+with :func:`resolve_config`, so stacked ``--config`` files and overrides mean the same everywhere and what
+``fit --print_config`` shows is what each tool sees; the data-only tools use data/config.py's
+:func:`~data.config.data_parser`, the same ``data:`` group without torch or Lightning. This module owns
+the typed sections (``model:``, whose ``model.model`` is a :class:`~train.model.ModelConfig` group: a
+model file or its fields; ``data:``; ``run:``, :class:`RunConfig`; ``trainer:``) and the parser
+(:class:`WellMixedParser`: no abbreviated flags, a typo answered in one line with a "did you mean", a
+``--help`` of the options users set). The resume rule is train/resume.py's.
 """
 
 from __future__ import annotations

@@ -1,30 +1,22 @@
 """Per-rank data cursor files: each rank writes and reads its own; the checkpoint holds a small index.
 
-A packed cursor is ~318 KB per consumer at the real shape (data/cursor.py). Gathered into rank 0's
-checkpoint they made 652 MB at 512 ranks x 4 workers, and on resume every rank unpickled all of them.
-Instead, when a checkpoint is written (``WellMixedData.state_dict``, called on every rank), each rank
-writes its own DataLoader workers' cursors beside the checkpoints::
+A packed cursor is ~318 KB per consumer at the real shape (data/cursor.py), too much to gather on one
+rank, so when a checkpoint is written (``WellMixedData.state_dict``, called on every rank) each rank
+writes its own DataLoader workers' cursors beside the checkpoints (docs/checkpoints.md)::
 
     <checkpoint dir>/step0000123.ckpt           WellMixedData: {"cursor_dir": "cursors/step0000123", ...}
     <checkpoint dir>/cursors/step0000123/rank00000.pt   rank 0's cursors, one per worker
                                         /rank00001.pt   rank 1's ...
 
-- **Written once.** Global rank 0 claims the step directory (``mkdir``; a name already taken gets
-  ``-v1``, ``-v2``, ...) and broadcasts it, so the files a checkpoint references are never rewritten. Each
-  file is written atomically, and every rank's file is in place (a barrier) before rank 0 writes the
-  checkpoint that names them: a kill in between leaves only a directory no checkpoint references.
-- **Relative to the checkpoint's folder**: ``checkpoints/`` can be moved as a whole; a single checkpoint
-  copied elsewhere needs its ``cursors/<step>`` directory beside it.
-- **Verified.** Each rank's file is hashed as it is written; the digests of all ranks are gathered into
-  the checkpoint's data state as ``cursor_sha256``, and every read checks the file against it before
-  unpickling (a checkpoint written before digests loads its files unverified, with a warning).
-- **Read what is needed.** A same-layout resume reads only the rank's own file; an elastic resume reads
-  every old rank's file (the re-cut, data/elastic.py, pools the pending work of all old consumers).
-- **Cleaned up.** :func:`remove_step_dirs` (through train/checkpoint.py, which reads what the checkpoints
-  reference) deletes the step directories no checkpoint references, never the newest.
-- Checkpoints from before this layout, and the DataModule without a checkpoint directory (library use,
-  one rank), hold the cursors inline as ``"cursors": [rank][worker]``; :func:`load_checkpoint_cursors`
-  reads both, so this module is the one place that knows the layout.
+- **Written once.** Global rank 0 claims the step directory (``mkdir``; a taken name gets ``-v1``, ...)
+  and broadcasts it; each file is written atomically and every rank's is in place (a barrier) before
+  rank 0 writes the checkpoint that names them.
+- **Verified.** Each file's sha256 is gathered into the checkpoint's data state as ``cursor_sha256`` and
+  checked before unpickling (a checkpoint written before digests loads its files unverified, warned).
+- **Cleaned up** by :func:`remove_step_dirs`: the step directories no checkpoint references, never the
+  newest.
+- The inline layout ``"cursors": [rank][worker]`` (older checkpoints; the DataModule without a checkpoint
+  directory) is read too: :func:`load_checkpoint_cursors` is the one place that knows both.
 """
 
 from __future__ import annotations
@@ -141,11 +133,9 @@ def load_checkpoint_cursors(ckpt_path: str | PathLike | None, state: dict[str, A
                             ranks: list[int] | None = None) -> list[list[dict | None]]:
     """The serialised cursors ``[rank][worker]`` of the checkpoint at ``ckpt_path`` (a ``.ckpt`` file or a
     sharded checkpoint folder) whose WellMixedData state is ``state``: one row per rank in ``ranks``
-    (default: every rank of the checkpoint), in that order. Only those ranks' files are read.
-
-    A missing, unreadable or mismatched file is a ConfigError naming it. The cursors are returned
-    serialised, not read: data/cursor.py ``read_order_state`` is the callers' step, so that a cursor of
-    another version gets the data path's own message."""
+    (default: every rank of the checkpoint), in that order. Only those ranks' files are read; a missing,
+    unreadable or mismatched one is a ConfigError naming it. Returned serialised: data/cursor.py
+    ``read_order_state`` is the callers' step, so a cursor of another version gets the data path's message."""
     ranks = list(range(int(state["world_size"]))) if ranks is None else list(ranks)
     if state.get("cursor_dir") is None:  # inline: an older checkpoint, or library use without a checkpoint dir
         inline = state.get("cursors")

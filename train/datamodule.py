@@ -1,32 +1,17 @@
 """The Lightning DataModule: the stream of data/stream.py behind DataLoader workers, with its cursor.
 
-The DataModule holds the data config (a :class:`DataConfig`, LightningCLI's ``data:`` section, the
-schema ``scripts/dump_order.py`` and the tests read) and passes it, with the rank facts (rank, world size,
-workers), down to the framework-free data path: a DataLoader worker receives those, never the DataModule
-or the Trainer behind it.
+:class:`WellMixedData` passes its data config (a :class:`DataConfig`, the ``data:`` section) and the rank
+facts down to the framework-free data path: a DataLoader worker receives those, never the Trainer.
 
-Resume (docs/checkpoints.md):
-
-- every batch carries its producer's cursor (the consumer's state right after producing it);
-  :meth:`record` keeps, per worker, the cursor of the last batch that was *trained* (called from a
-  callback after the optimizer step, so prefetched batches never leak into a checkpoint);
-- :meth:`state_dict` is called on every rank when a checkpoint is written; each rank writes its own
-  workers' cursors to ``<checkpoint dir>/cursors/stepNNNNNNN/rankRRRRR.pt`` (~318 KB per worker at the
-  real shape) and the checkpoint holds only ``cursor_dir`` and each file's sha256, ``cursor_sha256``
-  (train/cursor_files.py: layout, atomicity, verification, clean-up). No rank receives another's
-  cursors; without a checkpoint directory (library use, one rank) they are kept inline in the state
-  as before;
-- on resume with the same ranks x workers each rank reads only its own file; an elastic resume reads
-  every old rank's file on every rank (the re-cut needs all old consumers' pending work). The ranks
-  then agree on whether every rank's cursors were usable, so a damaged file of one rank ends every
-  rank with one error line (printed by global rank 0), not a lost connection on the others. The files
-  are read when the DataLoader is built (the trainer then knows the checkpoint's path), so
-  ``WellMixedData.load_from_checkpoint`` rebuilds the config without them;
-- on resume the DataLoader worker ``i`` takes over consumer ``(i + next_step) % W``, because the
-  DataLoader asks worker 0 first and step s must come from the consumer that owns s;
-- a resume with another layout (ranks x workers, micro-batch or accumulation) re-cuts the cursors
-  with data/elastic.py (exactly-once kept, order not identical) unless ``elastic`` is off; a changed
-  corpus or seed is refused unless ``allow_changed_data`` (then the order starts afresh at the step).
+Resume (docs/checkpoints.md has the file layout, the checks and the elastic re-cut): every batch
+carries its producer's cursor; :meth:`record` keeps, per worker, that of the last batch *trained*
+(called after the optimizer step, so prefetched batches never leak into a checkpoint); each rank writes
+its own workers' cursors to a file beside the checkpoint (train/cursor_files.py) and reads back only its
+own unless the layout changed; the ranks then agree on whether every rank's cursors were usable, so a
+damaged file ends every rank with one error line. DataLoader worker ``i`` takes over consumer
+``(i + next_step) % W``, because the DataLoader asks worker 0 first and step s must come from the
+consumer that owns s. Another layout is re-cut with data/elastic.py unless ``elastic`` is off; a changed
+corpus or seed is refused unless ``allow_changed_data``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Flag-only SIGTERM/SIGUSR1 handlers from the first line of ``python -m train`` (no heavy imports here).
 
-Importing torch and Lightning takes seconds; a SIGTERM (or SLURM's SIGUSR1) in that window used to
-kill the process outright (SIGTERM's and SIGUSR1's default action), contradicting "a signal is a
-flag from process start". ``train/__main__.py`` installs these before it imports anything else;
-train/signals.py's StopOnSignal reads the flag at the first step boundary (checkpoint, exit 0).
+Importing torch and Lightning takes seconds; a SIGTERM (or SLURM's SIGUSR1) in that window would kill the
+process outright (their default action). ``train/__main__.py`` installs these before it imports anything
+else; train/signals.py's StopOnSignal reads the flag at the first step boundary (checkpoint, exit 0).
 """
 
 from __future__ import annotations

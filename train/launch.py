@@ -7,38 +7,14 @@
     srun python -m train.launch check                            # each task's layout and rendezvous, or why not
     srun python -m train.launch fit --config CONFIG [overrides ...]   # check, then ``python -m train fit``
 
-**Master port.** Lightning's ``SLURMEnvironment`` takes ``MASTER_PORT`` if it is set, else
-``15000 + the last 4 digits of the job id`` -- jobs 101234 and 201234 then collide when they share a
-node. :func:`master_port` derives a port from the job id (for an array: array job id + task id, so
-the tasks of one array get consecutive ports) in 20000..29999, below Linux's ephemeral range
-(32768+, where outgoing connections take their local ports), and probes from there (in steps of 1009,
-so that a busy port does not send a job onto the port of the job submitted after it) for the first
-port that can be bound on this host -- the batch shell runs on the job's first node, where rank 0
-listens. A port still in TIME_WAIT after an earlier job counts as busy.
-
-**Rank layout.** ``srun`` starts one task per GPU; with the default block distribution task ``r`` of
-an ``N x G`` job runs on node ``r // G`` as local rank ``r % G``, and Lightning reads exactly that from
-``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NODEID`` / ``SLURM_NTASKS``. :func:`slurm_task_env`
-writes those variables for a simulated task (the dry run's ``--simulate`` and
-tests/unit/test_rank_arithmetic.py), and :func:`rank_info` reads them back through Lightning's own class.
-
-**Data slice of a rank.** Rank ``r`` with ``W`` DataLoader workers runs the consumers ``r*W + w``
-(``w < W``) of ``C = ranks x W``; consumer ``c`` takes elements ``c, c+C, c+2C, ...`` of each
-source's infinite chunk sequence (data/stream.py), element ``g`` being chunk ``perm_epoch[g mod n]``
-of epoch ``g // n``. The dry run prints each rank's consumers and the first chunks they open.
-
-**Checked on every task before training** (:func:`check_task`, ``check`` and ``fit``): Lightning
-counts ``SLURM_NNODES x SLURM_NTASKS_PER_NODE`` ranks and takes the global rank from ``SLURM_PROCID``;
-a job with fewer tasks than that (``--ntasks`` below nodes x tasks per node, Lightning #20391) or a
-non-block distribution would wait forever or train with the wrong slices, so each task refuses it.
-The rendezvous address is rank 0's node: ``MASTER_ADDR`` when set, else the first host of
-``SLURM_JOB_NODELIST`` as ``scontrol show hostnames`` expands it -- never ``SLURM_LAUNCH_NODE_IPADDR``
-(the node srun was called from) and never a silent localhost: a missing ``scontrol``, an address that
-does not resolve, or a loopback address in a multi-node job is one ``error:`` line on every task.
-
-The dry run parses the config exactly as ``python -m train fit`` does (LightningCLI, overrides
-included) but instantiates only the data (no model, no trainer, no GPU needed) and builds the
-manifest (cached): it runs on a login node.
+What each does and why (the port range and probe step, the rank layout, the rendezvous address, the
+checks every task makes before training): docs/slurm.md. :func:`master_port` derives ``MASTER_PORT``
+from the job id, where Lightning's own choice collides between jobs sharing a node;
+:func:`slurm_task_env` writes a simulated task's ``SLURM_*`` variables and :func:`rank_info` reads them
+back through Lightning's own class; :func:`check_task` refuses, on every task, a job whose tasks or
+rendezvous address would hang or train the wrong data slices. The dry run parses the config exactly as
+``python -m train fit`` does but instantiates only the data (no model, no trainer, no GPU): it runs on a
+login node and prints each rank's consumers and the first chunks they open.
 """
 
 from __future__ import annotations
@@ -104,9 +80,8 @@ def master_port(env: dict | None = None, tries: int = 200) -> int:
 
 
 def probe_ports(first: int, tries: int) -> list[int]:
-    """``first``, then steps of PORT_STRIDE (wrapping in the range): a job whose port is busy must
-    not fall back to the port of the job submitted right after it (``first + 1``), which may be
-    starting on the same node at the same moment."""
+    """``first``, then steps of PORT_STRIDE (wrapping in the range), not ``first + 1``: the port of the job
+    submitted right after, which may be starting on the same node (docs/slurm.md)."""
     return [PORT_BASE + (first - PORT_BASE + i * PORT_STRIDE) % PORT_SPAN for i in range(tries)]
 
 

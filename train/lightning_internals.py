@@ -3,30 +3,18 @@
 Written against Lightning 2.6 (2.6.6); :func:`check_version` warns once when another minor version is
 installed, because each item below reads or overrides something Lightning does not promise to keep:
 
-- :func:`set_max_steps` -- the run length the schedule gives, set after the Trainer exists
-  (``fit_loop.epoch_loop.max_steps``);
-- :func:`align_accumulation_phase` -- the micro-batch counters of ``fit_loop.epoch_loop.batch_progress``
-  after a resume with another accumulation;
-- :func:`dead_loader_workers` -- the DataLoader's worker processes, through the fit loop's data fetcher;
-- :class:`ResumableCSVLogger` -- CSVLogger's writer without the deletion of ``metrics.csv`` at start
-  (``_check_log_dir_exists``);
-- :class:`FSDP2Strategy` -- ModelParallelStrategy's mesh sizes (``_data_parallel_size``,
-  ``_tensor_parallel_size``) set to pure data parallelism over every rank (train/parallel.py FSDP2);
-- :class:`CheckpointHooks` -- ModelCheckpoint's private saves of a step file and of ``last.ckpt``
-  (``_save_topk_checkpoint``, ``_save_last_checkpoint``) and what it last saved
-  (``_last_checkpoint_saved``, ``_last_global_step_saved``) under public names, for train/checkpoint.py's
-  ``FinalCheckpoint``;
-- :class:`CLIHooks` -- LightningCLI's ``_parse_ckpt_path`` (where it would replace the ``model:`` settings
-  by the checkpoint's; train/cli.py checks ``--ckpt_path`` there instead) and ``_instantiate_trainer``
-  (where train/cli.py adds the run's plugins, strategy, loggers and callbacks to the Trainer's arguments).
+- :func:`set_max_steps`, :func:`align_accumulation_phase`: the fit loop's ``max_steps`` and micro-batch
+  counters (``fit_loop.epoch_loop``);
+- :func:`dead_loader_workers`: the DataLoader's worker processes, through the fit loop's data fetcher;
+- :class:`ResumableCSVLogger`: CSVLogger's writer without its deletion of ``metrics.csv`` at start;
+- :class:`FSDP2Strategy`: ModelParallelStrategy's private mesh sizes, set to pure data parallelism;
+- :class:`CheckpointHooks`, :class:`CLIHooks`: ModelCheckpoint's private saves of a step file and of
+  ``last.ckpt`` (and what it saved last), LightningCLI's ``_parse_ckpt_path`` and ``_instantiate_trainer``,
+  under public names that train/checkpoint_io.py and train/cli.py override.
 
 And the two places the configuration parser reaches into jsonargparse (4.53) and argparse (Python 3.11):
-
-- :func:`parser_actions` -- argparse's list of a parser's options (``_actions``): which ones ``fit --help``
-  describes, and which words of a tool's command line are its own flags (train/config.py);
-- :func:`wrap_config_loader` -- jsonargparse's loader of a group given as a file (the action's
-  ``_load_config``): train/config.py looks for ``model: {model: FILE}`` in the launch directory and the
-  repository too.
+:func:`parser_actions` (argparse's ``_actions``) and :func:`wrap_config_loader` (the action's
+``_load_config``: train/config.py looks for ``model: {model: FILE}`` in the repository too).
 
 Each has a test that fails when Lightning changes what it relies on (tests/integration: resume with
 another accumulation, the dead-worker checkpoint, a resumed metrics.csv, last.ckpt at the final step).
@@ -79,12 +67,10 @@ def set_max_steps(trainer, max_steps: int) -> None:
 def align_accumulation_phase(trainer) -> None:
     """After a resume, make Lightning's micro-batch counters say ``global_step x accumulation``.
 
-    Lightning decides where an optimizer step ends from its restored micro-batch count (``ready %
-    accumulate_grad_batches``). A checkpoint of a 4 x 1 run at step 9 holds 9 micro-batches; resumed as
-    2 x 2, the first step after it took a single micro-batch (half the global batch) and every later
-    boundary was off by one. Checkpoints are written at step boundaries, so shifting every counter by
-    the same amount (their relations, which Lightning's restart logic reads, are kept) fixes the phase;
-    for an unchanged accumulation the shift is 0.
+    Lightning ends an optimizer step by its restored micro-batch count (``ready % accumulate_grad_batches``),
+    so a resume with another accumulation would put every step boundary out of phase. Checkpoints are
+    written at step boundaries: shifting every counter by the same amount (keeping the relations Lightning's
+    restart logic reads) fixes the phase; for an unchanged accumulation the shift is 0.
     """
     progress = trainer.fit_loop.epoch_loop.batch_progress
     shift = trainer.global_step * trainer.accumulate_grad_batches - progress.current.ready
@@ -177,14 +163,10 @@ def dead_loader_workers(trainer) -> list[tuple[int, int, int | None, int]]:
 
 
 class ResumableCSVLogger(CSVLogger):
-    """CSVLogger that continues an existing ``metrics.csv`` instead of deleting it.
-
-    Lightning's CSV writer removes the file when it starts, so a resumed run kept only the rows
-    logged after the resume (a 308-step run resumed at step 300 was left with 8 steps of history).
-    When training starts at step g, :meth:`drop_steps_from` cuts the rows of steps >= g (logged by a
-    launch that was killed after its checkpoint; about to be trained and logged again), so the file
-    holds each step once. Every rewrite of the file is atomic, and ``metrics.csv`` / ``hparams.yaml``
-    are never written through a symbolic link.
+    """CSVLogger that continues an existing ``metrics.csv`` instead of deleting it (Lightning's writer
+    removes the file when it starts). :meth:`drop_steps_from` cuts the rows of steps >= the step training
+    starts at (logged by a launch killed after its checkpoint), so the file holds each step once. Every
+    rewrite is atomic, and ``metrics.csv`` / ``hparams.yaml`` are never written through a symbolic link.
     """
 
     @property

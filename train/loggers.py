@@ -1,16 +1,11 @@
 """The loggers a run writes to, chosen with ``run.loggers``, and what every one of them receives.
 
-- ``csv`` is always written (``<run>/csv/metrics.csv``): the reports in scripts/ and ablations/
-  read it, so a run without it could not be compared. The others are optional:
-  ``wandb`` (offline unless ``WANDB_API_KEY`` is set), ``tensorboard`` (``<run>/tensorboard``)
-  and ``mlflow`` (``<run>/mlruns``), each where its package is installed; asking for one that is
-  not installed is an error naming the package, never a silent skip.
-- Every logger gets the same metric names (``train/loss/<source>``, docs/training.md lists them)
-  and the same hyperparameters: the whole resolved config (what ``--print_config`` shows) plus
-  the values derived from it (:func:`derived_values`).
-- One run directory is one wandb run: its id is made at the first launch and kept in
-  ``<run>/wandb/run_id``, so resumes and requeues continue it, and :func:`log_evaluation` adds a
-  checkpoint's evaluation to it (and to the other loggers the run used) at the checkpoint's step.
+docs/training.md lists the loggers, where each writes and the metric names. ``csv`` is always written
+(the reports in scripts/ and ablations/ read it); asking for a logger whose package is not installed is
+an error naming the package, never a silent skip. Every logger gets the same metric names and the same
+hyperparameters: the whole resolved config plus the values derived from it (:func:`derived_values`).
+One run directory is one wandb run (its id kept in ``<run>/wandb/run_id``), so resumes, requeues and
+:func:`log_evaluation` continue it.
 """
 
 from __future__ import annotations
@@ -125,16 +120,10 @@ def wandb_run_id(run_dir: Path) -> str:
 def log_evaluation(run_dir: Path, step: int, metrics: dict[str, float]) -> list[str]:
     """Send a checkpoint's evaluation (``eval/...`` metrics) to the loggers the run trained with, at the
     checkpoint's step; returns where each went. Needs the run's ``config.yaml`` (its ``run.loggers``).
-
-    - csv: ``csv/eval_metrics.csv``, one row per evaluated step (an evaluation of the same step again
-      replaces its row), rewritten atomically. Not ``metrics.csv``: that file belongs to the training
-      process, which may still be running and appending to it.
-    - wandb: the run's own wandb run (:func:`wandb_run_id`), x-axis ``trainer/global_step`` like every
-      training metric. Offline, it lands in a new ``offline-run-*`` folder with the run's id; ``wandb
-      sync <run>/wandb/offline-run-*`` puts both into the one run.
-    - tensorboard: a new event file in ``<run>/tensorboard`` (TensorBoard merges the files of a folder).
-    - mlflow: a run of its own, named ``<run name>/eval`` (resuming another process's MLflow run is
-      not done here).
+    csv: ``csv/eval_metrics.csv``, one row per evaluated step (not ``metrics.csv``, which the training
+    process may still be appending to); wandb: the run's own wandb run (:func:`wandb_run_id`; offline, a new
+    ``offline-run-*`` folder to ``wandb sync``); tensorboard: a new event file in ``<run>/tensorboard``;
+    mlflow: a run of its own, ``<run name>/eval``.
     """
     paths = RunDir(run_dir)
     run = (read_config(paths.root).get("run") or {})

@@ -9,10 +9,10 @@ the losses are returned per token, so the gradient weights are known only in bac
 
 Why not a library kernel: the per-source loss needs per-token losses *and* a gradient that is exact for
 whatever per-token weights reach backward. Liger-Kernel's fused linear cross-entropy computes the
-gradient inside its forward for a reduced loss; with ``reduction="none"`` it was first not supported
-(linkedin/Liger-Kernel#488, #872) and then gave wrong gradients under per-token weights (#968, Dec 2025).
-Cut-cross-entropy gets this right but needs Triton (GPU only) and another wheel. This path is pure
-PyTorch, the same on CPU (tested) and GPU, and torch.compile fuses each chunk's softmax.
+gradient inside its forward for a reduced loss, and with ``reduction="none"`` gives wrong gradients under
+per-token weights (linkedin/Liger-Kernel#968). Cut-cross-entropy gets this right but needs Triton (GPU
+only) and another wheel. This path is pure PyTorch, the same on CPU (tested) and GPU, and torch.compile
+fuses each chunk's softmax.
 
 Numerics follow the plain path: the matmul runs in the autocast dtype (bf16 under bf16-mixed), the
 softmax in fp32, padding vocabulary rows take part in the softmax, targets equal to ``ignore_index``

@@ -12,27 +12,14 @@ Architecture, per block (pre-norm, residual stream of width ``d_model``)::
 followed by a final RMSNorm and an LM head tied to the token embedding. No biases and no dropout
 anywhere: biases buy nothing at this scale and dropout hurts single-epoch pretraining.
 
-Attention kernels. Without ``doc_mask`` attention is plain causal SDPA (``is_causal=True``), which
-lets PyTorch pick the flash kernel. With ``doc_mask`` (block-diagonal causal: a token sees only earlier
-tokens of its own packed document) ``doc_mask_impl`` chooses how the mask reaches the kernel:
-
-- ``flex`` (what ``auto`` picks on CUDA): ``torch.nn.attention.flex_attention``. ``GPT.hidden`` builds
-  ONE ``BlockMask`` per forward from ``doc_index`` (a ``mask_mod`` "kv <= q and same document",
-  reduced to 128 x 128 tiles that are empty, partial or full) and every layer reuses it; the kernel
-  skips empty tiles and never sees a dense [B, 1, L, L] tensor. Both ``flex_attention`` and
-  ``create_block_mask`` run compiled on CUDA (uncompiled, flex_attention falls back to an unfused
-  implementation that materialises every score, and create_block_mask to a dense [B, 1, L, L] mask);
-  inside a ``torch.compile``-d model they are simply traced into its graph. GQA goes to the kernel
-  (``enable_gqa``) instead of repeating k/v.
-- ``dense`` (what ``auto`` picks elsewhere): a dense boolean [B, 1, L, L] mask through SDPA
-  (134 MB at 32 x 2048, and SDPA drops from flash to the memory-efficient kernel). This is the
-  reference the flex path is tested against, and the CPU path: flex_attention has no backward on
-  CPU (torch 2.13 refuses it; CPU forward runs unfused).
-
-Why flex rather than a varlen kernel (flash-attn's ``flash_attn_varlen_func`` with ``cu_seqlens``):
-varlen needs the flash-attn package, a GPU-only compiled extra, and a repacking of the batch into
-one long row; flex_attention ships with torch, takes the [B, H, L, Dh] layout as is, handles
-document ids that need not be sorted or contiguous, and has a math fallback that tests run on CPU.
+Attention kernels (docs/real-run.md). Without ``doc_mask``: plain causal SDPA (``is_causal=True``,
+the flash kernel). With it (block-diagonal causal: a token sees only earlier tokens of its own packed
+document), ``doc_mask_impl`` picks ``flex`` (``auto`` on CUDA: flex_attention with ONE ``BlockMask`` per
+forward shared by every layer, compiled on CUDA, empty tiles skipped, GQA in the kernel) or ``dense``
+(``auto`` elsewhere: a [B, 1, L, L] boolean mask through SDPA, the reference and the CPU path, since
+flex_attention has no backward on CPU). Flex rather than flash-attn's varlen kernel: it ships with
+torch, takes the [B, H, L, Dh] layout as is, needs no sorted or contiguous document ids, and has a
+math fallback the tests run on CPU.
 
 Shapes: B = batch, L = sequence length, D = d_model, H = n_heads, K = n_kv_heads, Dh = D / H head dim,
 V = vocab_size.
@@ -161,23 +148,14 @@ class ModelConfig:
 class GPT(nn.Module):
     """Decoder-only transformer: token ids in, next-token logits out.
 
-    ``forward(input_ids, doc_index=None, position_ids=None)``:
-
-    - ``input_ids`` [B, L]: token ids, L <= ``max_seq_len``.
-    - ``doc_index`` [B, L]: which document each token belongs to (any ids, equal within a document).
-      Required when ``config.doc_mask`` is on, ignored otherwise.
-    - ``position_ids`` [B, L]: RoPE positions; default ``0..L-1`` in every row. Positions that
-      restart at 0 at each document start give a packed document the positions it would have at
-      the start of a row. RoPE attention depends only on position differences, so under
-      ``doc_mask`` this changes nothing but rounding; without the mask it changes the distances
-      seen across documents.
-
-    - ``targets`` [B, L]: next-token ids (``-100`` = no label). Given, forward returns fp32 per-token
-      losses [B, L] (0 where unlabelled) computed as ``config.loss_impl`` says, instead of logits.
-
-    Returns float32 logits [B, L, V], or per-token losses [B, L] when ``targets`` is given.
-    The loss is computed inside ``forward`` so that a compiled, DDP- or FSDP-wrapped model runs it
-    with its head weight in place. :meth:`hidden` gives the final-norm hidden states alone.
+    ``forward(input_ids, doc_index=None, position_ids=None, targets=None)``: ``input_ids`` [B, L] with
+    L <= ``max_seq_len``; ``doc_index`` [B, L], each token's document (any ids, equal within a document;
+    required with ``config.doc_mask``, ignored otherwise); ``position_ids`` [B, L], RoPE positions (default
+    ``0..L-1``; restarting them at each document changes only rounding under ``doc_mask``); ``targets``
+    [B, L], next-token ids (``-100``: no label). Returns fp32 logits [B, L, V], or with ``targets`` fp32
+    per-token losses [B, L] (0 where unlabelled; ``config.loss_impl``), computed inside ``forward`` so that a
+    compiled, DDP- or FSDP-wrapped model runs it with its head weight in place. :meth:`hidden` gives the
+    final-norm hidden states alone.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -208,10 +186,7 @@ class GPT(nn.Module):
         With tied embeddings the shared matrix gets the embedding's N(0, init_std).
         """
         cfg = self.config
-        if cfg.tie_embeddings:
-            # One [V, D] matrix both embeds tokens and scores them; parameters() yields it once.
-            # Tied here rather than in __init__ because to_empty() replaces meta parameters one by
-            # one and so unties them.
+        if cfg.tie_embeddings:  # here, not in __init__: to_empty() unties them (above)
             self.lm_head.weight = self.tok_emb.weight
         residual_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         for name, module in self.named_modules():
@@ -255,9 +230,7 @@ class GPT(nn.Module):
             cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]  # [B, L, Dh/2]
         cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)  # [1, L, Dh/2] or [B, 1, L, Dh/2]: broadcast over heads
 
-        # Mask choice, fixed by the config and the device (so compiled graphs never branch on data):
-        # plain causal attention (SDPA's is_causal, which allows the flash kernel) or block-diagonal
-        # causal, as one BlockMask for flex_attention or a dense boolean mask for SDPA.
+        # Mask choice, fixed by the config and the device (so compiled graphs never branch on data).
         mask: Tensor | BlockMask | None = None
         if cfg.doc_mask:
             if doc_index is None:
@@ -394,9 +367,7 @@ class Attention(nn.Module):
             v = v.repeat_interleave(rep, dim=1)  # [B, H, L, Dh]
         if mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, L, Dh]
-        else:
-            # A dense boolean mask rules out the flash kernel (SDPA falls back to memory-efficient
-            # attention): the reference and CPU path of doc_mask_impl (the flex path above is the fast one).
+        else:  # the dense reference and CPU path (no flash kernel with a mask)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, L, Dh]
         y = y.transpose(1, 2).reshape(B, L, self.n_heads * self.head_dim)  # [B, L, D]
         return self.wo(y)  # [B, L, D]
@@ -485,8 +456,7 @@ def document_mask_mod(doc_index: Tensor):
 def document_block_mask(doc_index: Tensor, block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
     """The flex ``BlockMask`` of the block-diagonal causal mask of ``doc_index`` [B, L], shared by all heads:
     which ``block_size`` tiles are empty (skipped), full (no mask evaluated) or partial, plus the mask_mod.
-    On CUDA ``create_block_mask`` runs compiled, which never materialises the [B, L, L] mask; uncompiled
-    (CPU) it evaluates the mask_mod densely once."""
+    Compiled on CUDA (never a dense [B, L, L] mask); on CPU it evaluates the mask_mod densely once."""
     B, L = doc_index.shape
     make = create_block_mask
     if doc_index.is_cuda and not torch.compiler.is_compiling():

@@ -121,9 +121,7 @@ class PretrainModule(L.LightningModule):
             fused = self.device.type == "cuda" or self.device.type == "cpu"
         schedule = self.ctx.schedule
         base = schedule.config.lr.peak
-        # (Reading estimated_stepping_batches here is what made Lightning drop a stateful loader's
-        # state, Lightning #20550; our cursors travel in the DataModule's state, and the resume tests
-        # run with this read in place.)
+        # (Safe here although it dropped a stateful loader's state, Lightning #20550: the cursors are the DataModule's.)
         if self.trainer.estimated_stepping_batches < schedule.total_steps:
             log.warning("trainer.max_steps=%d stops before the schedule's %d steps: the LR will not finish "
                         "its decay and the anneal is cut short", self.trainer.estimated_stepping_batches,

@@ -1,31 +1,18 @@
 """How the global batch is split over GPUs, and the FSDP strategy that shards the model per block.
 
-**The global batch is fixed; the shape that reaches it is not.** The schedule (LR, sequence-length
-warmup, anneal) is tuned for ``data.schedule.global_batch_size`` sequences per optimizer step, so a run
-on 1, 8 or 64 GPUs must reach the same number: ``data.batch_size`` (the micro-batch per rank) x ranks
-x ``trainer.accumulate_grad_batches``. :func:`check_global_batch` refuses any other product before the
-first step and names the knobs (and a combination that works), because a silently different global
-batch changes every schedule in tokens. ``configs/presets/{1,8,64}gpu.yaml`` are the worked shapes.
+**The global batch is fixed; the shape that reaches it is not.** ``data.batch_size`` (per rank) x ranks
+x ``trainer.accumulate_grad_batches`` must equal ``data.schedule.global_batch_size``, the batch the
+schedule is tuned for; :func:`check_global_batch` refuses any other product before the first step and
+names a combination that works. ``configs/presets/{1,8,64}gpu.yaml`` are the worked shapes.
 
-**FSDP with one unit per transformer block.** Lightning's own ``--trainer.strategy fsdp`` wraps the whole
-model as one flat unit: every rank all-gathers all parameters at once (no memory saved during the
-forward) and the checkpoint is one ``torch.save`` file gathered on rank 0. Here :func:`resolve_strategy`
-turns ``fsdp`` (or ``fsdp2``) into FSDP2: Lightning's ``ModelParallelStrategy`` over a 1-D mesh of all
-ranks, with ``fully_shard`` applied to each :class:`train.model.Block` and then the root in
-``PretrainModule.configure_model`` (:func:`shard_per_block`): one all-gather per block, overlapped with
-the previous block's compute. Checkpoints are ``torch.distributed.checkpoint`` folders (each rank
-writes its shard; ``meta.pt`` holds the step, the loops and the data state, which names the per-rank
-cursor files each rank wrote beside the folder: train/cursor_files.py). FSDP2 rather than FSDP1
-because it is the maintained path and it runs on CPU ranks under gloo (tests/integration/test_fsdp.py
-resumes a 2-rank run exactly); torch's FSDP1 refuses CPU. ``fsdp1`` gives Lightning's FSDPStrategy
-with the same per-block policy and sharded checkpoints, for GPUs only. At 350M, DDP stays the
-default (the model and its AdamW moments fit every GPU many times over); FSDP is for a larger model
-or a smaller GPU.
-
-A DDP checkpoint is one file and a sharded FSDP checkpoint is a folder. Crossing between them on
-resume is not tested here (expect Lightning to fail loading the state dict). The way from a folder to
-one file is Lightning's ``python -m lightning.pytorch.utilities.consolidate_checkpoint <folder>``
-(built for the FSDP1 sharded layout, untested on FSDP2 folders).
+**FSDP with one unit per transformer block** (docs/real-run.md). :func:`resolve_strategy` turns
+``fsdp`` (or ``fsdp2``) into FSDP2: Lightning's ``ModelParallelStrategy`` over a 1-D mesh of all ranks,
+with ``fully_shard`` on each :class:`train.model.Block` and then the root (:func:`shard_per_block`), so
+one all-gather per block overlaps the previous block's compute, where Lightning's own ``fsdp`` wraps the
+model as one flat unit. FSDP2 because it is the maintained path and runs on CPU ranks under gloo
+(tests/integration/test_fsdp.py); ``fsdp1`` gives Lightning's FSDPStrategy with the same per-block
+policy, for GPUs only. Checkpoints are ``torch.distributed.checkpoint`` folders; crossing between a
+DDP file and a sharded folder on resume is refused.
 """
 
 from __future__ import annotations
@@ -59,9 +46,7 @@ def check_global_batch(global_batch: int, batch_size: int, world_size: int, accu
 
 
 def fsdp_strategy(**overrides: Any):
-    """Lightning's FSDPStrategy, one FSDP unit per :class:`train.model.Block`, sharded checkpoints.
-
-    FSDP1: torch refuses it on CPU, so it is for GPUs only (``--trainer.strategy fsdp1``)."""
+    """Lightning's FSDPStrategy (FSDP1, GPUs only), one unit per :class:`train.model.Block`, sharded checkpoints."""
     from lightning.pytorch.strategies import FSDPStrategy
 
     from train.model import Block
@@ -101,8 +86,8 @@ def shard_per_block(model: Architecture, mesh) -> None:
 
 
 def fsdp2_strategy(**overrides: Any):
-    """Lightning's ModelParallelStrategy (FSDP2 over a 1-D data-parallel mesh, distributed checkpoints);
-    the per-block ``fully_shard`` happens in PretrainModule.configure_model via :func:`shard_per_block`."""
+    """Lightning's ModelParallelStrategy over a 1-D data-parallel mesh, distributed checkpoints (the
+    per-block ``fully_shard``: :func:`shard_per_block`, from PretrainModule.configure_model)."""
     from train.lightning_internals import FSDP2Strategy  # ModelParallelStrategy, data parallel over every rank
 
     kwargs: dict[str, Any] = {"save_distributed_checkpoint": True}

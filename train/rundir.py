@@ -154,12 +154,9 @@ def read_order_log(run_dir: str | Path, required: bool = True) -> list[dict]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The records of an append-only JSON-lines file (an order log), in file order.
-
-    A last line that does not parse is what a crash while appending leaves (the line cut mid-write):
-    it is dropped with a warning naming the file and line (the step it held is trained again on
-    resume). A line that does not parse before the last one is damage, not a crash: ConfigError
-    naming the file and line."""
+    """The records of an append-only JSON-lines file (an order log), in file order. A torn last line (a
+    crash while appending; its step is trained again on resume) is dropped with a warning; a line that
+    does not parse before the last one is damage: ConfigError naming the file and line (docs/faults.md)."""
     texts = path.read_text().split("\n")
     out = []
     for i, text in enumerate(texts):

@@ -1,14 +1,10 @@
 """One run per run directory: an ``fcntl`` lock on ``<run dir>/.run.lock``, held for the process's life.
 
-Two jobs in one run dir (a job submitted twice, a requeue racing a job that is still shutting down)
-interleave metrics and order logs, duplicate checkpoints as ``-v1`` files, and one's start-up deletes
-the other's checkpoint temporary. The lock is an ``flock`` on an open file: the kernel releases it
-when the holder dies, however it dies (SIGKILL, OOM killer, node reboot of a local disk), so a dead
-run never keeps the directory. The file's content (pid, host, start time) only serves the error
-message; it is not the lock.
-
-Limits: ``flock`` is per host on some network filesystems (old NFS without lock support, some FUSE
-mounts); there two hosts can both "hold" it. Lustre/GPFS with locking enabled and local disks work.
+Two jobs in one run dir (a job submitted twice, a requeue racing a job still shutting down) would
+interleave their logs and checkpoints. The kernel releases an ``flock`` when the holder dies, however it
+dies, so a dead run never keeps the directory; the file's content (pid, host, start time) only serves
+the error message. Where ``flock`` is per host (some NFS/FUSE mounts) two hosts can both "hold" it
+(docs/faults.md).
 """
 
 from __future__ import annotations

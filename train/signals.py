@@ -46,8 +46,7 @@ _TIMER: list[threading.Timer] = []
 def arm_fatal_exit(exception: BaseException) -> None:
     """After a fatal error, in a CLI process: end the DataLoader workers now (teardown then has none to
     wait on), and exit 1 with every thread's stack if the process has not ended ``FATAL_EXIT_AFTER_S``
-    later. Before: the run directory removed under a running demo made the CSV logger fail, and the
-    main process sat in ``waitpid`` on a worker for 20+ minutes."""
+    later: a crash never holds an allocation until its time limit."""
     if FATAL_EXIT_AFTER_S is None or _ARMED.is_set():
         return
     _ARMED.set()
@@ -96,16 +95,12 @@ class DataLoaderWorkerDied(RuntimeError):
 class StopOnSignal(L.Callback):
     """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly.
 
-    Also a **killed DataLoader worker** (the OOM killer): torch's SIGCHLD handler raised its error at
-    whatever bytecode the main thread was running, mid-step, so no consistent checkpoint could be made.
-    During training that handler is replaced by one that only sets a flag; at the next optimizer-step
-    boundary the workers are looked at and, if one died, ``last.ckpt`` is written (the cursors of the
-    last trained step, as for a signal; collectively, every rank agreeing through the same all-reduce)
-    and the run ends with :class:`DataLoaderWorkerDied` naming the worker, its pid and how it died
-    (exit 1). If torch notices first (its 5 s liveness poll while waiting for that worker's batch,
-    which happens between steps), the same checkpoint is written from ``on_exception`` -- on a single
-    process only: other ranks cannot join a collective save from there. In the middle of a gradient
-    accumulation no checkpoint is written (the last one stands) and the error says so.
+    Also a **killed DataLoader worker** (docs/faults.md): torch's SIGCHLD handler would raise mid-step,
+    so during training it is replaced by one that only sets a flag; at the next optimizer-step boundary
+    the ranks agree, ``last.ckpt`` is written and the run ends with :class:`DataLoaderWorkerDied` (exit
+    1). If torch notices first (its liveness poll between steps), the same checkpoint is written from
+    ``on_exception``, on a single process only (other ranks cannot join a collective save from there).
+    Mid-accumulation no checkpoint is written and the error says so.
     """
 
     def __init__(self, ckpt_dir: str):
@@ -235,16 +230,13 @@ def worker_death_message(dead: list, step: int, saved: Path | None, rank: int = 
            "with --ckpt_path last"
 
 
-
 def end_worker_processes() -> list[int]:
     """SIGKILL this process's multiprocessing children (DataLoader workers) after a fatal error.
 
     The workers ignore SIGTERM (SLURM signals the whole job step; datamodule.ignore_stop_signals), so
-    multiprocessing's exit-time ``terminate()`` did nothing and its ``join()`` waited forever: a run whose
-    CSV logger failed sat in ``waitpid`` for 20+ minutes, holding its allocation. SIGKILL cannot be
-    ignored, and a worker holds nothing that needs a clean shutdown (it only reads parquet).
+    multiprocessing's exit-time ``terminate()`` does nothing and its ``join()`` would wait forever. SIGKILL
+    cannot be ignored, and a worker holds nothing that needs a clean shutdown (it only reads parquet).
     """
-
     pids = []
     for child in multiprocessing.active_children():
         child.kill()

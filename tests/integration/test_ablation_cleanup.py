@@ -9,11 +9,23 @@ import shutil
 
 import pytest
 
-from ablations.cleanup import disk_usage, prune_finished_run
+from ablations.cleanup import prune_finished_run
 from ablations.outcomes import final_mixer_state, is_complete
 from train.checkpoint import checkpoint_problem
 
 SOURCES = ["web", "code", "books", "curated"]
+
+
+def disk_usage(path) -> int:
+    """Bytes of the files under ``path`` (each hard-linked file once)."""
+    seen, total = set(), 0
+    for p in path.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            st = p.stat()
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
 
 
 def linked_copy(src, dst):

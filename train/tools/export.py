@@ -8,22 +8,17 @@ Input: a Lightning checkpoint (``state_dict`` with keys ``model.<...>``, the Mod
 ``hyper_parameters["model"]``) or a bare state dict of ``train.model.GPT`` (then ``--model-config``
 names its YAML). ``torch.compile``'s ``_orig_mod.`` prefix is dropped. Output, in ``--out``:
 
-- ``config.json``: ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` when ``qk_norm`` is on: Llama plus a
-  per-head RMSNorm on q and k before RoPE, exactly ours). vocab_size is the padded 100,352;
-  bos/eos are cl100k's ``<|endoftext|>`` (100257); ``generation_config.json`` says the same for generate().
-- ``model.safetensors``: renamed weights (tok_emb -> model.embed_tokens, blocks.i.attn.wq ->
-  model.layers.i.self_attn.q_proj, w1/w3/w2 -> gate/up/down_proj, attn_norm/mlp_norm ->
-  input/post_attention_layernorm, norm -> model.norm; lm_head only when untied). No permutation of
-  wq/wk rows: our ``apply_rope`` already rotates halves ``(x[i], x[i + Dh/2])``, HF's ``rotate_half``.
-  Our GQA maps query head h to kv head ``h // (H / K)``, as HF's ``repeat_kv`` does.
-- ``tokenizer.json`` (+ ``tokenizer_config.json``, ``special_tokens_map.json``): cl100k_base rebuilt
-  for the ``tokenizers`` library from tiktoken's ranks (byte-level BPE with cl100k's split pattern and
-  merges recovered from the ranks; the five special tokens at their cl100k ids), so
-  ``AutoTokenizer.from_pretrained(OUT)`` works; the test checks it encodes like tiktoken. Documents
-  end with ``<|endoftext|>`` in training; the tokenizer adds no BOS/EOS by itself.
-- ``tokenizer_info.json`` and ``README.md``: the canonical tokenizer is tiktoken's cl100k_base
-  (``tiktoken.get_encoding("cl100k_base")``), EOT 100257; ids 100277..100351 are padding rows of the
-  embedding that no token maps to.
+- ``config.json`` (:func:`hf_config`): ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` when ``qk_norm`` is on:
+  Llama plus a per-head RMSNorm on q and k before RoPE, exactly ours); the padded vocabulary of 100,352;
+  bos/eos are cl100k's ``<|endoftext|>`` (100257), in ``generation_config.json`` too.
+- ``model.safetensors``: the weights under HF's names (:func:`hf_state_dict`). No permutation of wq/wk
+  rows: our ``apply_rope`` already rotates halves, as HF's ``rotate_half``; our GQA maps query head h to
+  kv head ``h // (H / K)``, as HF's ``repeat_kv``.
+- ``tokenizer.json`` and its two companions: cl100k_base rebuilt for ``tokenizers`` from tiktoken's ranks
+  (:func:`write_tokenizer`), so ``AutoTokenizer.from_pretrained(OUT)`` encodes like tiktoken; it adds no
+  BOS/EOS (documents end with ``<|endoftext|>`` in training).
+- ``tokenizer_info.json`` and ``README.md``: the canonical tokenizer is tiktoken's cl100k_base; ids
+  100277..100351 are padding rows of the embedding that no token maps to.
 
 Not exported: ``doc_mask`` (training-time attention masking; HF attends causally over the whole
 input, which is the same for a single document) and ``activation_checkpointing``.

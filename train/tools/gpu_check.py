@@ -7,20 +7,14 @@
 Writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out`` (default ``$OUT``, else ``gpu_check/``),
 rewritten after every section, so a call cut short still returns what was measured. Each section has its
 own time limit; a section that fails, runs out of time or is skipped (the whole check's ``--budget-s``)
-is recorded as such and the next one runs. docs/real-run.md ("GPU check") says what each figure means.
-
-1. ``train``: ``python -m train fit`` with configs/pretrain_350m_20b.yaml + presets/1gpu.yaml (350M,
-   32 x 2048, bf16-mixed, compile, chunked loss) on a generated Dolma 3-shaped corpus, the sequence-length
-   warmup shortened to a few steps: steady tokens/s, MFU as logged and recomputed from step times, peak
-   memory against train/memory.py, compile time, recompiles, graph breaks, the loop's share between steps.
-2. ``mask``: flex_attention against the dense-mask reference, and its cost (train/tools/gpu_loops.py).
-3. ``resume``: a run SIGKILLed after a checkpoint and resumed; the steps both launches trained compared.
-4. ``fsdp``: ``--trainer.strategy fsdp`` (FSDP2) on one GPU, a few steps, a sharded checkpoint, resumed.
-5. ``contenders``: the forward call in a bare loop, compiled vs eager, chunked vs plain loss, micro-batch.
+is recorded as such and the next one runs. Sections (docs/real-run.md, "GPU check", says what each
+figure means): ``train`` (the 350M config on a generated corpus: tokens/s,
+MFU, peak memory against train/memory.py, compile), ``mask`` (flex_attention against the dense
+reference, train/tools/gpu_loops.py), ``resume`` (SIGKILL after a checkpoint, resumed), ``fsdp`` (FSDP2
+on one GPU, resumed from a sharded checkpoint), ``contenders`` (the forward call in a bare loop).
 
 Training runs are forked from this process, which never initialises CUDA (so the children may).
-``--dry-run`` runs every section on CPU with configs/model/tiny.yaml, a few steps each, torch.compile's
-eager backend where the GPU uses inductor, and gloo for FSDP: every step but the CUDA kernels.
+``--dry-run`` runs every step but the CUDA kernels: torch.compile's eager backend, gloo for FSDP.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The GPU check's sections that run the model in a bare loop, not through ``train fit`` (each in a child
-the check forks, train/tools/gpu_check.py ``json_section``; ``save(figures)`` hands back what is measured).
-
-- ``mask``: flex_attention against the dense-mask SDPA reference on a 2-layer slice of the model (logits,
-  losses, gradients within :data:`TOLERANCE`; eager and whole-model compiled), and the time masking adds
-  to a step (one attention layer, causal SDPA vs flex, times the layers, plus the BlockMask).
-- ``contenders``: the module's forward call + fused AdamW: compiled vs eager, chunked vs plain loss (plain
-  at 32 x 2048 is expected to run out of memory: recorded as OOM), micro-batch 16 vs 32.
+the check forks, train/tools/gpu_check.py ``json_section``; ``save(figures)`` hands back what is measured):
+``mask``, flex_attention against the dense-mask reference (within :data:`TOLERANCE`) and what masking
+adds to a step, and ``contenders``, the module's forward call in a bare loop (docs/real-run.md says what
+each figure means).
 """
 
 from __future__ import annotations
