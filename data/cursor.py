@@ -323,11 +323,6 @@ def _read_rank(row: list, step: int, rank: int, workers: int) -> list[ConsumerCu
     return [None if cur is None else _agreeing(cur, step, rank, w, workers) for w, cur in enumerate(row)]
 
 
-def check_order_state(state: dict, ranks: list[int] | None = None) -> None:
-    """:func:`read_order_state`, for the check alone."""
-    read_order_state(state, ranks)
-
-
 def _agreeing(d: Any, step: int, rank: int, w: int, workers: int) -> ConsumerCursor:
     cur = as_cursor(d)
     want = step + (w - step) % workers

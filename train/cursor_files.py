@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from data import files
-from data.cursor import ConsumerCursor, DamagedCursor, check_order_state
+from data.cursor import ConsumerCursor, DamagedCursor, read_order_state
 from data.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def rank_file(step_dir: str | PathLike, rank: int) -> Path:
 
 def check_checkpoint_cursors(ckpt_path: str | PathLike, state: dict[str, Any], ranks: list[int] | None = None) -> None:
     """The cursors a checkpoint's data state names: every rank's file present; those of ``ranks`` (None: all)
-    read, verified and range-checked against its step (data/cursor.py ``check_order_state``). A cursor of
+    read, verified and range-checked against its step (data/cursor.py ``read_order_state``). A cursor of
     another version of the data path is left to the datamodule, whose error says what to do."""
     missing = [f for f in cursor_files(ckpt_path, state) if not f.is_file()]
     if missing:
@@ -84,7 +84,7 @@ def check_checkpoint_cursors(ckpt_path: str | PathLike, state: dict[str, Any], r
                             "folder?)", f"copy it back, or {_EARLIER}")
     rows = load_checkpoint_cursors(ckpt_path, state, ranks)
     if rows and _all_current(rows):
-        check_order_state({**state, "cursors": rows}, ranks=ranks)
+        read_order_state({**state, "cursors": rows}, ranks=ranks)
 
 
 def _all_current(rows: list) -> bool:

@@ -335,21 +335,21 @@ def test_cursor_integers_are_range_checked_on_load(order_state, attack, want):
 
 def test_a_step_the_consumers_disagree_with_is_named_not_an_assertion(order_state):
     """Before: a top-level ``step`` edited in a cursor file loaded, then failed an ``assert`` in the
-    simulator's loop. check_order_state names the step and the consumer that disagrees."""
-    from data.cursor import check_order_state
+    simulator's loop. read_order_state names the step and the consumer that disagrees."""
+    from data.cursor import read_order_state
 
     _, state = order_state
-    check_order_state(state)
-    check_order_state({"next_step": state["step"], "cursors": state["consumers"], "num_workers": 2})  # ckpt layout
+    read_order_state(state)
+    read_order_state({"next_step": state["step"], "cursors": state["consumers"], "num_workers": 2})  # ckpt layout
     for step, worker, want in ((9, 0, 10), (5, 0, 6)):  # at step 7 the workers continue at 8 and 7
         with pytest.raises(ConfigError, match=rf"^data order state: step = {step}, but the cursor of rank 0 worker "
                                               rf"{worker} continues at step \d+ \(it must be {want}, the first step "
                                               rf">= {step} that worker {worker} of 2 owns\); the cursor is damaged"):
-            check_order_state({**state, "step": step})
+            read_order_state({**state, "step": step})
     with pytest.raises(ConfigError, match=r"step = -1 is out of range"):
-        check_order_state({**state, "step": -1})
+        read_order_state({**state, "step": -1})
     with pytest.raises(ConfigError, match=r"num_workers = 3 but the cursors are 2 rank\(s\) x 2 worker\(s\)"):
-        check_order_state({**state, "num_workers": 3})
+        read_order_state({**state, "num_workers": 3})
     fresh, _ = order_state
     with pytest.raises(ConfigError, match=r"^data order state: step = 9"):  # dump_order --resume-from's path
         fresh().load_state_dict({**state, "step": 9})
