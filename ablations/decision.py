@@ -1,32 +1,48 @@
-"""The decision rule of an ablation, aware of seed noise (ablations/decision_rule.yaml).
+"""The decision rule of an ablation, calibrated for the few replicates an ablation can afford
+(ablations/decision_rule.yaml).
 
 Per metric the arms are paired by seed (or replicate); the gain of pair s is signed so that positive
-means the schedule (the arm) is better. Over n pairs, g = mean(gain_s) and SE = std(gain_s, ddof=1) /
-sqrt(n); a metric **improves** when g > k x SE and g > min_improvement, **worsens** when -g > k x SE
-and -g > max_regression, is **within noise** otherwise, and **cannot be decided** with fewer than
-``min_seeds`` (>= 2) pairs. The verdict: CANNOT DECIDE when a metric the rule reads cannot be decided;
-else DROP when a guarded metric worsens, KEEP when every ``improve`` metric improves, NO CLEAR GAIN
-otherwise.
+means the arm (the schedule) is better. Over n pairs, g = mean(gain_s), SE = std(gain_s, ddof=1) / sqrt(n)
+and t = g / SE, compared with Student's t at n - 1 degrees of freedom (one-sided):
+
+- **improves** when t > t(1 - alpha / A) and g > min_improvement, A = the arms compared with the control in
+  one report (Bonferroni across arms). KEEP needs *every* ``improve`` metric to improve, so no correction
+  across those metrics is due: an arm no better than the control is called KEEP with probability <= alpha / A.
+- **worsens** when -t > t(1 - alpha / (A x M)) and -g > max_regression, M = the metrics the rule reads (any
+  one worsening drops the arm, so this side is corrected across metrics too).
+- **cannot decide** with fewer than ``min_seeds`` (>= 2) pairs.
+
+Every assessment also states its **detectable gain**: the smallest true gain that this test calls "improves"
+with probability ``power`` at the observed SE (non-central t), and never less than ``min_improvement``. A
+verdict of NO CLEAR GAIN with a detectable gain of 0.05 nats says "no gain above about 0.05", not "no gain".
+The verdict: CANNOT DECIDE when a metric the rule reads cannot be decided; else DROP when a metric worsens,
+KEEP when every ``improve`` metric improves, NO CLEAR GAIN otherwise. ablations/README.md gives the error
+rates measured with this rule (scripts/bench_decision.py).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import yaml
+from scipy import optimize, stats
 
-KEYS = ("improve", "min_improvement", "guard", "max_regression", "k_se", "min_seeds")
+from data.errors import ConfigError
+
+KEYS = ("improve", "min_improvement", "guard", "max_regression", "alpha", "power", "min_seeds")
 
 IMPROVES, WORSENS, NOISE, UNDECIDED = "improves", "worsens", "within noise", "cannot decide"
 KEEP, DROP, NO_GAIN, CANNOT_DECIDE = "keep", "drop", "no clear gain", "cannot decide"
 HEADLINES = {
     KEEP: "KEEP the schedule",
     DROP: "DROP the schedule (train the fixed mixture)",
-    NO_GAIN: "NO CLEAR GAIN from the schedule (within seed noise; the fixed mixture is the simpler choice)",
+    NO_GAIN: "NO CLEAR GAIN from the schedule (no gain above the detectable gain; the fixed mixture is the simpler "
+             "choice)",
     CANNOT_DECIDE: "CANNOT DECIDE (fewer than 2 seeds: no estimate of the noise)",
 }
 
@@ -40,30 +56,48 @@ class DecisionRule:
     min_improvement: float = 0.0
     guard: list[str] = field(default_factory=lambda: ["heldout/*"])
     max_regression: float = 0.01
-    k_se: float = 2.0
+    alpha: float = 0.05
+    """The false-decision rate of one report: the chance that an arm no better than the control is called KEEP
+    (or one no worse called DROP), whatever the number of arms and metrics."""
+    power: float = 0.8
+    """The probability with which the stated detectable gain would be called "improves"."""
     min_seeds: int = 2
 
     def __post_init__(self) -> None:
         if self.min_seeds < 2:
-            raise ValueError(f"min_seeds must be at least 2 (a standard error needs 2 seeds), got {self.min_seeds}")
-        if self.k_se < 0 or self.min_improvement < 0 or self.max_regression < 0:
-            raise ValueError("k_se, min_improvement and max_regression must be >= 0")
+            raise ConfigError(f"min_seeds must be at least 2 (a standard error needs 2 seeds), got {self.min_seeds}")
+        if self.min_improvement < 0 or self.max_regression < 0:
+            raise ConfigError("min_improvement and max_regression must be >= 0")
+        if not (0 < self.alpha < 0.5 and 0 < self.power < 1):
+            raise ConfigError(f"alpha must be in (0, 0.5) and power in (0, 1), got alpha {self.alpha}, "
+                              f"power {self.power}")
 
     @classmethod
     def load(cls, path: Path) -> DecisionRule:
-        d = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            d = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path}: cannot read the decision rule ({type(e).__name__}: {e})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path}: the decision rule must be a mapping of {', '.join(KEYS)}")
+        if "k_se" in d:
+            raise ConfigError(f"{path}: k_se is gone: the rule is a t test at the replicates' degrees of freedom, "
+                              "corrected across arms and metrics; remove k_se and set alpha (default 0.05)")
         unknown = set(d) - set(KEYS)
         if unknown:
-            raise SystemExit(f"error: {path}: unknown keys {sorted(unknown)} (known: {', '.join(KEYS)})")
+            raise ConfigError(f"{path}: unknown keys {sorted(unknown)} (known: {', '.join(KEYS)})")
         return cls(**d)
 
     def describe(self) -> str:
-        return (f"per metric, the gain of each seed paired with the same seed of the other arm; a metric improves "
-                f"when its mean gain exceeds {self.k_se:g} x its standard error and {self.min_improvement:g}, and "
-                f"worsens when its mean loss of quality exceeds {self.k_se:g} x SE and {self.max_regression:g}; "
-                f"keep the schedule if {' and '.join(f'`{m}`' for m in self.improve) or 'nothing'} improve and no "
-                f"metric matching {', '.join(f'`{g}`' for g in self.guard) or 'nothing'} worsens; "
-                f"with fewer than {self.min_seeds} seeds: cannot decide")
+        return (f"per metric, the gain of each pair of runs (same seed or replicate) and a one-sided paired t test "
+                f"at n - 1 degrees of freedom; a metric improves when t exceeds Student's 1 - {self.alpha:g}/A "
+                f"quantile (A: the arms compared) and the mean gain exceeds {self.min_improvement:g}, and worsens "
+                f"when -t exceeds the 1 - {self.alpha:g}/(A x M) quantile (M: the metrics read) and the mean loss "
+                f"of quality exceeds {self.max_regression:g}; keep the schedule if "
+                f"{' and '.join(f'`{m}`' for m in self.improve) or 'nothing'} improve and no metric matching "
+                f"{', '.join(f'`{g}`' for g in self.guard) or 'nothing'} worsens; the detectable gain is the true "
+                f"gain called an improvement with probability {self.power:g} at the observed noise; with fewer "
+                f"than {self.min_seeds} seeds: cannot decide")
 
     def guards(self, metric: str) -> bool:
         return any(fnmatch.fnmatch(metric, g) for g in self.guard)
@@ -124,7 +158,14 @@ class Assessment:
     gains: list[float]
     gain: float
     se: float
-    k_se: float
+    t: float
+    """gain / SE (NaN below ``min_seeds``)."""
+    t_improve: float
+    """The t that "improves" must exceed (Student's quantile at n - 1 df, corrected across arms)."""
+    t_worsen: float
+    """The -t that "worsens" must exceed (corrected across arms and metrics)."""
+    detectable: float
+    """The true gain this test calls "improves" with probability ``power``, at the observed SE."""
     min_improvement: float
     max_regression: float
     status: str
@@ -133,6 +174,11 @@ class Assessment:
     @property
     def n(self) -> int:
         return len(self.gains)
+
+    @property
+    def p(self) -> float:
+        """One-sided p-value of "the arm is better" (uncorrected; compare with alpha / arms)."""
+        return float(stats.t.sf(self.t, self.n - 1)) if self.n > 1 else math.nan
 
     @property
     def passes(self) -> bool | None:
@@ -144,19 +190,33 @@ class Assessment:
         return self.status != WORSENS
 
 
-def assess(d: Difference, rule: DecisionRule, roles: tuple[str, ...]) -> Assessment:
-    """The status of one metric under the rule (see the module docstring)."""
-    gain, se = d.gain, d.se
+def assess(d: Difference, rule: DecisionRule, roles: tuple[str, ...], arms: int = 1, metrics: int = 1) -> Assessment:
+    """The status of one metric under the rule, ``arms`` arms and ``metrics`` metrics read in the report
+    (see the module docstring)."""
+    gain, se, nan = d.gain, d.se, math.nan
     if d.n < rule.min_seeds:
-        status = UNDECIDED
-    elif gain > rule.k_se * se and gain > rule.min_improvement:
+        return Assessment(d.metric, roles, [float(g) for g in d.gains], gain, se, nan, nan, nan, nan,
+                          rule.min_improvement, rule.max_regression, UNDECIDED)
+    df = d.n - 1
+    t = gain / se if se > 0 else math.copysign(math.inf, gain) if gain else 0.0
+    t_improve = float(stats.t.ppf(1 - rule.alpha / arms, df))
+    t_worsen = float(stats.t.ppf(1 - rule.alpha / (arms * metrics), df))
+    shift = detectable_shift(t_improve, df, rule.power)
+    if t > t_improve and gain > rule.min_improvement:
         status = IMPROVES
-    elif -gain > rule.k_se * se and -gain > rule.max_regression:
+    elif -t > t_worsen and -gain > rule.max_regression:
         status = WORSENS
     else:
         status = NOISE
-    return Assessment(d.metric, roles, [float(g) for g in d.gains], gain, se, rule.k_se, rule.min_improvement,
-                      rule.max_regression, status)
+    return Assessment(d.metric, roles, [float(g) for g in d.gains], gain, se, t, t_improve, t_worsen,
+                      max(rule.min_improvement, shift * se), rule.min_improvement, rule.max_regression, status)
+
+
+@functools.lru_cache(maxsize=256)
+def detectable_shift(t_needed: float, df: int, power: float) -> float:
+    """The non-centrality at which a t at ``df`` degrees of freedom exceeds ``t_needed`` with probability
+    ``power``: the detectable gain in standard errors (cached: one root-find per report shape)."""
+    return float(optimize.brentq(lambda nc: stats.nct.sf(t_needed, df, nc) - power, 0.0, 20 * (t_needed + 1)))
 
 
 @dataclass
@@ -175,14 +235,15 @@ class Verdict:
         return HEADLINES[self.outcome]
 
 
-def decide(rule: DecisionRule, diffs: dict[str, Difference]) -> Verdict:
-    """The verdict over every metric the rule reads (``improve`` ones first, then the guarded ones)."""
+def decide(rule: DecisionRule, diffs: dict[str, Difference], arms: int = 1) -> Verdict:
+    """The verdict over every metric the rule reads (``improve`` ones first, then the guarded ones), for one
+    of ``arms`` arms compared with the same control in one report."""
     missing = [m for m in rule.improve if m not in diffs]
     if missing:
-        raise SystemExit(f"error: the decision rule names {missing}, which no evaluation reports "
-                         f"(have: {', '.join(sorted(diffs))})")
+        raise ConfigError(f"the decision rule names {missing}, which no evaluation reports "
+                          f"(have: {', '.join(sorted(diffs))}); fix --improve or the rule's `improve`")
     read = list(rule.improve) + [m for m in diffs if rule.guards(m) and m not in rule.improve]
-    assessments = [assess(diffs[m], rule, roles_of(rule, m)) for m in read]
+    assessments = [assess(diffs[m], rule, roles_of(rule, m), arms, len(read)) for m in read]
     return Verdict(outcome_of(assessments), assessments, [verdict_line(a) for a in assessments])
 
 
@@ -198,7 +259,8 @@ def verdict_line(a: Assessment) -> str:
     what = {IMPROVES: "improves", WORSENS: "WORSENS", NOISE: "is within noise"}[a.status]
     role = "must improve" if "improve" in a.roles else "must not worsen"
     return (f"{'PASS' if a.passes else 'FAIL'}: `{a.metric}` {what} ({role}): mean gain {a.gain:+.4f} "
-            f"± {a.se:.4f} SE over {a.n} seeds (k x SE = {a.k_se * a.se:.4f})")
+            f"± {a.se:.4f} SE over {a.n} pairs, t = {a.t:+.2f} (improves above {a.t_improve:.2f}, worsens below "
+            f"{-a.t_worsen:.2f}); detectable gain {a.detectable:.4f}")
 
 
 def outcome_of(assessments: list[Assessment]) -> str:
@@ -214,17 +276,21 @@ def outcome_of(assessments: list[Assessment]) -> str:
 
 def rule_table(verdict: Verdict, digits: int = 4) -> list[str]:
     """The rule and every input it read, one Markdown table: a row per metric."""
-    out = ["| metric | role | seeds | gain per seed | mean gain | SE | k x SE | threshold | status | |",
-           "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+    out = ["| metric | role | pairs | gain per pair | mean gain | SE | t | t needed | p | detectable gain | "
+           "threshold | status | |",
+           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    def num(x: float, spec: str) -> str:
+        return "–" if math.isnan(x) else format(x, spec)
+
     for a in verdict.assessments:
-        per_seed = ", ".join(f"{g:+.{digits}f}" for g in a.gains)
-        se = "–" if math.isnan(a.se) else f"{a.se:.{digits}f}"
-        kse = "–" if math.isnan(a.se) else f"{a.k_se * a.se:.{digits}f}"
+        per_pair = ", ".join(f"{g:+.{digits}f}" for g in a.gains)
         thresholds = []
         if "improve" in a.roles:
             thresholds.append(f"gain > {a.min_improvement:g}")
         thresholds.append(f"loss of quality > {a.max_regression:g}")
         mark = {None: "–", True: "PASS", False: "**FAIL**"}[a.passes]
-        out.append(f"| `{a.metric}` | {' + '.join(a.roles)} | {a.n} | {per_seed} | {a.gain:+.{digits}f} | {se} | "
-                   f"{kse} | {'; '.join(thresholds)} | {a.status} | {mark} |")
+        out.append(f"| `{a.metric}` | {' + '.join(a.roles)} | {a.n} | {per_pair} | {a.gain:+.{digits}f} | "
+                   f"{num(a.se, f'.{digits}f')} | {num(a.t, '+.2f')} | {num(a.t_improve, '.2f')} | "
+                   f"{num(a.p, '.3f')} | {num(a.detectable, f'.{digits}f')} | {'; '.join(thresholds)} | "
+                   f"{a.status} | {mark} |")
     return out

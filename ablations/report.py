@@ -18,6 +18,7 @@ never changes it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
@@ -214,7 +215,7 @@ def build_branch_report(out: Path, rule: DecisionRule, suite: list[Evaluation],
     plan = json.loads((out / "branch.json").read_text())
     runs, reps = branch_runs(out, plan)
     diffs = {arm: evaluate(suite, runs, reps, (arm, CONTROL)) for arm in runs if arm != CONTROL}
-    verdicts = {arm: decide(rule, d) for arm, d in diffs.items()}
+    verdicts = {arm: decide(rule, d, arms=len(diffs)) for arm, d in diffs.items()}
     plots = {arm: _save(end_figure(diffs[arm], rule, verdicts[arm], len(reps)), out / f"heldout_end_{arm}.png")
              for arm in diffs}
     md, flags = render_branch(BranchComparison(out, plan, runs, reps, diffs, verdicts, rule, rule_source, plots))
@@ -562,7 +563,7 @@ EVALUATION_UNITS = {"heldout": "held-out loss gain (nats/token)", "local": "cloz
 
 
 def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdict, n_seeds: int):
-    """heldout_end.png: the gain of every metric at the end (bar: mean gain, error bar: k x SE, dots:
+    """heldout_end.png: the gain of every metric at the end (bar: mean gain, error bar: t needed x SE, dots:
     each seed), one panel per evaluation (``heldout/...``, ``local/...``, ...): one quantity per axis.
     Dashed: -max_regression, below which a metric outside the noise worsens."""
     from matplotlib.figure import Figure
@@ -570,15 +571,16 @@ def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdic
     groups: dict[str, list[str]] = {}
     for m in diffs:
         groups.setdefault(m.split("/", 1)[0], []).append(m)
-    status = {a.metric: a.status for a in verdict.assessments}
+    read = {a.metric: a for a in verdict.assessments}
     widths = [max(2.5, 0.9 * len(ms) + 1) for ms in groups.values()]
     fig = Figure(figsize=(max(6.5, sum(widths) + 0.5), 4.1))
     axes = fig.subplots(1, len(groups), squeeze=False, width_ratios=widths)[0]
     for ax, (ev, metrics) in zip(axes, groups.items()):
         for i, m in enumerate(metrics):
             d = diffs[m]
-            color = {"improves": "C2", "worsens": "C3"}.get(status.get(m, ""), "0.6")
-            band = None if math.isnan(d.se) else rule.k_se * d.se
+            a = read.get(m)
+            color = {"improves": "C2", "worsens": "C3"}.get(a.status if a else "", "0.6")
+            band = None if a is None or math.isnan(a.t_improve) else a.t_improve * a.se
             ax.bar(i, d.gain, color=color, alpha=0.7, yerr=band, capsize=5)
             ax.plot([i + 0.12 * (j - (d.n - 1) / 2) for j in range(d.n)], d.gains, "k.", ms=5)
         ax.axhline(0, color="k", lw=0.6)
@@ -590,7 +592,7 @@ def end_figure(diffs: dict[str, Difference], rule: DecisionRule, verdict: Verdic
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7, loc="lower left")
     fig.suptitle(f"gain at the end, {n_seeds} seed(s): {verdict.outcome.upper()}\n(> 0: the schedule is better; "
-                 f"dots: seeds; bars: mean ± {rule.k_se:g} SE)", fontsize=9)
+                 "dots: pairs; bars: mean ± the t needed x SE)", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -636,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-RULE_FLAGS = ("improve", "guard", "min_improvement", "max_regression", "k_se")
+RULE_FLAGS = ("improve", "guard", "min_improvement", "max_regression", "alpha")
 """The flags that override a field of the decision rule (``--min-improvement`` sets ``min_improvement``)."""
 
 
@@ -649,7 +651,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-improvement", type=float, default=None)
     p.add_argument("--guard", default=None, help="overrides the rule: metric patterns that must not worsen")
     p.add_argument("--max-regression", type=float, default=None, help="tolerance of the guard (metric units)")
-    p.add_argument("--k-se", type=float, default=None, help="overrides the rule: the multiple of the standard error")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="overrides the rule: the false-decision rate of the report (t test, corrected across arms)")
     p.add_argument("--suite", default=None,
                    help="evaluations, comma-separated (ablations/evals.py; default: heldout,local where lm-eval is "
                         "installed, else heldout)")
@@ -664,12 +667,11 @@ def parser() -> argparse.ArgumentParser:
 
 def rule_from_args(args: argparse.Namespace) -> DecisionRule:
     """The ``--decision-rule`` file with the fields the flags override (lists are comma-separated)."""
-    rule = DecisionRule.load(args.decision_rule)
-    for name in RULE_FLAGS:
-        value = getattr(args, name)
-        if value is not None:
-            setattr(rule, name, [m for m in value.split(",") if m] if name in ("improve", "guard") else value)
-    return rule
+    overrides = {name: getattr(args, name) for name in RULE_FLAGS if getattr(args, name) is not None}
+    for name in ("improve", "guard"):
+        if name in overrides:
+            overrides[name] = [m for m in overrides[name].split(",") if m]
+    return dataclasses.replace(DecisionRule.load(args.decision_rule), **overrides)  # checked again
 
 
 def suite_from_args(args: argparse.Namespace) -> list[Evaluation]:

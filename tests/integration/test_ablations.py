@@ -128,7 +128,7 @@ def test_every_ablation_yaml_loads():
     for path in sorted((ROOT / "ablations").glob("*.yaml")):
         assert isinstance(yaml.safe_load(path.read_text()), dict), path
     rule = report.DecisionRule.load(ROOT / "ablations" / "decision_rule.yaml")
-    assert rule.improve == ["heldout/curated", "heldout/all"] and rule.max_regression == 0.01 and rule.k_se == 2.0
+    assert rule.improve == ["heldout/curated", "heldout/all"] and rule.max_regression == 0.01 and rule.alpha == 0.05
 
 
 # thin command lines over an ablations/ library module
@@ -263,8 +263,9 @@ def test_demo_ablation_end_to_end(ablation_out, capsys):
     assert "Planned tokens (each run's saved config): equal. Mixer targets" in md and "checkpoint): equal." in md
     assert any(h in md for h in ("KEEP the schedule", "DROP the schedule", "NO CLEAR GAIN"))
     assert "CANNOT DECIDE" not in md and "2 seed(s) (1234, 1235)" in md
-    # the rule and its inputs, one table: a row per metric with both seeds' paired gains, mean, SE
-    assert "| metric | role | seeds | gain per seed | mean gain | SE | k x SE | threshold | status | |" in md
+    # the rule and its inputs, one table: a row per metric with both seeds' paired gains, mean, SE, t, p
+    assert ("| metric | role | pairs | gain per pair | mean gain | SE | t | t needed | p | detectable gain | threshold "
+            "| status | |") in md
     curated = next(ln for ln in md.splitlines() if ln.startswith("| `heldout/curated` | improve + guard | 2 | "))
     gains = [float(x) for x in curated.split(" | ")[3].split(", ")]
     assert len(gains) == 2 and float(curated.split(" | ")[4]) == pytest.approx(sum(gains) / 2, abs=1e-4)
@@ -335,18 +336,19 @@ def test_decision_rule_from_flags(ablation_out, tmp_path):
     out = copy_runs(ablation_out, tmp_path / "abl")
     diffs = report.evaluate([report.EVALUATIONS["heldout"]], report.discover(out), list(SEEDS))
     assert all(d.n == 2 for d in diffs.values())
-    # no noise allowance (k = 0) and no tolerance: any metric whose mean loss rose drops the schedule
-    worst = max(-d.gain for d in diffs.values())
-    strict = report.decide(report.DecisionRule(improve=[], max_regression=0.0, k_se=0.0), diffs)
+    # almost no noise allowance (alpha -> 0.5: t needed -> 0) and no tolerance, on the metric whose mean loss
+    # rose most: it drops the schedule if its loss rose at all
+    worst, metric = max((-d.gain, m) for m, d in diffs.items())
+    strict = report.decide(report.DecisionRule(improve=[], guard=[metric], max_regression=0.0, alpha=0.4999), diffs)
     assert strict.outcome == ("drop" if worst > 0 else "keep")
     # a loose tolerance: nothing worsens, nothing must improve
     loose = report.decide(report.DecisionRule(improve=[], max_regression=max(worst, 0) + 1.0), diffs)
     assert loose.keep
     assert report.main([str(out), *TINY_REPORT, "--improve", "heldout/code", "--max-regression", "5",
-                        "--k-se", "3"]) == 0
+                        "--alpha", "0.2"]) == 0
     md = (out / "report.md").read_text()
     assert "| `heldout/code` | improve + guard | 2 |" in md and "worsens when its mean loss" in md
-    assert "exceeds 3 x its standard error" in md and "--improve, --max-regression, --k-se" in md
+    assert "Student's 1 - 0.2/A quantile" in md and "--improve, --max-regression, --alpha" in md
 
 
 @pytest.mark.slow
