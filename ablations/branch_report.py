@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ablations.decision import DecisionRule, Difference, Verdict, rule_table
-from ablations.outcomes import drawn_tokens, is_complete, schedule_of
+from ablations.outcomes import WALL_SECONDS, drawn_tokens, is_complete, schedule_of
 from data.plan import implied_epochs
 from train.rundir import read_config, read_metrics, series
 
@@ -137,16 +137,27 @@ def downstream(c: BranchComparison) -> list[str]:
 
 
 def cost(c: BranchComparison) -> list[str]:
-    """Stable tokens once, plus the branch tokens of every run, against every arm x replicate from scratch."""
+    """Stable tokens once, plus the branch tokens of every run, against every arm x replicate from scratch and
+    against the run's budget; the wall time ``run_here`` measured, per branch and in total."""
     p = c.plan
     runs = len(p["arms"]) * len(p["workers"])
     branch = p["total_tokens"] - p["stable_tokens"]
     total, scratch = p["stable_tokens"] + runs * branch, runs * p["total_tokens"]
-    return ["## Cost", "",
-            f"Stable phase once: {p['stable_tokens']:,} tokens; each branch: {branch:,} tokens "
-            f"({100 * branch / p['total_tokens']:.1f}% of a run); {runs} branches: {total:,} tokens in all. "
-            f"The same {len(p['arms'])} arms x {len(p['workers'])} from scratch: {scratch:,} tokens "
-            f"({total / scratch:.2f} of it).", ""]
+    md = ["## Cost", "",
+          f"Stable phase once: {p['stable_tokens']:,} tokens; each branch: {branch:,} tokens "
+          f"({100 * branch / p['total_tokens']:.1f}% of a run); {runs} branches: {runs * branch:,} tokens, "
+          f"{100 * runs * branch / p['total_tokens']:.1f}% of the run's budget of {p['total_tokens']:,}; "
+          f"{total:,} tokens in all with the stable phase. The same {len(p['arms'])} arms x {len(p['workers'])} "
+          f"from scratch: {scratch:,} tokens ({total / scratch:.2f} of it)."]
+    walls = [float(f.read_text()) for reps in c.runs.values() for d in reps.values()
+             if (f := d / WALL_SECONDS).is_file()]
+    bridge = c.out / p["bridge"].split("/")[-1] / WALL_SECONDS if p.get("bridge") else None
+    if walls:
+        md.append(f"Measured wall time (start-up included): {np.mean(walls):,.0f} s per branch (min "
+                  f"{min(walls):,.0f}, max {max(walls):,.0f}, {len(walls)} of {runs} measured), "
+                  f"{sum(walls):,.0f} s for the branches" + (f", and {float(bridge.read_text()):,.0f} s to finish "
+                  f"the stable phase to step {p['anneal_start']:,} once" if bridge and bridge.is_file() else "") + ".")
+    return md + [""]
 
 
 def start_losses(stable_run: Path, step: int) -> dict[str, tuple[int, float]]:

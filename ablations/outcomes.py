@@ -12,6 +12,9 @@ from data.cursor import as_cursor
 from data.schedules import Schedule, build_schedule, tokens_per_source
 from train.rundir import RunDir, read_config, read_metrics, series, tokens_per_step
 
+WALL_SECONDS = "wall_seconds.txt"
+"""In a run directory: the wall time ablations/run.py's ``run_here`` measured training it (start-up included)."""
+
 
 def config_differences(a: dict, b: dict, allowed: tuple[str, ...]) -> list[str]:
     """Dotted keys whose values differ between two saved configs, except those under ``allowed``."""

@@ -23,12 +23,14 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ablations.cleanup import prune_finished_run
-from ablations.outcomes import is_complete
+from ablations.outcomes import WALL_SECONDS, is_complete
 from data.errors import ConfigError, one_line_errors
+from data.files import write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("scheduled", "fixed")
@@ -230,7 +232,12 @@ def run_here(jobs: list[Job], dry_run: bool) -> int:
         print(f"{label} {shlex.join(cmd)}", flush=True)
         if dry_run:
             continue
+        started = time.monotonic()
         proc = subprocess.run(cmd, cwd=ROOT)
+        wall = ROOT / job.run_dir / WALL_SECONDS  # summed over the invocations that trained this run
+        spent = time.monotonic() - started + (float(wall.read_text()) if wall.is_file() else 0.0)
+        if wall.parent.is_dir():
+            write_text(wall, f"{spent:.1f}\n")
         if proc.returncode != 0:
             print(f"{label} failed with exit code {proc.returncode}; re-run the same command to resume",
                   file=sys.stderr)

@@ -2,16 +2,19 @@
 anneal start, the data order continued; checked on the order logs. Then the refusals, before compute.
 
 The stable run is tests/training_runs.py's TINY (17 steps; anneal start S = 8; checkpoints every 3
-steps, so the branch starts at step 6 and follows the stable mixture to S) with a held-out set; one
-arm (curated at 0.5 from S) and the control, 2 replicates: 4 branches of 11 steps.
+steps, so its newest checkpoint before S is step 6: the ablation trains steps 6-7 once, in
+``OUT/stable-to-S``, and every arm branches at S) with a held-out set; two arms (the run's own anneal,
+and curated at 0.5 from S) and the control, 2 replicates: 6 branches of 9 steps.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ from training_runs import TINY
 
 from ablations import branch, report
 from ablations.run import Job, task_args
+from data.errors import ConfigError
 from train.rundir import read_order_log
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +46,7 @@ def stable(demo_corpus, tmp_path_factory) -> Path:
     proc = subprocess.run(cmd, cwd=ROOT, env=env_for(root), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (root / "arms.yaml").write_text(yaml.safe_dump({"arms": [
+        {"name": "anneal", "weights": {"web": 0.35, "code": 0.20, "books": 0.10, "curated": 0.35}},
         {"name": "curated50", "weights": {"web": 0.25, "code": 0.15, "books": 0.10, "curated": 0.50}}]}))
     return root / "stable"
 
@@ -65,19 +70,29 @@ def arm_dirs(out: Path, rep: int | None = None) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_before_the_anneal_start_every_arm_is_the_stable_run_byte_for_byte(stable, branched):
+def test_the_stable_phase_is_finished_once_and_replicate_0_is_the_uninterrupted_run(stable, branched):
+    """The steps from the stable checkpoint (6) to S (8) are trained once, in OUT/stable-to-S, equal to the
+    uninterrupted run line for line (documents, tokens, weights, LR, the loss itself); every arm starts at
+    S. Replicate 0 of the run's own anneal is then the uninterrupted run from S to the end, line for line:
+    a restart at S with another seed or order would fail here."""
     out, log = branched
-    assert log.count("branch at step 6: data.schedule.mixture.phases[1].weights.") == 4  # every arm, logged
+    assert log.count("branch at step 8: data.schedule.mixture.phases[1].weights.") == 4  # the arms that change it
     assert log.count("data.schedule.mixture.phases[1].weights.curated: 0.35 -> 0.5;") == 2  # curated50
     assert log.count("data.schedule.mixture.phases[1].weights.curated: 0.35 -> 0.08;") == 2  # control
     ref = lines(stable)
-    for d in arm_dirs(out, 0):  # replicate 0: the stable run's own layout
+    bridge = lines(out / "stable-to-S")
+    assert sorted(bridge) == list(range(CKPT, S))
+    for step in range(CKPT, S):
+        assert json.dumps(bridge[step]) == json.dumps(ref[step]), step
+    for d in arm_dirs(out):
         mine = lines(d)
-        assert min(mine) == CKPT and max(mine) == max(ref)
-        for step in range(CKPT, S):  # documents, tokens, weights, LR and the loss itself
-            assert json.dumps(mine[step]) == json.dumps(ref[step]), (d.name, step)
-        assert mine[S]["weights"] != ref[S]["weights"]  # the arm's mixture from S on
+        assert min(mine) == S and max(mine) == max(ref), d.name
         assert mine[S]["lr"] == ref[S]["lr"] and mine[max(ref)]["lr"] == ref[max(ref)]["lr"]  # the same LR decay
+        if not d.name.startswith("anneal"):
+            assert mine[S]["weights"] != ref[S]["weights"]  # the arm's mixture from S on
+    anneal = lines(out / "anneal-rep0")
+    for step in range(S, max(ref) + 1):
+        assert json.dumps(anneal[step]) == json.dumps(ref[step]), step
 
 
 @pytest.mark.slow
@@ -87,7 +102,7 @@ def test_no_piece_trained_before_the_branch_is_trained_again(stable, branched):
     out, _ = branched
     ref = lines(stable)
     for d in arm_dirs(out):
-        history = [ref[s] for s in range(CKPT)] + list(lines(d).values())
+        history = [ref[s] for s in range(S)] + list(lines(d).values())
         seen: dict[str, list[tuple[int, int]]] = {}
         for line in history:
             for doc, first, n in line["pieces"]:
@@ -119,10 +134,11 @@ def test_every_arm_draws_each_source_in_the_same_order(branched):
     orders = {}
     for rep, workers in enumerate(plan["workers"]):
         arms = [per_consumer_sources(d, workers) for d in arm_dirs(out, rep)]
-        assert len(arms) == 2
-        for key in set(arms[0]) | set(arms[1]):
-            short, long = sorted((a.get(key, []) for a in arms), key=len)
-            assert (short == long[:len(short)]) if rep == 0 else set(short) <= set(long), (rep, key, short, long)
+        assert len(arms) == 3
+        for a, b in ((0, 1), (0, 2), (1, 2)):
+            for key in set(arms[a]) | set(arms[b]):
+                short, long = sorted((arms[i].get(key, []) for i in (a, b)), key=len)
+                assert (short == long[:len(short)]) if rep == 0 else set(short) <= set(long), (rep, key)
         orders[rep] = arms[0]
     assert orders[0] != orders[1]  # the replicates' layouts do re-cut the order: the noise is real
 
@@ -132,11 +148,12 @@ def test_the_report_sets_every_arm_beside_the_control_and_the_command_continues(
     out, _ = branched
     md = (out / "report.md").read_text()
     assert "CHECKS FAILED" not in md and "### `curated50`: **" in md
-    assert "| metric | role | seeds | gain per seed |" in md  # decision.py's rule table, paired by replicate
-    assert "| source | start (step) | end: control | end: curated50 |" in md
+    assert "| metric | role | pairs | gain per pair |" in md  # decision.py's rule table, paired by replicate
+    assert "| source | start (step) | end: control | end: anneal | end: curated50 |" in md
     assert "data.num_workers 2, 3" in md and "common random numbers" in md
     plan = json.loads((out / "branch.json").read_text())
-    assert plan["step"] == CKPT and plan["anneal_start"] == S and list(plan["arms"]) == ["control", "curated50"]
+    assert plan["step"] == CKPT and plan["anneal_start"] == S and plan["bridge"] == str(out / "stable-to-S")
+    assert list(plan["arms"]) == ["control", "anneal", "curated50"] and len(plan["checkpoint_sha256"]) == 64
     assert f"Stable phase once: {plan['stable_tokens']:,} tokens" in md
     assert (out / "heldout_end_curated50.png").stat().st_size > 10_000
     for d in arm_dirs(out):  # last.ckpt kept (report, export), the step checkpoints pruned
@@ -145,7 +162,7 @@ def test_the_report_sets_every_arm_beside_the_control_and_the_command_continues(
     argv = ["--from", str(out.parent / "stable"), "--arms", str(out.parent / "arms.yaml"), "--replicates", "2",
             "--out", str(out), "--no-report"]
     assert branch.main(argv) == 0
-    assert capsys.readouterr().out.count("is complete: skipped") == 4
+    assert capsys.readouterr().out.count("is complete: skipped") == 7  # the bridge and 6 branches
     assert report.main([str(out), "--suite", "heldout"]) == 0
 
 
@@ -181,15 +198,43 @@ def test_bad_input_is_refused_before_compute_with_one_line(stable, tmp_path, cap
                                                                                         "64"])
     assert "--run.branch is set by ablations.branch" in refused(capsys, base + ["--", "--run.branch", "false"])
     assert "--data.num_workers is set by" in refused(capsys, base + ["--", "--data.num_workers", "4"])
+    # an override a branch cannot make: refused naming it before OUT is claimed (so the corrected command runs)
+    assert "change data.schedule.lr.peak: 0.001 -> 0.002: a branch changes only the mixture" in refused(
+        capsys, base + ["--", "--data.schedule.lr.peak", "2e-3"])
+    # the arms file itself
+    for weights, says in [({**w, "web": "much"}, "arms[0] (a).weights.web: 'much' is not a share"),
+                          ({**w, "web": None}, "arms[0] (a).weights.web: None is not a share"),
+                          ("missing.yaml", "arms[0] (a).weights: cannot read"),
+                          ({**w, "pdfs": 0.1, "web": 0.15}, "arm 'a': schedule.mixture.phases[1].weights: names "
+                                                           "sources ['books', 'code', 'curated', 'pdfs', 'web']")]:
+        line = refused(capsys, base + arms({"name": "a", "weights": weights}))
+        assert says in line and "None:" not in line, line
+    (tmp_path / "bad.yaml").write_text("arms: [name: a\n")
+    assert "--arms: cannot read" in refused(capsys, base + ["--arms", str(tmp_path / "bad.yaml")])
+    (tmp_path / "list.yaml").write_text("- name: a\n")
+    assert "expected `arms: [{name: N" in refused(capsys, base + ["--arms", str(tmp_path / "list.yaml")])
+    (tmp_path / "plain").write_text("")
+    assert "--out" in refused(capsys, ["--from", str(stable), "--out", str(tmp_path / "plain")])
     assert not out.exists()  # nothing written
+
+    damaged = tmp_path / "damaged"  # the newest checkpoint before the anneal start truncated: never skipped
+    shutil.copytree(stable, damaged)
+    ckpt = damaged / "checkpoints" / "step0000006.ckpt"
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    line = refused(capsys, ["--from", str(damaged), "--out", str(out)])
+    assert f"checkpoint {ckpt}:" in line and "no older one is taken in its place" in line
 
     late = tmp_path / "late"  # a run whose checkpoints are all past the anneal start
     (late / "checkpoints").mkdir(parents=True)
     (late / "config.yaml").write_text((stable / "config.yaml").read_text())
     assert "no checkpoint at or before the anneal start (step 8)" in refused(capsys, ["--from", str(late)])
     torch.save({"global_step": 12}, late / "checkpoints" / "step0000012.ckpt")
-    assert "checkpoints are at steps [12], after the anneal start (step 8): already annealing" in refused(
+    assert "checkpoints are at steps [12], all after the anneal start (step 8): it is already annealing" in refused(
         capsys, ["--from", str(late)])
+    assert "train the stable phase into another --from directory" in refused(capsys, ["--from", str(late)])
+    # --train-stable would resume the finished run and stop at once: refused, naming the way out
+    assert "cannot train it back to S; give the stable phase another --from directory" in refused(
+        capsys, ["--from", str(late), "--train-stable", "--", "--config", str(late / "config.yaml")])
 
     out.mkdir()
     (out / "branch.json").write_text(json.dumps({"arms": {}}))
@@ -199,14 +244,42 @@ def test_bad_input_is_refused_before_compute_with_one_line(stable, tmp_path, cap
     assert "is not empty and holds no branch.json" in refused(capsys, base)
 
 
+@pytest.mark.slow
+def test_more_replicates_or_another_arm_extend_the_folder_and_another_plan_is_named(branched, tmp_path, capsys):
+    out, _ = branched
+    plan = branch.Plan(**json.loads((out / "branch.json").read_text()))
+    copy = tmp_path / "abl"
+    copy.mkdir()
+    shutil.copy(out / "branch.json", copy / "branch.json")
+    more = branch.Plan(**{**asdict(plan), "workers": [*plan.workers, plan.workers[-1] + 1],
+                          "arms": {**plan.arms, "web70": {"web": 0.7, "code": 0.1, "books": 0.1, "curated": 0.1}}})
+    branch.claim(copy, more)
+    assert json.loads((copy / "branch.json").read_text())["workers"] == [2, 3, 4]
+    assert (copy / "arms" / "web70.yaml").is_file()
+    assert "extending" in capsys.readouterr().out
+    for changed, named in [({"checkpoint_sha256": "0" * 64}, "checkpoint_sha256"),
+                           ({"arms": {**more.arms, "anneal": {**more.arms["curated50"]}}}, "arms"),
+                           ({"workers": [5, 6]}, "workers"), ({"extra": ["--data.seed", "3"]}, "extra")]:
+        with pytest.raises(ConfigError, match=f"another plan .*: {named}"):
+            branch.claim(copy, branch.Plan(**{**asdict(more), **changed}))
+
+
 def test_train_stable_dry_run_names_the_stable_command(tmp_path, capsys, demo_corpus):
     sources = {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in SOURCES}
     argv = ["--from", str(tmp_path / "stable"), "--train-stable", "--dry-run", "--", *TINY,
             "--data.sources", json.dumps(sources)]
+    # TINY has no held-out set: refused before the stable phase would train (not after, at the arms)
+    assert branch.main(argv) == 2 and "data.val_tokens_per_source is 0" in capsys.readouterr().err
+    argv += ["--data.val_tokens_per_source", "64"]
     assert branch.main(argv) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("[stable to step 8] ") and "--trainer.max_steps 8 --ckpt_path last_or_new" in printed
     assert not (tmp_path / "stable").exists()
+    # the arms are read before the stable phase would train
+    (tmp_path / "arms.yaml").write_text("arms: [{name: a, weights: {web: 1.5}}]\n")
+    assert branch.main(argv[:4] + ["--arms", str(tmp_path / "arms.yaml")] + argv[4:]) == 2
+    captured = capsys.readouterr()
+    assert "arm 'a'" in captured.err and "[stable to step" not in captured.out
 
 
 def test_an_array_task_starts_from_the_stable_checkpoint_then_resumes_its_own(tmp_path):
