@@ -10,15 +10,17 @@ loss at the branch point), the runs' saved configs, CSV and order logs.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ablations.decision import DecisionRule, Difference, Verdict, rule_table
-from ablations.outcomes import WALL_SECONDS, drawn_tokens, is_complete, schedule_of
+from ablations.outcomes import BRANCHED_FROM, WALL_SECONDS, drawn_tokens, is_complete, schedule_of
+from data.errors import ConfigError
 from data.plan import implied_epochs
-from train.rundir import read_config, read_metrics, series
+from train.rundir import read_config, read_metrics, series, tokens_per_step
 
 CONTROL = "control"
 
@@ -49,6 +51,40 @@ def render(c: BranchComparison) -> tuple[str, list[str]]:
     md = title(c) + (["## ⚠️ CHECKS FAILED", "", *(f"- **FLAG**: {f}" for f in flags), ""] if flags else [])
     md += verdicts(c) + heldout(c) + tokens(c) + downstream(c) + cost(c)
     return "\n".join(md), flags
+
+
+def check_against_plan(out: Path, plan: dict, runs: dict[str, dict[int, Path]]) -> None:
+    """Every run is the one ``branch.json`` planned: its arm's weights from the anneal start, its replicate's
+    workers, its first step, and the checkpoint it started from (by sha256, one for every run); else
+    refused, naming the run and what differs (a run copied from another arm would enter the verdict as
+    a gain of 0)."""
+    first = plan["anneal_start"] if plan.get("checkpoint_sha256") else plan["step"]  # older plans: at `step`
+    starts = {}
+    for arm, reps in runs.items():
+        for rep, d in reps.items():
+            data = read_config(d)["data"]
+            weights = data["schedule"]["mixture"]["phases"][-1]["weights"]
+            planned, problems = plan["arms"][arm], []
+            if weights.keys() != planned.keys() or any(abs(weights[s] - w) > 1e-9 for s, w in planned.items()):
+                problems.append(f"its weights from the anneal start are {weights}, the plan's {planned}")
+            if rep >= len(plan["workers"]) or data.get("num_workers") != plan["workers"][rep]:
+                problems.append(f"data.num_workers {data.get('num_workers')}, the plan's "
+                                f"{plan['workers'][rep] if rep < len(plan['workers']) else 'none (no such replicate)'}")
+            steps = tokens_per_step(d)
+            if steps and min(steps) != first:
+                problems.append(f"its order log starts at step {min(steps)}, the branch at {first}")
+            if (d / BRANCHED_FROM).is_file():
+                starts[d.name] = json.loads((d / BRANCHED_FROM).read_text())["sha256"]
+            if problems:
+                raise ConfigError(f"{out}: run {d.name} is not the one {out}/branch.json plans: "
+                                  f"{'; '.join(problems)}; rerun it (remove the folder, run the same "
+                                  "ablations.branch command)")
+    if plan.get("checkpoint_sha256") and not plan.get("bridge"):
+        starts["the plan"] = plan["checkpoint_sha256"]
+    if len(set(starts.values())) > 1:
+        raise ConfigError(f"{out}: the runs started from different checkpoints (sha256 "
+                          + ", ".join(f"{name} {sha[:12]}" for name, sha in sorted(starts.items()))
+                          + "): rerun those that differ from the plan's")
 
 
 def title(c: BranchComparison) -> list[str]:

@@ -14,6 +14,9 @@ from train.rundir import RunDir, read_config, read_metrics, series, tokens_per_s
 
 WALL_SECONDS = "wall_seconds.txt"
 """In a run directory: the wall time ablations/run.py's ``run_here`` measured training it (start-up included)."""
+BRANCHED_FROM = "branched_from.json"
+"""In a branch's run directory: the checkpoint it started from and its sha256, as ablations/run.py's
+``record_start`` read them before its first step (ablations/branch_report.py checks them against the plan)."""
 
 
 def config_differences(a: dict, b: dict, allowed: tuple[str, ...]) -> list[str]:

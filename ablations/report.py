@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ablations.branch_report import CONTROL, BranchComparison
+from ablations.branch_report import CONTROL, BranchComparison, check_against_plan
 from ablations.branch_report import render as render_branch
 from ablations.decision import DecisionRule, Difference, Verdict, decide, rule_table
 from ablations.evals import EVALUATIONS, Evaluation
@@ -214,6 +214,7 @@ def build_branch_report(out: Path, rule: DecisionRule, suite: list[Evaluation],
     """A decay-branch ablation's report (ablations/branch_report.py): each arm against the control."""
     plan = json.loads((out / "branch.json").read_text())
     runs, reps = branch_runs(out, plan)
+    check_against_plan(out, plan, runs)
     diffs = {arm: evaluate(suite, runs, reps, (arm, CONTROL)) for arm in runs if arm != CONTROL}
     verdicts = {arm: decide(rule, d, arms=len(diffs)) for arm, d in diffs.items()}
     plots = {arm: _save(end_figure(diffs[arm], rule, verdicts[arm], len(reps)), out / f"heldout_end_{arm}.png")

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ablations.cleanup import prune_finished_run
-from ablations.outcomes import WALL_SECONDS, is_complete
+from ablations.outcomes import BRANCHED_FROM, WALL_SECONDS, is_complete
 from data.errors import ConfigError, one_line_errors
 from data.files import write_text
 
@@ -118,6 +118,17 @@ def plan_jobs(pair: Pair, seeds: list[int], out: Path, name: str, extra: list[st
             ]
             jobs.append(Job(arm, seed, str(run_dir), args))
     return jobs
+
+
+def record_start(job: Job, todo: list[str]) -> None:
+    """Before a job's first start from ``job.start``: which checkpoint it is, by path and sha256."""
+    if job.start and todo[-2:] == ["--ckpt_path", job.start]:
+        from train.checkpoint import sidecar_digest
+
+        run_dir = ROOT / job.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text(run_dir / BRANCHED_FROM, json.dumps({"checkpoint": job.start,
+                                                        "sha256": sidecar_digest(ROOT / job.start)}))
 
 
 def task_args(job: Job, resume: bool = True) -> list[str] | None:
@@ -232,6 +243,7 @@ def run_here(jobs: list[Job], dry_run: bool) -> int:
         print(f"{label} {shlex.join(cmd)}", flush=True)
         if dry_run:
             continue
+        record_start(job, todo)
         started = time.monotonic()
         proc = subprocess.run(cmd, cwd=ROOT)
         wall = ROOT / job.run_dir / WALL_SECONDS  # summed over the invocations that trained this run
@@ -254,6 +266,7 @@ def print_task_args(jobs_file: Path, index: int) -> int:
     job = Job(**json.loads((ROOT / jobs_file).read_text())[index])
     todo = task_args(job, resume=False)
     if todo is not None:
+        record_start(job, todo)
         print(shlex.join(todo))
     else:
         print(f"{job.run_dir} is complete: nothing to do", file=sys.stderr)

@@ -264,6 +264,24 @@ def test_more_replicates_or_another_arm_extend_the_folder_and_another_plan_is_na
             branch.claim(copy, branch.Plan(**{**asdict(more), **changed}))
 
 
+@pytest.mark.slow
+def test_the_report_refuses_a_run_that_is_not_the_planned_one(branched, tmp_path, capsys):
+    """One arm's run replaced by a copy of the control's would enter the verdict as a gain of 0."""
+    out, _ = branched
+    copy = tmp_path / "abl"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("*.ckpt"))
+    shutil.rmtree(copy / "curated50-rep0")
+    shutil.copytree(copy / "control-rep0", copy / "curated50-rep0")
+    assert report.main([str(copy), "--suite", "heldout"]) == 2
+    err = capsys.readouterr().err
+    assert "run curated50-rep0 is not the one" in err and "weights from the anneal start" in err
+    shutil.rmtree(copy / "curated50-rep0")
+    shutil.copytree(out / "curated50-rep0", copy / "curated50-rep0", ignore=shutil.ignore_patterns("*.ckpt"))
+    (copy / "curated50-rep1" / "branched_from.json").write_text(json.dumps({"sha256": "0" * 64}))
+    assert report.main([str(copy), "--suite", "heldout"]) == 2
+    assert "the runs started from different checkpoints" in capsys.readouterr().err
+
+
 def test_train_stable_dry_run_names_the_stable_command(tmp_path, capsys, demo_corpus):
     sources = {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in SOURCES}
     argv = ["--from", str(tmp_path / "stable"), "--train-stable", "--dry-run", "--", *TINY,
