@@ -9,7 +9,8 @@ The stable run (``--from``; ``--train-stable`` trains it to the anneal start S w
 are trained once into ``OUT/stable-to-S`` (never once per arm). Every arm x replicate resumes the
 checkpoint at S, pinned by its sha256, with ``--run.branch true`` (train/resume.py ``check_branch``:
 the mixture from S on is the one change) in its own ``OUT/<arm>-rep<R>``; replicate r runs
-``data.num_workers`` W + r (an elastic re-cut of the stable run's pending work); ``control`` keeps the
+``data.replicate r``: the stable run's pending work drawn in another order, re-seeded from r
+(data/elastic.py ``reseed``; replicate 0 is the stable run's own continuation); ``control`` keeps the
 stable weights. Everything (arms, overrides, checkpoint) is checked before the first step and before
 anything is written, ``--dry-run`` included; the same command continues an OUT's arms, and more
 replicates or another arm extend it. Then ``ablations/report.py OUT``. ablations/README.md ("Decay
@@ -45,7 +46,8 @@ from train.resume import check_data_settings, check_resume, data_settings, sched
 from train.rundir import RunDir
 
 ARM_NAME = re.compile(r"^[A-Za-z0-9_.]+$")
-OWN_KEYS = ("--run.dir", "--ckpt_path", "--run.branch", "--data.schedule.mixture", "--data.num_workers")
+OWN_KEYS = ("--run.dir", "--ckpt_path", "--run.branch", "--data.schedule.mixture", "--data.num_workers",
+            "--data.replicate")
 
 
 @dataclass
@@ -53,8 +55,9 @@ class Plan:
     """``OUT/branch.json``, what the ablation trains (the same command continues it; more replicates or another
     arm extend it): the stable run, its checkpoint, ``step`` and sha256, the folder that trains it on to
     ``anneal_start`` once when ``step`` is earlier (``bridge``), each arm's weights from the anneal start on
-    (``control`` first), ``data.num_workers`` per replicate, tokens per source in the corpus, tokens trained
-    before the anneal start (once, for every arm), and the stable run's last held-out losses before it."""
+    (``control`` first), ``data.num_workers`` per replicate (the stable run's), tokens per source in the
+    corpus, tokens trained before the anneal start (once, for every arm), and the stable run's last held-out
+    losses before it."""
 
     stable_run: str
     checkpoint: str
@@ -250,7 +253,7 @@ def make_plan(source: Path, arms_file: Path | None, replicates: int, extra: list
                           "remove them (another LR or schedule is another stable run)")
     check_data_settings(state.get("data_settings"), data_settings(data), False, step)
     return Plan(str(source), str(repo_relative(ckpt)), step, s, schedule.total_steps, arms,
-                [max(1, data.num_workers) + r for r in range(replicates)], available,
+                [data.num_workers] * replicates, available,
                 sum(schedule.tokens_at(t) for t in range(s)), schedule.total_tokens, extra,
                 start_losses(ROOT / source, step), sidecar_digest(ckpt) or file_sha256(ckpt),
                 str(out / "stable-to-S") if step < s else None)
@@ -336,8 +339,9 @@ def plan_jobs(plan: Plan, out: Path) -> list[Job]:
         for arm in plan.arms:
             run_dir = out / f"{arm}-rep{r}"
             args = [*stable, "--data.schedule.mixture", str(out / "arms" / f"{arm}.yaml"), "--data.num_workers",
-                    str(workers), "--run.branch", "true", "--trainer.max_steps", "-1", "--run.dir", str(run_dir),
-                    "--run.wandb_group", out.name, "--run.wandb_name", f"{out.name}/{arm}-rep{r}"]
+                    str(workers), "--data.replicate", str(r), "--run.branch", "true", "--trainer.max_steps", "-1",
+                    "--run.dir", str(run_dir), "--run.wandb_group", out.name,
+                    "--run.wandb_name", f"{out.name}/{arm}-rep{r}"]
             jobs.append(Job(arm, r, str(run_dir), args, start=plan.branch_checkpoint()))
     return jobs
 

@@ -70,6 +70,8 @@ def check_against_plan(out: Path, plan: dict, runs: dict[str, dict[int, Path]]) 
             if rep >= len(plan["workers"]) or data.get("num_workers") != plan["workers"][rep]:
                 problems.append(f"data.num_workers {data.get('num_workers')}, the plan's "
                                 f"{plan['workers'][rep] if rep < len(plan['workers']) else 'none (no such replicate)'}")
+            if plan.get("checkpoint_sha256") and data.get("replicate", 0) != rep:  # older plans: workers W + r
+                problems.append(f"data.replicate {data.get('replicate', 0)}, not its replicate {rep}")
             steps = tokens_per_step(d)
             if steps and min(steps) != first:
                 problems.append(f"its order log starts at step {min(steps)}, the branch at {first}")
@@ -97,10 +99,14 @@ def title(c: BranchComparison) -> list[str]:
             f"{arms}. `{CONTROL}` keeps the stable weights through the decay. Model, optimizer, LR schedule and "
             "every source's data cursor carry over from the checkpoint (`--run.branch`); no document trained "
             "before the branch is trained again unless its source wraps.", "",
-            f"**Noise.** {len(c.reps)} replicate(s) per arm; replicate r runs the branch with data.num_workers "
-            f"{', '.join(map(str, p['workers']))}: an elastic re-cut of the stable run's pending work (the "
-            "documents after the branch in another order and interleave, each once; replicate 0 is the stable "
-            "run's own order). The model at the branch and the held-out set are shared: the spread is the decay's "
+            f"**Noise.** {len(c.reps)} replicate(s) per arm; " + (
+                "replicate r runs the branch with data.replicate r: every consumer's pending work re-seeded from "
+                "r (the documents after the branch in another order, each once, the same layout and token "
+                "targets; replicate 0 is the stable run's own order)" if p.get("checkpoint_sha256") else
+                f"replicate r runs the branch with data.num_workers {', '.join(map(str, p['workers']))}: an "
+                "elastic re-cut of the stable run's pending work (the documents after the branch in another order "
+                "and interleave, each once; replicate 0 is the stable run's own order)")
+            + ". The model at the branch and the held-out set are shared: the spread is the decay's "
             "data-order noise, not from-scratch seed noise. Within a replicate every arm draws each source's "
             "documents in the same order (common random numbers: the arms differ only in how much they take from "
             "each source). No held-out bootstrap (the logs keep per-source means only).", ""]

@@ -128,6 +128,10 @@ class DataConfig:
     book pin a batch row for hundreds of steps; kept for benchmarks)."""
     num_workers: int = 2
     """DataLoader workers per rank; each worker is one consumer of the global order."""
+    replicate: int = 0
+    """A decay branch's replicate (ablations/branch.py): when it differs from the resumed checkpoint's, every
+    consumer's pending work is drawn in another order, re-seeded from (seed, replicate) (data/elastic.py
+    ``reseed``); 0 continues the checkpoint's own order. Layout, tokens per source and exactly-once unchanged."""
     text_column: str = "text"
     """Column holding the document text that is tokenized."""
     id_column: Optional[str] = None

@@ -29,10 +29,16 @@ a row needs a document.
 The mixer's counters are pooled too (totals split evenly), so the token shares continue close to
 their targets; a new consumer's in-flight estimate is approximate (leftover lengths are not known
 without reading them), which only affects which source the next few documents come from.
+
+A *replicate* of a decay branch (``data.replicate``, :func:`reseed`) keeps the layout and every
+consumer's work and counters, and re-seeds its random streams from (seed, source, consumer, replicate,
+step): the same pending work drawn in another order, exactly-once and the token targets untouched.
+Within a replicate every arm re-seeds alike, so the arms still draw each source in the same order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +48,7 @@ import numpy as np
 from data.cursor import ConsumerCursor, LeftoverAddress, MixerCursor, SourceCursor, as_cursor, pack_ints
 from data.errors import ConfigError
 from data.manifest import Manifest
-from data.order import RNG_LEVEL2, RNG_MIXER, source_key
+from data.order import RNG_LEVEL2, RNG_MIXER, RNG_REPLICATE, source_key
 
 
 def redistribute_source(states: list[SourceCursor | None], n_new: int, name: str, seed: int, resume_step: int,
@@ -88,6 +94,20 @@ def _pooled_buffers(states: list[SourceCursor | None]) -> np.ndarray:
     with ThreadPoolExecutor(min(32, os.cpu_count() or 1)) as pool:
         arrays = list(pool.map(SourceCursor.addresses, [st for st in states if st is not None]))
     return np.concatenate(arrays) if arrays else np.zeros((0, 3), dtype=np.int32)
+
+
+def reseed(cursor: ConsumerCursor | None, replicate: int, resume_step: int) -> ConsumerCursor | None:
+    """Consumer ``cursor`` of replicate ``replicate`` (see the module doc); replicate 0: the cursor itself."""
+    if cursor is None or replicate == 0:
+        return cursor
+
+    def state(*words: int) -> dict:
+        return np.random.PCG64([cursor.seed, *words, RNG_REPLICATE, replicate, resume_step]).state
+
+    c = cursor.consumer
+    sources = {n: dataclasses.replace(sc, rng=state(source_key(n), c, RNG_LEVEL2)) for n, sc in cursor.sources.items()}
+    mixer = dataclasses.replace(cursor.mixer, rng=state(c, RNG_MIXER))
+    return dataclasses.replace(cursor, sources=sources, mixer=mixer)
 
 
 def _split(total: np.ndarray, n: int, i: int) -> np.ndarray:

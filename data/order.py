@@ -22,6 +22,7 @@ from data.manifest import Chunk
 # consumer) never share random numbers. Changing one changes every order: they are part of the format.
 RNG_LEVEL2 = 7  # which open chunk, which buffer slot (data/stream.py, data/elastic.py)
 RNG_MIXER = 11  # the mixer's random choices (data/mixer.py)
+RNG_REPLICATE = 13  # a branch replicate's re-seeded streams (data/elastic.py reseed)
 
 
 def source_key(name: str) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 
 from data.config import DataConfig
 from data.cursor import read_order_state
+from data.elastic import reseed
 from data.errors import ConfigError
 from data.manifest import Manifest
 from data.packer import ConsumerStream
@@ -66,6 +67,7 @@ class OrderSimulator:
             "step": self.step,
             "world_size": self.world_size,
             "num_workers": self.workers,
+            "replicate": self.cfg.replicate,
             "consumers": [[c.state_dict() for c in rank] for rank in self.consumers],
         }
 
@@ -88,7 +90,8 @@ class OrderSimulator:
                     raise ConfigError(
                         f"cursor was saved with seed {cursor.seed}, not {self.cfg.seed}; use --seed {cursor.seed}"
                     )
-                consumer.restore(cursor)
+                consumer.restore(reseed(cursor, self.cfg.replicate, state["step"])
+                                 if self.cfg.replicate not in (0, state.get("replicate", 0)) else cursor)
         self.step = state["step"]
 
 

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from data.config import DataConfig
 from data.cursor import ConsumerCursor, read_order_state
-from data.elastic import redistribute
+from data.elastic import redistribute, reseed
 from data.errors import ConfigError
 from data.manifest import Manifest, build_manifest
 from data.packer import ConsumerStream
@@ -147,6 +147,8 @@ class _Resume:
     """The checkpoint's data state; None: a fresh data order from ``next_step`` (run.allow_changed_data)."""
     recut: bool = False
     """Another layout: data/elastic.py re-cuts every old consumer's cursors for this rank."""
+    reseed: bool = False
+    """A branch replicate (``data.replicate``): data/elastic.py re-seeds this rank's cursors once read."""
     mine: list | None = None
     """This rank's cursors, one per worker, once read."""
 
@@ -289,6 +291,7 @@ class WellMixedData(L.LightningDataModule):
             "batch_size": self.config.batch_size,
             "accumulate": accumulate,
             "seed": self.config.seed,
+            "replicate": self.config.replicate,
             "fingerprint": ctx.manifest.fingerprint() if ctx else None,
             "corpus_files": ctx.manifest.file_digests() if ctx else None,
             "schedule": schedule_fingerprint(self.config.schedule),
@@ -318,6 +321,9 @@ class WellMixedData(L.LightningDataModule):
             resume.mine = cursors[self.rank]
         elif resume.mine is None:
             resume.mine = self._load_cursors(resume.state, [self.rank])[0]  # the same layout: its own file only
+        if resume.reseed:  # a branch replicate: the same work drawn in another order (data/elastic.py)
+            resume.mine = [reseed(c, self.config.replicate, resume.next_step) for c in resume.mine]
+            resume.reseed = False
         return resume.mine
 
     def _agreed_resumed_cursors(self) -> list[ConsumerCursor | None] | None:
@@ -404,5 +410,9 @@ class WellMixedData(L.LightningDataModule):
             log.warning("elastic resume at step %d: %s %s -> %s; the pending work of the old consumers is "
                         "redistributed (each document still read once per epoch, in another order)",
                         step, what, old, new)
-        self._resume = _Resume(next_step, state, recut=old != new)
+        reseed = self.config.replicate not in (0, state.get("replicate", 0))
+        if reseed:
+            log.warning("replicate %d of the checkpoint's data order at step %d: its pending work re-seeded "
+                        "(data.replicate; exactly-once and the token targets kept)", self.config.replicate, step)
+        self._resume = _Resume(next_step, state, recut=old != new, reseed=reseed)
         self._trained = {}
