@@ -32,9 +32,9 @@ bucket's rows, size and footer hash for the readers (data/shuffled.py).
 from __future__ import annotations
 
 import functools
-import glob
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -52,6 +52,9 @@ from data.corpus import PAGE_OPTIONS
 from data.corpus.rowstats import RowStats, source_share_check
 from data.errors import ConfigError
 from data.shuffled import REPORT
+from data.source_files import glob_each
+
+log = logging.getLogger(__name__)
 
 SHUFFLE_VERSION = 1  # bump when the assignment or permutation changes: outputs of older runs are refused
 FOOTER_KEY = b"wellmixed.shuffle"
@@ -119,15 +122,15 @@ class ShuffleSpec:
 
 
 def list_inputs(patterns: Iterable[str]) -> list[str]:
-    """Files matching the globs (``~`` and ``**`` allowed), sorted, each file once (a file is the file, not
-    its spelling: globs meeting on it, or a symlinked folder, give it once, under its first spelling)."""
-    found: list[str] = []
-    for pattern in patterns:
-        matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
-        if not matched:
-            raise ConfigError(f"input glob {pattern!r}: no file matches")
-        found.extend(matched)
-    return sorted(set(files.first_spellings(sorted(set(found))).values()))
+    """Files matching the globs (``~``, ``$VAR`` and ``**`` allowed), sorted, each file once: as the data path
+    takes a source's files (data/source_files.py), every glob must match a file, globs meeting on a file or a
+    symlinked folder give it once, under its first spelling, and a byte-identical copy is left out (named)."""
+    matched = glob_each({"input glob": list(patterns)})["input glob"]
+    spellings = sorted(set(files.first_spellings(sorted({p for found in matched.values() for p in found})).values()))
+    copies = files.byte_copies(spellings)
+    for copy, kept in copies.items():
+        log.warning("%s has the same bytes as %s: scattered once, as %s", copy, kept, kept)
+    return [p for p in spellings if p not in copies]
 
 
 def inputs_fingerprint(paths: list[str]) -> str:
