@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gather task {args.task_index}/{args.num_tasks}: {len(done)} bucket(s) done")
         return 0
     if args.report_only:
-        report = verify(spec)
+        report = verify(spec, workers=args.workers)
         write_report(spec, report)
         if report["ok"] and not args.keep_tmp:
             cleanup(spec)

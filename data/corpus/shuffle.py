@@ -265,10 +265,20 @@ def _open_input(path: str, spec: ShuffleSpec) -> pq.ParquetFile:
 
 
 def read_footer(path: Path) -> Optional[dict]:
-    """The shuffle metadata in an output bucket's footer (None for a file without it)."""
-    meta = pq.read_metadata(path).metadata or {}
+    """The shuffle metadata in an output bucket's footer (None for a file without it); a bucket that is not a
+    readable parquet file (truncated, damaged) is a ConfigError naming it."""
+    try:
+        meta = pq.read_metadata(path).metadata or {}
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(_damaged_bucket(path, e)) from None
     raw = meta.get(FOOTER_KEY)
     return json.loads(raw) if raw else None
+
+
+def _damaged_bucket(path: Path, e: Exception) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (f"{path}: not a readable bucket (truncated or damaged: {first}); delete it and rerun the same "
+            "scripts/global_shuffle.py command (only that bucket is rebuilt)")
 
 
 def bucket_done(spec: ShuffleSpec, bucket: int) -> bool:
@@ -405,7 +415,7 @@ def shuffle(spec: ShuffleSpec, workers: int = 1, keep_tmp: bool = False,
     t1 = time.perf_counter()
     gathered = gather(spec, workers=workers, buckets=missing, progress=_phase(progress, "gather")) if missing else []
     t2 = time.perf_counter()
-    report = verify(spec)
+    report = verify(spec, written=[r["bucket"] for r in gathered if not r["skipped"]], workers=workers)
     report["run"] = _run_record(scattered, gathered, t1 - t0, t2 - t1, workers)
     write_report(spec, report)
     if report["ok"] and not keep_tmp:
@@ -424,8 +434,11 @@ def _phase(progress: Optional[Callable[[str, dict], None]], phase: str) -> Optio
     return functools.partial(progress, phase) if progress else None
 
 
-def verify(spec: ShuffleSpec) -> dict:
-    """Compare the input's statistics with the outputs' footers (metadata reads only)."""
+def verify(spec: ShuffleSpec, written: Iterable[int] = (), workers: int = 1) -> dict:
+    """Compare the input's statistics with the outputs'. A bucket this invocation wrote (``written``) counts
+    by the statistics its gather took from the rows as it wrote them (its footer); every other bucket is
+    read again (``workers`` processes), its rows' statistics recomputed and compared with those written
+    into its footer, so a bucket altered after it was written, footer carried over, is not re-blessed."""
     stats_in = input_stats(spec)
     if stats_in is None:
         raise ConfigError(f"verify: no scatter markers in {spec.tmp_dir} and no {REPORT} of this run in {spec.out}")
@@ -433,7 +446,15 @@ def verify(spec: ShuffleSpec) -> dict:
     if absent:
         raise ConfigError(f"verify: {len(absent)} output bucket(s) missing, e.g. {spec.output(absent[0])}")
     problems = _extra_bucket_problems(spec)
-    per_bucket = _bucket_stats(spec, problems)
+    footers = [RowStats.from_dict(read_footer(spec.output(b))["stats"]) for b in range(spec.buckets)]
+    per_bucket = list(footers)
+    for r in _run(bucket_row_stats, spec, sorted(set(range(spec.buckets)) - set(written)), workers):
+        per_bucket[r["bucket"]] = RowStats.from_dict(r["stats"])
+    for b, (rows, footer) in enumerate(zip(per_bucket, footers)):
+        if rows.to_dict() != footer.to_dict() or pq.read_metadata(spec.output(b)).num_rows != footer.rows:
+            problems.append(f"{spec.output(b)}: its rows ({rows.rows}, checksum {rows.checksum:016x}) are not "
+                            f"those written ({footer.rows}, checksum {footer.checksum:016x}): it was altered after "
+                            "it was written; delete it and rerun the same command (only it is rebuilt)")
     stats_out = RowStats()
     for s in per_bucket:
         stats_out.merge(s)
@@ -472,17 +493,18 @@ def _extra_bucket_problems(spec: ShuffleSpec) -> list[str]:
     return [f"{len(extra)} bucket file(s) beyond --buckets {spec.buckets} (from another run?): {extra[:5]}"]
 
 
-def _bucket_stats(spec: ShuffleSpec, problems: list[str]) -> list[RowStats]:
-    """Each output bucket's footer statistics; a bucket whose row count differs from its footer's
-    adds a line to `problems`."""
-    per_bucket: list[RowStats] = []
-    for b in range(spec.buckets):
-        path = spec.output(b)
-        stats = RowStats.from_dict(read_footer(path)["stats"])
-        if pq.read_metadata(path).num_rows != stats.rows:
-            problems.append(f"{path}: {pq.read_metadata(path).num_rows} rows, its footer says {stats.rows}")
-        per_bucket.append(stats)
-    return per_bucket
+def bucket_row_stats(spec: ShuffleSpec, bucket: int) -> dict:
+    """Output bucket ``bucket``'s statistics read from its rows, a row group at a time (not its footer)."""
+    path = spec.output(bucket)
+    stats = RowStats()
+    try:
+        pf = pq.ParquetFile(path)
+        cols = [c for c in (spec.text_column, spec.source_column, spec.token_column) if c in pf.schema_arrow.names]
+        for i in range(pf.num_row_groups):
+            stats.add_table(pf.read_row_group(i, columns=cols), spec)
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(_damaged_bucket(path, e)) from None
+    return {"bucket": bucket, "stats": stats.to_dict()}
 
 
 def _stats_problems(stats_in: RowStats, stats_out: RowStats, shares: dict) -> list[str]:

@@ -8,12 +8,14 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from scripts_in_process import load_script
 
 from data.config import load_data_config
 from data.corpus.dolma3_like import write_dolma3_like
-from data.corpus.shuffle import ShuffleSpec, list_inputs, shuffle
+from data.corpus.shuffle import FOOTER_KEY, ShuffleSpec, list_inputs, read_footer, shuffle
 from data.errors import ConfigError
 from data.manifest import build_manifest
 
@@ -106,3 +108,21 @@ def test_a_record_that_cannot_pin_its_buckets_is_refused_with_the_command_that_r
     m1 = build_manifest(_cfg(runs / "seed1", tmp_path, monkeypatch))
     assert json.loads((out / RECORD).read_text())["bucket_files"] == pins
     assert {n: s.tokens for n, s in m.sources.items()} == {n: s.tokens for n, s in m1.sources.items()}
+
+
+def test_report_only_reads_the_rows_it_re_verifies(runs, out, tmp_path, monkeypatch, capsys):
+    """Guards: ``--report-only`` re-blessing a bucket whose rows were replaced by duplicates of others with its
+    footer (the statistics it verified from) carried over: the record said OK and the duplicates trained."""
+    path = out / "bucket-00001.parquet"
+    table = pq.read_table(path)
+    footer = {FOOTER_KEY: pq.read_metadata(path).metadata[FOOTER_KEY]}
+    damaged = pa.concat_tables([table.slice(0, table.num_rows - 12), table.slice(0, 12)])  # 12 rows duplicated
+    pq.write_table(damaged.replace_schema_metadata(footer), path)  # the footer's statistics carried over
+    assert read_footer(path) == read_footer(runs / "seed1" / "bucket-00001.parquet")
+    argv = [str(runs / "in" / "*.parquet"), "--out", str(out), "--buckets", "4", "--seed", "1", "--report-only"]
+    assert load_script("global_shuffle").main(argv) == 1
+    assert f"{path}: its rows (" in capsys.readouterr().out
+    record = json.loads((out / RECORD).read_text())
+    assert not record["ok"] and record["checksum_in"] != record["checksum_out"]
+    with pytest.raises(ConfigError, match="the global shuffle's verification failed"):
+        build_manifest(_cfg(out, tmp_path, monkeypatch))
