@@ -51,7 +51,7 @@ from data import files
 from data.corpus import PAGE_OPTIONS
 from data.corpus.rowstats import RowStats, source_share_check
 from data.errors import ConfigError
-from data.shuffled import REPORT
+from data.shuffled import REPORT, record_checksum, record_intact
 from data.source_files import glob_each
 
 log = logging.getLogger(__name__)
@@ -384,19 +384,24 @@ def gather(spec: ShuffleSpec, task_index: int = 0, num_tasks: int = 1, workers: 
 
 
 def input_stats(spec: ShuffleSpec) -> Optional[RowStats]:
-    """The input's statistics: from the scatter markers, or from a previous report of this run."""
+    """The input's statistics: from the scatter markers, or from this run's intact report."""
     markers = [_read_marker(spec, i) for i in range(len(spec.inputs))]
     if all(m is not None for m in markers):
         total = RowStats()
         for m in markers:
             total.merge(RowStats.from_dict(m["stats"]))
         return total
-    report_path = Path(spec.out) / REPORT
-    if report_path.is_file():
-        report = json.loads(report_path.read_text())
-        if report.get("identity") == spec.identity():
-            return RowStats.from_dict(report["input"])
-    return None
+    report = _own_report(spec)
+    return None if report is None else RowStats.from_dict(report["input"])
+
+
+def _own_report(spec: ShuffleSpec) -> Optional[dict]:
+    """This run's completion record in ``--out`` (None: none, unreadable, not a record, edited, another run's)."""
+    try:
+        report = json.loads((Path(spec.out) / REPORT).read_text())
+    except (OSError, ValueError):
+        return None
+    return report if record_intact(report) and report.get("identity") == spec.identity() else None
 
 
 def shuffle(spec: ShuffleSpec, workers: int = 1, keep_tmp: bool = False,
@@ -441,7 +446,9 @@ def verify(spec: ShuffleSpec, written: Iterable[int] = (), workers: int = 1) -> 
     into its footer, so a bucket altered after it was written, footer carried over, is not re-blessed."""
     stats_in = input_stats(spec)
     if stats_in is None:
-        raise ConfigError(f"verify: no scatter markers in {spec.tmp_dir} and no {REPORT} of this run in {spec.out}")
+        raise ConfigError(f"verify: no scatter markers in {spec.tmp_dir} and no intact {REPORT} of this run in "
+                          f"{spec.out}, so the input's statistics are unknown: rerun the same command without "
+                          "--report-only (it re-reads the input and keeps the buckets)")
     absent = [b for b in range(spec.buckets) if not bucket_done(spec, b)]
     if absent:
         raise ConfigError(f"verify: {len(absent)} output bucket(s) missing, e.g. {spec.output(absent[0])}")
@@ -531,20 +538,17 @@ def _spread(values: list[int]) -> dict:
 
 
 def drop_stale_report(spec: ShuffleSpec) -> None:
-    """Remove a completion record of another run (other inputs, seed or buckets) before writing any
-    bucket: until this run's own report is written, readers then see the folder as incomplete."""
+    """Remove a completion record that is not this run's intact one (other inputs, seed or buckets; edited; not
+    a record) before writing any bucket: until this run's own report is written, readers then see the folder
+    as incomplete."""
     path = Path(spec.out) / REPORT
-    try:
-        identity = json.loads(path.read_text()).get("identity")
-    except (OSError, ValueError):
-        identity = None
-    if path.exists() and identity != spec.identity():
+    if path.exists() and _own_report(spec) is None:
         path.unlink()
 
 
 def write_report(spec: ShuffleSpec, report: dict) -> Path:
     path = Path(spec.out) / REPORT
-    files.write_json(path, report)
+    files.write_json(path, {**report, "record_sha256": record_checksum(report)})  # data/shuffled.py
     return path
 
 

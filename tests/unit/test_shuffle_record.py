@@ -18,6 +18,7 @@ from data.corpus.dolma3_like import write_dolma3_like
 from data.corpus.shuffle import FOOTER_KEY, ShuffleSpec, list_inputs, read_footer, shuffle
 from data.errors import ConfigError
 from data.manifest import build_manifest
+from data.shuffled import record_checksum
 
 REAL = Path(__file__).resolve().parents[2] / "configs" / "pretrain_350m_20b.yaml"
 RECORD = "shuffle_report.json"
@@ -75,6 +76,7 @@ def test_a_bucket_deleted_and_the_record_edited_to_match_is_refused(out, tmp_pat
     record = json.loads((out / RECORD).read_text())
     rows_lost = record["bucket_files"].pop("bucket-00002.parquet")[0]
     record["buckets"] = 3
+    record["record_sha256"] = record_checksum(record)  # an editor who also fixed the record's own hash
     (out / RECORD).write_text(json.dumps(record))
     (out / "bucket-00002.parquet").unlink()
     line = _refused_by_every_reader(out, tmp_path, monkeypatch, capsys)
@@ -89,6 +91,7 @@ def test_a_record_that_cannot_pin_its_buckets_is_refused_with_the_command_that_r
     """Guards: a record written before per-bucket pins existed taken as proof (a copied bucket passed)."""
     record = json.loads((out / RECORD).read_text())
     pins = record.pop("bucket_files")
+    del record["record_sha256"]  # neither had a record of that version
     (out / RECORD).write_text(json.dumps({**record, "bucket_bytes": {n: int(d.split(":")[0])
                                                                      for n, (_, d) in pins.items()}}))
     line = _refused_by_every_reader(out, tmp_path, monkeypatch, capsys)
@@ -126,3 +129,53 @@ def test_report_only_reads_the_rows_it_re_verifies(runs, out, tmp_path, monkeypa
     assert not record["ok"] and record["checksum_in"] != record["checksum_out"]
     with pytest.raises(ConfigError, match="the global shuffle's verification failed"):
         build_manifest(_cfg(out, tmp_path, monkeypatch))
+
+
+def _rerun(runs: Path, out: Path) -> int:
+    """The same global_shuffle.py command that wrote ``out`` (seed 1, 4 buckets), run again."""
+    argv = [str(runs / "in" / "*.parquet"), "--out", str(out), "--buckets", "4", "--seed", "1", "--quiet"]
+    return load_script("global_shuffle").main(argv)
+
+
+def test_a_truncated_bucket_is_one_line_and_the_advice_repairs_it(runs, out, capsys):
+    """Guards: an ArrowInvalid traceback when the same command is rerun over a truncated bucket."""
+    path = out / "bucket-00002.parquet"
+    path.write_bytes(path.read_bytes()[:1000])
+    assert _rerun(runs, out) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: not a readable bucket (truncated or damaged: ")
+    assert err[0].endswith("delete it and rerun the same scripts/global_shuffle.py command (only that bucket is "
+                           "rebuilt)")
+    path.unlink()
+    assert _rerun(runs, out) == 0
+    assert path.read_bytes() == (runs / "seed1" / path.name).read_bytes()
+
+
+@pytest.mark.parametrize("content", ["null", "[]", '"done"'])
+def test_a_record_that_is_not_a_record_is_named_and_a_rerun_rewrites_it(runs, out, tmp_path, monkeypatch, capsys,
+                                                                        content):
+    """Guards: an AttributeError traceback (``'list' object has no attribute 'get'``) from every reader and the
+    tool when the record is valid JSON but not an object."""
+    (out / RECORD).write_text(content)
+    line = _refused_by_every_reader(out, tmp_path, monkeypatch, capsys)
+    assert line == (f"{out}/{RECORD}: not a completion record (it holds {content}); rerun the same "
+                    "scripts/global_shuffle.py command to finish it (it skips what is done)")
+    assert _rerun(runs, out) == 0
+    assert json.loads((out / RECORD).read_text())["ok"]
+
+
+def test_an_edited_digest_in_the_record_names_the_record_not_the_buckets(runs, out, tmp_path, monkeypatch, capsys):
+    """Guards: a digest edited in the record taken for six changed buckets (advice: delete them, all intact)."""
+    record = json.loads((out / RECORD).read_text())
+    for pin in record["bucket_files"].values():
+        pin[1] = pin[1][:-1] + ("0" if pin[1][-1] != "0" else "1")
+    (out / RECORD).write_text(json.dumps(record))
+    line = _refused_by_every_reader(out, tmp_path, monkeypatch, capsys)
+    assert line == (f"{out}/{RECORD}: edited or damaged (its record_sha256 does not match its content), so it shows "
+                    "nothing about the buckets there, which need not be deleted: rerun the same "
+                    "scripts/global_shuffle.py command to rewrite it (it re-reads the input and every bucket's rows)")
+    before = {p.name: p.read_bytes() for p in out.glob("bucket-*.parquet")}
+    assert _rerun(runs, out) == 0
+    assert {p.name: p.read_bytes() for p in out.glob("bucket-*.parquet")} == before
+    assert json.loads((out / RECORD).read_text())["bucket_files"] == \
+        json.loads((runs / "seed1" / RECORD).read_text())["bucket_files"]
