@@ -25,8 +25,10 @@ Restarting is always safe: a scatter task with a marker and an output bucket who
 run are skipped; half-written temp files never have the final name. ``verify`` compares input and
 output: rows, an order-independent checksum of the texts (sum mod 2^64 of a 64-bit BLAKE2b per text:
 a lost or duplicated row changes it), per-source row totals, and each bucket's source shares against
-the multinomial sampling error of a uniform assignment (data/corpus/rowstats.py); the report pins each
-bucket's rows, size and footer hash for the readers (data/shuffled.py).
+the multinomial sampling error of a uniform assignment (data/corpus/rowstats.py). A bucket it did not
+write in this invocation is read again and its rows' statistics compared with those written into its
+footer, never taken from the footer it verifies. The report pins each bucket's rows, size and footer
+hash for the readers, and a hash of itself (data/shuffled.py).
 """
 
 from __future__ import annotations
