@@ -17,6 +17,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -152,8 +153,9 @@ def byte_copies(paths: list[str]) -> dict[str, str]:
     (:func:`file_digest`, a read of the file's tail); only they are read in full (sha256) to confirm, so a
     corpus without copies is never hashed whole."""
     candidates: dict[str, list[str]] = {}
-    for path in paths:
-        digest = file_digest(path)
+    with ThreadPoolExecutor(max(1, min(len(paths), 32))) as pool:  # tail reads: threads hide a network FS's latency
+        digests = list(pool.map(file_digest, paths))
+    for path, digest in zip(paths, digests):
         if digest != "unreadable":  # not parquet: the manifest's scan names it
             candidates.setdefault(digest, []).append(path)
     out = {}
