@@ -1,5 +1,6 @@
 """Atomic file writes (the one implementation every writer of outputs, caches and logs uses), and what
-identifies a file a run reads: the file itself (:func:`file_identity`) and its bytes (:func:`file_digest`).
+identifies a file a run reads: the file itself (:func:`file_identity`), its bytes (:func:`file_digest`) and
+the byte-identical copies among files (:func:`byte_copies`).
 
 A reader (another rank, a resumed run, a user's tool) never sees half a file: each write goes to a
 temp file in the same directory (same filesystem, so the rename is atomic), is flushed and fsynced,
@@ -16,6 +17,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
@@ -142,6 +144,28 @@ def first_spellings(paths: list[str]) -> dict[str, str]:
         except OSError as e:
             raise ConfigError(f"{path}: matched by a glob but cannot be opened ({e.strerror}: a broken symbolic "
                               "link?); restore it, remove it, or narrow the glob") from None
+    return out
+
+
+def byte_copies(paths: list[str]) -> dict[str, str]:
+    """The byte-identical copies among ``paths`` (distinct files, e.g. :func:`first_spellings`' values): each
+    copy -> the first of ``paths`` with the same bytes. Candidates share size and footer hash
+    (:func:`file_digest`, a read of the file's tail); only they are read in full (sha256) to confirm, so a
+    corpus without copies is never hashed whole."""
+    candidates: dict[str, list[str]] = {}
+    with ThreadPoolExecutor(max(1, min(len(paths), 32))) as pool:  # tail reads: threads hide a network FS's latency
+        digests = list(pool.map(file_digest, paths))
+    for path, digest in zip(paths, digests):
+        if digest != "unreadable":  # not parquet: the manifest's scan names it
+            candidates.setdefault(digest, []).append(path)
+    out = {}
+    for group in (g for g in candidates.values() if len(g) > 1):  # a file without a candidate is never read
+        first: dict[str, str] = {}
+        for path in group:
+            with open(path, "rb") as f:
+                kept = first.setdefault(hashlib.file_digest(f, "sha256").hexdigest(), path)
+            if kept != path:
+                out[path] = kept
     return out
 
 

@@ -110,6 +110,12 @@ class ConsumerStream:
         if len(cursor.rows) != len(self.packer.rows):
             raise ConfigError(f"data cursor holds {len(cursor.rows)} batch rows, but data.batch_size is "
                               f"{len(self.packer.rows)}: resume with the batch size it was saved with")
+        for s in self.sources:  # every address in its source's chunks, before anything is read
+            s.check_addresses(cursor.sources[s.name].addresses(), lambda i: f"sources.{s.name}.buffer[{i}]")
+        for key in ("rows", "pending", "continuations"):
+            for i, a in enumerate(getattr(cursor, key)):
+                if a is not None:
+                    self.sources[a.source].check_addresses(np.array([[a.shard, a.row]]), lambda _: f"{key}[{i}]")
         self.next_step = cursor.next_step
         for s in self.sources:
             s.restore(cursor.sources[s.name])

@@ -9,14 +9,18 @@ pins exactly the buckets there, byte for byte, and its bucket rows add up to its
 ``rows_in``. A run killed after 3 of 12 buckets, a failed verification, a bucket rebuilt, copied from
 another run or deleted (record edited or not), and a record of a version that did not pin its buckets
 are refused by the manifest, ``scripts/dump_order.py`` and ``scripts/inspect_corpus.py``, naming the
-folder and the command that repairs it.
+folder and the command that repairs it. The record carries a hash of its own content (``record_sha256``):
+a record edited by hand (a digest, a count) or one that is not a record (``null``, ``[]``) is named as the
+thing at fault, not the buckets it pins.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from data.files import file_digest
 
@@ -44,8 +48,27 @@ def shuffle_output_problem(folder: str | Path) -> str | None:
     return _record_problem(folder, report) or _pin_problem(folder, report["bucket_files"], present)
 
 
-def _record_problem(folder: Path, report: dict) -> str | None:
-    """A record that failed, cannot pin its buckets (an older version) or does not add up."""
+def record_checksum(report: dict) -> str:
+    """A hash of the record's content, its own ``record_sha256`` left out: global_shuffle.py writes it into the
+    record, so an edit of any value in it (a pinned digest, a row count) is told from a changed bucket."""
+    body = {k: v for k, v in report.items() if k != "record_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def record_intact(report: Any) -> bool:
+    """A record (a JSON object) whose ``record_sha256`` matches its content (a record written before it had
+    one is taken as it is)."""
+    return isinstance(report, dict) and report.get("record_sha256", record_checksum(report)) == record_checksum(report)
+
+
+def _record_problem(folder: Path, report: Any) -> str | None:
+    """A record that is not one, was edited, failed, cannot pin its buckets (an older version) or does not add up."""
+    if not isinstance(report, dict):
+        return f"{folder}/{REPORT}: not a completion record (it holds {json.dumps(report)[:40]}); {FIX}"
+    if not record_intact(report):
+        return (f"{folder}/{REPORT}: edited or damaged (its record_sha256 does not match its content), so it shows "
+                "nothing about the buckets there, which need not be deleted: rerun the same "
+                "scripts/global_shuffle.py command to rewrite it (it re-reads the input and every bucket's rows)")
     if not report.get("ok"):
         return (f"{folder}: the global shuffle's verification failed ({'; '.join(report.get('problems', []))}); "
                 f"see {REPORT}, then {FIX}")

@@ -21,11 +21,12 @@ never a replay from the start.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Callable
 
 import numpy as np
 
 from data.config import DataConfig
-from data.cursor import SourceCursor
+from data.cursor import DamagedCursor, SourceCursor
 from data.manifest import Chunk
 from data.order import RNG_LEVEL2, ChunkOrder, element, source_key
 from data.reader import LazyChunk, ShardReader
@@ -172,6 +173,25 @@ class SourceStream:
         """The state, cheaply (a copy of the buffer's address array; packed when serialised)."""
         return SourceCursor(self.taken, tuple((g, used) for g, used, _ in self.open), self.addrs.copy(),
                             self.rng.bit_generator.state)
+
+    def check_addresses(self, addrs: np.ndarray, field: Callable[[int], str]) -> None:
+        """Refuse an address ``(shard, row, ...)`` of ``addrs`` outside this source's training chunks: an edited
+        cursor whose buffer points at another source's (or a held-out) document would train it in this
+        source's slots. One line naming the source, the cursor field (``field(i)`` for address i) and the
+        document."""
+        starts = np.array([(c.shard << 32) | c.start for c in self.chunks], dtype=np.int64)
+        stops = np.array([(c.shard << 32) | c.stop for c in self.chunks], dtype=np.int64)
+        order = np.argsort(starts)
+        starts, stops = starts[order], stops[order]
+        keys = (addrs[:, 0].astype(np.int64) << 32) | addrs[:, 1].astype(np.int64)
+        at = np.searchsorted(starts, keys, side="right") - 1
+        outside = np.flatnonzero((at < 0) | (keys >= stops[np.maximum(at, 0)]))
+        if outside.size:
+            i = int(outside[0])
+            shard, row = int(addrs[i, 0]), int(addrs[i, 1])
+            doc = self.reader.manifest.doc_id(shard, row) if shard < len(self.reader.manifest.shards) else "no file"
+            raise DamagedCursor(f"data cursor (consumer {self.consumer} of {self.num_consumers}): {field(i)} = shard "
+                                f"{shard} row {row} ({doc}) is not in the training chunks of source '{self.name}'")
 
     def restore(self, cursor: SourceCursor) -> None:
         self.taken = cursor.taken

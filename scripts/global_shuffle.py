@@ -13,7 +13,8 @@ into ``OUT/bucket-00042.parquet`` (about 3 x corpus / N + ~120 MB per worker: pi
 *report*, which verifies the buckets, writes ``OUT/shuffle_report.json`` and deletes the parts
 (``--keep-tmp`` keeps them). Rerun the same command after an interruption: what is done is skipped;
 delete a bucket and rerun, and only that bucket is rebuilt (identical bytes).
-``--report-only`` re-verifies the buckets and rewrites the record (as one of an older version must be).
+``--report-only`` re-verifies the buckets, reading their rows (``--workers`` processes), and rewrites the
+record (as one of an older version must be).
 Exit status: 0 when verified, 1 when a check fails, 2 for bad arguments or input.
 
 On a cluster the phases run as SLURM job arrays, scatter over input files, gather over buckets::
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gather task {args.task_index}/{args.num_tasks}: {len(done)} bucket(s) done")
         return 0
     if args.report_only:
-        report = verify(spec)
+        report = verify(spec, workers=args.workers)
         write_report(spec, report)
         if report["ok"] and not args.keep_tmp:
             cleanup(spec)

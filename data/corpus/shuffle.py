@@ -25,16 +25,18 @@ Restarting is always safe: a scatter task with a marker and an output bucket who
 run are skipped; half-written temp files never have the final name. ``verify`` compares input and
 output: rows, an order-independent checksum of the texts (sum mod 2^64 of a 64-bit BLAKE2b per text:
 a lost or duplicated row changes it), per-source row totals, and each bucket's source shares against
-the multinomial sampling error of a uniform assignment (data/corpus/rowstats.py); the report pins each
-bucket's rows, size and footer hash for the readers (data/shuffled.py).
+the multinomial sampling error of a uniform assignment (data/corpus/rowstats.py). A bucket it did not
+write in this invocation is read again and its rows' statistics compared with those written into its
+footer, never taken from the footer it verifies. The report pins each bucket's rows, size and footer
+hash for the readers, and a hash of itself (data/shuffled.py).
 """
 
 from __future__ import annotations
 
 import functools
-import glob
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -51,7 +53,10 @@ from data import files
 from data.corpus import PAGE_OPTIONS
 from data.corpus.rowstats import RowStats, source_share_check
 from data.errors import ConfigError
-from data.shuffled import REPORT
+from data.shuffled import REPORT, record_checksum, record_intact
+from data.source_files import glob_each
+
+log = logging.getLogger(__name__)
 
 SHUFFLE_VERSION = 1  # bump when the assignment or permutation changes: outputs of older runs are refused
 FOOTER_KEY = b"wellmixed.shuffle"
@@ -119,15 +124,15 @@ class ShuffleSpec:
 
 
 def list_inputs(patterns: Iterable[str]) -> list[str]:
-    """Files matching the globs (``~`` and ``**`` allowed), sorted, each file once (a file is the file, not
-    its spelling: globs meeting on it, or a symlinked folder, give it once, under its first spelling)."""
-    found: list[str] = []
-    for pattern in patterns:
-        matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
-        if not matched:
-            raise ConfigError(f"input glob {pattern!r}: no file matches")
-        found.extend(matched)
-    return sorted(set(files.first_spellings(sorted(set(found))).values()))
+    """Files matching the globs (``~``, ``$VAR`` and ``**`` allowed), sorted, each file once: as the data path
+    takes a source's files (data/source_files.py), every glob must match a file, globs meeting on a file or a
+    symlinked folder give it once, under its first spelling, and a byte-identical copy is left out (named)."""
+    matched = glob_each({"input glob": list(patterns)})["input glob"]
+    spellings = sorted(set(files.first_spellings(sorted({p for found in matched.values() for p in found})).values()))
+    copies = files.byte_copies(spellings)
+    for copy, kept in copies.items():
+        log.warning("%s has the same bytes as %s: scattered once, as %s", copy, kept, kept)
+    return [p for p in spellings if p not in copies]
 
 
 def inputs_fingerprint(paths: list[str]) -> str:
@@ -262,10 +267,20 @@ def _open_input(path: str, spec: ShuffleSpec) -> pq.ParquetFile:
 
 
 def read_footer(path: Path) -> Optional[dict]:
-    """The shuffle metadata in an output bucket's footer (None for a file without it)."""
-    meta = pq.read_metadata(path).metadata or {}
+    """The shuffle metadata in an output bucket's footer (None for a file without it); a bucket that is not a
+    readable parquet file (truncated, damaged) is a ConfigError naming it."""
+    try:
+        meta = pq.read_metadata(path).metadata or {}
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(_damaged_bucket(path, e)) from None
     raw = meta.get(FOOTER_KEY)
     return json.loads(raw) if raw else None
+
+
+def _damaged_bucket(path: Path, e: Exception) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (f"{path}: not a readable bucket (truncated or damaged: {first}); delete it and rerun the same "
+            "scripts/global_shuffle.py command (only that bucket is rebuilt)")
 
 
 def bucket_done(spec: ShuffleSpec, bucket: int) -> bool:
@@ -371,19 +386,24 @@ def gather(spec: ShuffleSpec, task_index: int = 0, num_tasks: int = 1, workers: 
 
 
 def input_stats(spec: ShuffleSpec) -> Optional[RowStats]:
-    """The input's statistics: from the scatter markers, or from a previous report of this run."""
+    """The input's statistics: from the scatter markers, or from this run's intact report."""
     markers = [_read_marker(spec, i) for i in range(len(spec.inputs))]
     if all(m is not None for m in markers):
         total = RowStats()
         for m in markers:
             total.merge(RowStats.from_dict(m["stats"]))
         return total
-    report_path = Path(spec.out) / REPORT
-    if report_path.is_file():
-        report = json.loads(report_path.read_text())
-        if report.get("identity") == spec.identity():
-            return RowStats.from_dict(report["input"])
-    return None
+    report = _own_report(spec)
+    return None if report is None else RowStats.from_dict(report["input"])
+
+
+def _own_report(spec: ShuffleSpec) -> Optional[dict]:
+    """This run's completion record in ``--out`` (None: none, unreadable, not a record, edited, another run's)."""
+    try:
+        report = json.loads((Path(spec.out) / REPORT).read_text())
+    except (OSError, ValueError):
+        return None
+    return report if record_intact(report) and report.get("identity") == spec.identity() else None
 
 
 def shuffle(spec: ShuffleSpec, workers: int = 1, keep_tmp: bool = False,
@@ -402,7 +422,7 @@ def shuffle(spec: ShuffleSpec, workers: int = 1, keep_tmp: bool = False,
     t1 = time.perf_counter()
     gathered = gather(spec, workers=workers, buckets=missing, progress=_phase(progress, "gather")) if missing else []
     t2 = time.perf_counter()
-    report = verify(spec)
+    report = verify(spec, written=[r["bucket"] for r in gathered if not r["skipped"]], workers=workers)
     report["run"] = _run_record(scattered, gathered, t1 - t0, t2 - t1, workers)
     write_report(spec, report)
     if report["ok"] and not keep_tmp:
@@ -421,16 +441,29 @@ def _phase(progress: Optional[Callable[[str, dict], None]], phase: str) -> Optio
     return functools.partial(progress, phase) if progress else None
 
 
-def verify(spec: ShuffleSpec) -> dict:
-    """Compare the input's statistics with the outputs' footers (metadata reads only)."""
+def verify(spec: ShuffleSpec, written: Iterable[int] = (), workers: int = 1) -> dict:
+    """Compare the input's statistics with the outputs'. A bucket this invocation wrote (``written``) counts
+    by the statistics its gather took from the rows as it wrote them (its footer); every other bucket is
+    read again (``workers`` processes), its rows' statistics recomputed and compared with those written
+    into its footer, so a bucket altered after it was written, footer carried over, is not re-blessed."""
     stats_in = input_stats(spec)
     if stats_in is None:
-        raise ConfigError(f"verify: no scatter markers in {spec.tmp_dir} and no {REPORT} of this run in {spec.out}")
+        raise ConfigError(f"verify: no scatter markers in {spec.tmp_dir} and no intact {REPORT} of this run in "
+                          f"{spec.out}, so the input's statistics are unknown: rerun the same command without "
+                          "--report-only (it re-reads the input and keeps the buckets)")
     absent = [b for b in range(spec.buckets) if not bucket_done(spec, b)]
     if absent:
         raise ConfigError(f"verify: {len(absent)} output bucket(s) missing, e.g. {spec.output(absent[0])}")
     problems = _extra_bucket_problems(spec)
-    per_bucket = _bucket_stats(spec, problems)
+    footers = [RowStats.from_dict(read_footer(spec.output(b))["stats"]) for b in range(spec.buckets)]
+    per_bucket = list(footers)
+    for r in _run(bucket_row_stats, spec, sorted(set(range(spec.buckets)) - set(written)), workers):
+        per_bucket[r["bucket"]] = RowStats.from_dict(r["stats"])
+    for b, (rows, footer) in enumerate(zip(per_bucket, footers)):
+        if rows.to_dict() != footer.to_dict() or pq.read_metadata(spec.output(b)).num_rows != footer.rows:
+            problems.append(f"{spec.output(b)}: its rows ({rows.rows}, checksum {rows.checksum:016x}) are not "
+                            f"those written ({footer.rows}, checksum {footer.checksum:016x}): it was altered after "
+                            "it was written; delete it and rerun the same command (only it is rebuilt)")
     stats_out = RowStats()
     for s in per_bucket:
         stats_out.merge(s)
@@ -469,17 +502,18 @@ def _extra_bucket_problems(spec: ShuffleSpec) -> list[str]:
     return [f"{len(extra)} bucket file(s) beyond --buckets {spec.buckets} (from another run?): {extra[:5]}"]
 
 
-def _bucket_stats(spec: ShuffleSpec, problems: list[str]) -> list[RowStats]:
-    """Each output bucket's footer statistics; a bucket whose row count differs from its footer's
-    adds a line to `problems`."""
-    per_bucket: list[RowStats] = []
-    for b in range(spec.buckets):
-        path = spec.output(b)
-        stats = RowStats.from_dict(read_footer(path)["stats"])
-        if pq.read_metadata(path).num_rows != stats.rows:
-            problems.append(f"{path}: {pq.read_metadata(path).num_rows} rows, its footer says {stats.rows}")
-        per_bucket.append(stats)
-    return per_bucket
+def bucket_row_stats(spec: ShuffleSpec, bucket: int) -> dict:
+    """Output bucket ``bucket``'s statistics read from its rows, a row group at a time (not its footer)."""
+    path = spec.output(bucket)
+    stats = RowStats()
+    try:
+        pf = pq.ParquetFile(path)
+        cols = [c for c in (spec.text_column, spec.source_column, spec.token_column) if c in pf.schema_arrow.names]
+        for i in range(pf.num_row_groups):
+            stats.add_table(pf.read_row_group(i, columns=cols), spec)
+    except (pa.ArrowException, OSError) as e:
+        raise ConfigError(_damaged_bucket(path, e)) from None
+    return {"bucket": bucket, "stats": stats.to_dict()}
 
 
 def _stats_problems(stats_in: RowStats, stats_out: RowStats, shares: dict) -> list[str]:
@@ -506,20 +540,17 @@ def _spread(values: list[int]) -> dict:
 
 
 def drop_stale_report(spec: ShuffleSpec) -> None:
-    """Remove a completion record of another run (other inputs, seed or buckets) before writing any
-    bucket: until this run's own report is written, readers then see the folder as incomplete."""
+    """Remove a completion record that is not this run's intact one (other inputs, seed or buckets; edited; not
+    a record) before writing any bucket: until this run's own report is written, readers then see the folder
+    as incomplete."""
     path = Path(spec.out) / REPORT
-    try:
-        identity = json.loads(path.read_text()).get("identity")
-    except (OSError, ValueError):
-        identity = None
-    if path.exists() and identity != spec.identity():
+    if path.exists() and _own_report(spec) is None:
         path.unlink()
 
 
 def write_report(spec: ShuffleSpec, report: dict) -> Path:
     path = Path(spec.out) / REPORT
-    files.write_json(path, report)
+    files.write_json(path, {**report, "record_sha256": record_checksum(report)})  # data/shuffled.py
     return path
 
 

@@ -15,6 +15,7 @@ import torch
 import yaml
 from scripts_in_process import load_script
 
+from data.cursor import buffer_addrs
 from data.errors import ConfigError
 from train.checkpoint import resolve_checkpoint
 from train.checkpoint_io import AtomicCheckpointIO
@@ -315,6 +316,11 @@ CURSOR_ATTACKS = [
     (lambda c: c.__setitem__("seed", str(c["seed"])), r"seed = '\d+' is out of range \(an integer >= 0\)"),
     (lambda c: c.__setitem__("fingerprint", 5), r"fingerprint = 5 is out of range \(the corpus fingerprint, a "
                                                 r"string\)"),
+    # before: accepted; books documents trained in web's slots (an address of another source's chunks)
+    (lambda c: c["sources"]["web"].__setitem__("buffer", c["sources"]["books"]["buffer"]),
+     r"sources\.web\.buffer\[0\] = shard \d+ row \d+ \(books\S*:\d+\) is not in the training chunks of source 'web'"),
+    (lambda c: c["rows"].__setitem__(0, [0, *map(int, buffer_addrs(c["sources"]["code"]["buffer"])[0, :2]), 0, 0]),
+     r"rows\[0\] = shard \d+ row \d+ \(\S+:\d+\) is not in the training chunks of source 'web'"),
 ]
 
 

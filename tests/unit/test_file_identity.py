@@ -9,6 +9,7 @@ one file under two spellings see one file (no false "unclaimed" share).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -100,7 +101,7 @@ def test_a_column_missing_from_a_file_several_sources_read_counts_it_once(tmp_pa
     paths = []
     for i in range(2):
         p = _mixed_file(tmp_path / f"mixed-{i}.parquet")
-        pq.write_table(pq.read_table(p).drop_columns(["text"]), p)
+        pq.write_table(pq.read_table(p).drop_columns(["text"]).slice(i), p)  # two files, not two copies of one
         paths.append(p)
     glob = str(tmp_path / "*.parquet")
     sources = {n: SourceConfig(paths=[glob], filter=FilterConfig("source", [n])) for n in ("alpha", "beta")}
@@ -138,3 +139,77 @@ def test_the_global_shuffle_takes_a_file_its_globs_meet_on_once(demo_corpus, tmp
     assert list_inputs([str(demo_corpus / "*" / "*.parquet"), str(tmp_path / "lnk" / "code" / "*.parquet"),
                         str(demo_corpus / "code" / "*modules*.parquet")]) == once
     assert len(once) == 16
+
+
+def test_a_byte_identical_copy_counts_once(make_cfg, demo_corpus, tmp_path, caplog):
+    """Guards: a copy of a shard (another inode, another name and folder) adding its documents again under a
+    second ID, and a start-up that read every file in full to find out (only footer-hash candidates are)."""
+    base = make_cfg()
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    shard = sorted((demo_corpus / "code").glob("*.parquet"))[0]
+    shutil.copyfile(shard, copies / "renamed.parquet")
+    code = SourceConfig(paths=[str(demo_corpus / "code" / "*.parquet"), str(copies / "*.parquet")])
+    cfg = make_cfg(sources={**base.sources, "code": code})
+    m, m0 = build_manifest(cfg), build_manifest(base)
+    counts = [{n: (s.docs, s.tokens) for n, s in x.sources.items()} for x in (m, m0)]
+    assert counts[0] == counts[1]
+    assert m.fingerprint() == m0.fingerprint()
+    assert _pieces(cfg) == _pieces(base)
+    assert f"{copies / 'renamed.parquet'} has the same bytes as {shard}" in caplog.text
+    assert list_inputs([str(demo_corpus / "*" / "*.parquet"), str(copies / "*.parquet")]) == \
+        list_inputs([str(demo_corpus / "*" / "*.parquet")])  # scattered once: the shuffle's rows are not doubled
+
+
+def test_a_copy_under_another_source_is_refused_naming_both_paths(make_cfg, demo_corpus, tmp_path):
+    """Guards: a copy of a web shard in code's folder making part of "code" web text, trained twice."""
+    base = make_cfg()
+    (tmp_path / "code").mkdir()
+    for p in (demo_corpus / "code").glob("*.parquet"):
+        os.link(p, tmp_path / "code" / p.name)
+    web = sorted((demo_corpus / "web").glob("*.parquet"))[0]
+    shutil.copyfile(web, tmp_path / "code" / "zz-copy.parquet")
+    cfg = make_cfg(sources={**base.sources, "code": SourceConfig(paths=[str(tmp_path / "code" / "*.parquet")])})
+    with pytest.raises(ConfigError) as e:
+        build_manifest(cfg)
+    assert str(e.value) == (
+        f"data.sources.web.paths '{demo_corpus}/web/*.parquet' and data.sources.code.paths '{tmp_path}/code/*.parquet' "
+        f"both claim {web} and its byte-identical copy {tmp_path}/code/zz-copy.parquet: its documents would be "
+        "trained once per source; narrow the globs so that each file belongs to one source (or give every source "
+        "reading it a filter)")
+
+
+def test_only_candidate_copies_are_read_in_full(demo_corpus, tmp_path, monkeypatch):
+    """Guards: a start-up that hashes the whole corpus to find copies (only equal size + footer hash is read)."""
+    import hashlib
+
+    from data.files import byte_copies
+    shard = sorted((demo_corpus / "web").glob("*.parquet"))[0]
+    twin = tmp_path / "twin.parquet"
+    shutil.copyfile(shard, twin)
+    read = []
+    real = hashlib.file_digest
+    monkeypatch.setattr(hashlib, "file_digest", lambda f, name: read.append(f.name) or real(f, name))
+    paths = sorted(str(p) for p in demo_corpus.glob("*/*.parquet")) + [str(twin)]
+    assert byte_copies(paths) == {str(twin): str(shard)}
+    assert sorted(read) == sorted([str(shard), str(twin)])
+
+
+def test_a_glob_that_matches_nothing_beside_globs_that_match_is_refused(make_cfg, demo_corpus, monkeypatch):
+    """Guards: a typo folder or an unset $VAR in a second glob dropped with no word (the source read less)."""
+    monkeypatch.delenv("EXTRA_CODE", raising=False)
+    base = make_cfg()
+    good = str(demo_corpus / "code" / "*.parquet")
+    code = SourceConfig(paths=[good, str(demo_corpus / "cdoe" / "*.parquet"), "$EXTRA_CODE/*.parquet"])
+    with pytest.raises(ConfigError) as e:
+        build_manifest(make_cfg(sources={**base.sources, "code": code}))
+    assert str(e.value).splitlines() == [
+        f"data.sources.code.paths '{demo_corpus}/cdoe/*.parquet': no file matches; every glob must match a file: "
+        "fix the glob or remove it",
+        "data.sources.code.paths '$EXTRA_CODE/*.parquet': environment variable $EXTRA_CODE is not set (export "
+        "EXTRA_CODE=/path/to/the/corpus; docs/data-download.md); every glob must match a file: fix the glob or "
+        "remove it"]
+    with pytest.raises(ConfigError) as e:  # the global shuffle refuses it with the same line
+        list_inputs([good, str(demo_corpus / "cdoe" / "*.parquet")])
+    assert str(e.value) == (f"input glob '{demo_corpus}/cdoe/*.parquet': no file matches; every glob must match a "
+                            "file: fix the glob or remove it")
