@@ -29,6 +29,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
@@ -43,6 +45,11 @@ PORT_BASE = 20000
 PORT_SPAN = 10000
 PORT_STRIDE = 1009  # prime, coprime with PORT_SPAN: the probes visit every port of the range
 SCONTROL_TIMEOUT_S = 30.0
+RENDEZVOUS_TIMEOUT_VAR = "WELLMIXED_RENDEZVOUS_TIMEOUT"
+RENDEZVOUS_TIMEOUT_S = 900.0
+"""How long after its launch a rank of a multi-rank job may take to meet the others (torch's process group
+formed): the start-up on a real cluster (imports, config, cached manifest, checkpoint verified, model built:
+minutes), with room."""
 
 
 # -- master port -------------------------------------------------------------------------------
@@ -52,10 +59,14 @@ def derived_port(job_id: int, array_job_id: int | None = None, array_task_id: in
     return PORT_BASE + key % PORT_SPAN
 
 
-def port_is_free(port: int, host: str = "") -> bool:
+def port_is_free(port: int, host: str = "", reuse_addr: bool = False) -> bool:
+    """Whether ``port`` can be bound on this host now; without ``reuse_addr`` a port in TIME_WAIT counts as
+    taken too, with it (as torch's rendezvous store binds) only a port another socket holds."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if reuse_addr:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((host, port))  # no SO_REUSEADDR: a port in TIME_WAIT counts as taken too
+            s.bind((host, port))
         except OSError:
             return False
     return True
@@ -260,9 +271,32 @@ def check_task(env: dict | None = None) -> str:
     if nodes > 1 and ipaddress.ip_address(ip.split("%")[0]).is_loopback:
         raise ConfigError(f"{where}: the rendezvous address {addr} is loopback ({ip}) in a {nodes}-node job: each "
                           "node would form its own world; export MASTER_ADDR as an address every node reaches")
+    port = env.get("MASTER_PORT", "")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"{where}: MASTER_PORT={port!r} is not a port number (1-65535): unset it (train.sbatch "
+                          "derives a free one) or export a free port")
+    if rank == 0 and port and not port_is_free(int(port), reuse_addr=True):
+        raise ConfigError(f"{where}: MASTER_PORT {port} is in use on {socket.gethostname()}, where rank 0 opens the "
+                          f"rendezvous ({addr}:{port}); another process holds it (`ss -ltnp 'sport = :{port}'`): "
+                          "unset MASTER_PORT (train.sbatch derives a free one) or export a free port")
+    rendezvous_timeout(env)
     env["MASTER_ADDR"] = addr
     return (f"rank {rank} of {tasks}: node {node} local {local} on {socket.gethostname()}; "
             f"rendezvous {addr} ({ip}):{env.get('MASTER_PORT', '?')}")
+
+
+def rendezvous_timeout(env) -> float:
+    """Seconds from a rank's launch to the rendezvous (``WELLMIXED_RENDEZVOUS_TIMEOUT``, default
+    RENDEZVOUS_TIMEOUT_S); ConfigError for a value that is not a positive number."""
+    text = env.get(RENDEZVOUS_TIMEOUT_VAR) or str(RENDEZVOUS_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(f"{RENDEZVOUS_TIMEOUT_VAR}={text!r} is not a positive number of seconds: unset it "
+                          f"(default {RENDEZVOUS_TIMEOUT_S:.0f}) or export e.g. 1800")
+    return seconds
 
 
 def print_check() -> bool:
@@ -280,6 +314,27 @@ def checked_fit(argv: list[str]) -> int:
     install_early_handlers()  # a signal during the check is a flag, as in `python -m train`
     if not print_check():
         return 2
+    if int(os.environ["SLURM_NTASKS"]) > 1:
+        # A rank whose peer never comes waits in torch's rendezvous: a client of a port another process holds
+        # forever, rank 0 for a dead rank until the process-group timeout (30 min). Bounded here, from the launch.
+        timeout_s = rendezvous_timeout(os.environ)
+        where = f"rank {os.environ['SLURM_PROCID']} on {socket.gethostname()}"
+        rendezvous = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '?')}"
+
+        def watch() -> None:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                dist = sys.modules.get("torch.distributed")
+                if getattr(dist, "is_initialized", lambda: False)():  # None or still importing: not yet
+                    return
+                time.sleep(1.0)
+            print(f"error: {where}: no rendezvous at {rendezvous} (MASTER_ADDR:MASTER_PORT) within {timeout_s:.0f} s "
+                  "of the launch: a rank failed before it (see its error line), another process holds the port, or "
+                  f"the port is blocked between the nodes; {RENDEZVOUS_TIMEOUT_VAR} sets the wait", file=sys.stderr,
+                  flush=True)
+            os._exit(2)  # before the rendezvous: no DataLoader worker, nothing written
+
+        threading.Thread(target=watch, name="rendezvous-watch", daemon=True).start()
     from train.__main__ import main as train_main
 
     sys.argv = [sys.argv[0], "fit", *argv]  # exactly `python -m train fit ARGV` from here on

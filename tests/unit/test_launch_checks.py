@@ -153,3 +153,34 @@ def test_check_names_a_broken_variable_and_a_missing_node_list():
     del env["SLURM_JOB_NODELIST"]
     with pytest.raises(ConfigError, match=r"^rank 3 on .*: SLURM_JOB_NODELIST is not set, so rank 0's node is unknown"):
         check_task(env)
+
+
+# -- the rendezvous port -------------------------------------------------------------------------------
+def test_rank_0_refuses_a_master_port_another_process_holds():
+    """Before: the check passed; rank 0 then failed in torch's rendezvous with a DistNetworkError traceback.
+    Only rank 0 checks (it opens the rendezvous on its own node); a free port passes."""
+    host = socket.gethostname()
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ConfigError) as info:
+            check_task(_env(nodes=1, rank=0, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+        assert str(info.value) == (
+            f"rank 0 on {host}: MASTER_PORT {port} is in use on {host}, where rank 0 opens the rendezvous "
+            f"(127.0.0.1:{port}); another process holds it (`ss -ltnp 'sport = :{port}'`): unset MASTER_PORT "
+            "(train.sbatch derives a free one) or export a free port")
+        assert check_task(_env(nodes=1, rank=1, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    assert check_task(_env(nodes=1, rank=0, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"MASTER_PORT": "http"}, r"MASTER_PORT='http' is not a port number \(1-65535\)"),
+    ({"MASTER_PORT": "70000"}, r"MASTER_PORT='70000' is not a port number"),
+    ({"WELLMIXED_RENDEZVOUS_TIMEOUT": "soon"}, r"^WELLMIXED_RENDEZVOUS_TIMEOUT='soon' is not a positive number of "
+                                               r"seconds: unset it \(default 900\)"),
+    ({"WELLMIXED_RENDEZVOUS_TIMEOUT": "-5"}, r"^WELLMIXED_RENDEZVOUS_TIMEOUT='-5' is not a positive number"),
+])
+def test_rendezvous_settings_that_are_not_numbers_are_one_line(extra, match):
+    with pytest.raises(ConfigError, match=match):
+        check_task(_env(nodes=1, rank=1, MASTER_ADDR="127.0.0.1", **extra))
