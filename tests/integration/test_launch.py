@@ -1,4 +1,5 @@
-"""``python -m train.launch fit`` on two local ranks of a simulated 1 x 2 Slurm job (gloo on CPU): a
+"""train/launch.py with real processes: an ``scontrol`` that hangs or refuses the node list, and
+``python -m train.launch fit`` on two local ranks of a simulated 1 x 2 Slurm job (gloo on CPU): a
 MASTER_PORT another process holds is one line on rank 0 before the rendezvous, and rank 1 does not wait
 in torch's rendezvous forever (docs/slurm.md, step 5)."""
 
@@ -13,7 +14,28 @@ import time
 import pytest
 from training_runs import DDP, TINY
 
-from train.launch import RENDEZVOUS_TIMEOUT_VAR, slurm_task_env
+from data.errors import ConfigError
+from train import launch
+from train.launch import RENDEZVOUS_TIMEOUT_VAR, check_task, slurm_task_env
+
+
+@pytest.mark.parametrize("script, match", [
+    ("exec sleep 60", r"`{scontrol} show hostnames node\[00-01\]` did not answer in 1 s \(slurmctld or the Slurm "
+                      r"configuration unreachable\?\): export MASTER_ADDR=<first node>"),
+    # Slurm 22.05 on an invalid list: "Invalid hostlist: ..." on stderr, nothing on stdout, exit status 0
+    ("echo 'Invalid hostlist: node[00-01]' >&2", r"`{scontrol} show hostnames node\[00-01\]` failed \(0: Invalid "
+                                                 r"hostlist: node\[00-01\]\): export MASTER_ADDR=<first node>"),
+])
+def test_an_scontrol_that_hangs_or_fails_is_one_line(tmp_path, monkeypatch, script, match):
+    """Before: a hanging scontrol raised TimeoutExpired (a traceback) after 30 s."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\n{script}\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setattr(launch, "SCONTROL_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"^rank 3 on [^:]*: " + match.format(scontrol=scontrol)):
+        check_task({"PATH": str(tmp_path), **slurm_task_env(2, 2, 3)})
+    assert time.monotonic() - started < 10
 
 
 def _start_ranks(workdir, env, port: int, timeout_s: int, tag: str) -> list[subprocess.Popen]:
