@@ -106,7 +106,7 @@ def expand_nodelist(nodelist: str, scontrol: str | None = None) -> list[str]:
     rack2-n02), a group a comma list of numbers and ranges, zero padded as the range's first number. One
     ConfigError line for a malformed list or an ``scontrol`` that fails or hangs."""
     if scontrol is not None:
-        cmd = f"{scontrol} show hostnames {nodelist}"
+        cmd = f"scontrol show hostnames {nodelist}"
         try:
             out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True,
                                  timeout=SCONTROL_TIMEOUT_S)
