@@ -11,10 +11,11 @@ What each does and why (the port range and probe step, the rank layout, the rend
 checks every task makes before training): docs/slurm.md. :func:`master_port` derives ``MASTER_PORT``
 from the job id, where Lightning's own choice collides between jobs sharing a node;
 :func:`slurm_task_env` writes a simulated task's ``SLURM_*`` variables and :func:`rank_info` reads them
-back through Lightning's own class; :func:`check_task` refuses, on every task, a job whose tasks or
-rendezvous address would hang or train the wrong data slices. The dry run parses the config exactly as
-``python -m train fit`` does but instantiates only the data (no model, no trainer, no GPU): it runs on a
-login node and prints each rank's consumers and the first chunks they open.
+back through Lightning's own class; :func:`expand_nodelist` is the one reader of a Slurm node list;
+:func:`check_task` refuses, on every task, a job whose tasks, rendezvous address or port would hang or
+train the wrong data slices, and :func:`checked_fit` bounds the wait for the rendezvous. The dry run
+parses the config exactly as ``python -m train fit`` does but instantiates only the data (no model, no
+trainer, no GPU): it runs on a login node and prints each rank's consumers and the first chunks they open.
 """
 
 from __future__ import annotations
