@@ -1,7 +1,8 @@
 """Checkpoints, in one module: write, verify, find, fall back (docs/checkpoints.md says what each step
 checks and refuses).
 
-1. **Write** (train/checkpoint_io.py): atomic, then the sidecar ``NAME.sha256``.
+1. **Write** (train/checkpoint_io.py): the sidecar ``NAME.sha256``, then the file's atomic rename (a
+   replaced name's sidecar holds the old and the new digest in between).
 2. **Verify**, the same way for every reader (``train fit``'s resume: :func:`resolve_checkpoint`,
    :func:`requested_hparams`; the evaluation, export and ablation tools: :func:`read_checkpoint`): what
    the file is (never unpickled beyond ``weights_only=True``), its sidecar (:func:`sidecar_digests` alone

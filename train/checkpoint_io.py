@@ -49,8 +49,8 @@ def _write_checksum(path: Path, digest: str) -> None:
     try:
         files.write_text(checksum_path(path), f"{digest}  {path.name}\n")
     except OSError as e:
-        log.warning("could not write %s (%s); %s is intact, but a resume from it needs --run.allow_unverified_ckpt "
-                    "true (or its sidecar written: sha256sum)", checksum_path(path), e, path)
+        log.warning("could not write %s (%s); %s is intact; if a resume refuses it as unverified, write its sidecar "
+                    "(sha256sum) or pass --run.allow_unverified_ckpt true", checksum_path(path), e, path)
 
 
 def link_checkpoint(src: Path, dst: Path) -> None:
