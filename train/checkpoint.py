@@ -1,10 +1,11 @@
 """Checkpoints, in one module: write, verify, find, fall back (docs/checkpoints.md says what each step
 checks and refuses).
 
-1. **Write** (train/checkpoint_io.py): atomic, then the sidecar ``NAME.sha256``.
+1. **Write** (train/checkpoint_io.py): the sidecar ``NAME.sha256``, then the file's atomic rename (a
+   replaced name's sidecar holds the old and the new digest in between).
 2. **Verify**, the same way for every reader (``train fit``'s resume: :func:`resolve_checkpoint`,
    :func:`requested_hparams`; the evaluation, export and ablation tools: :func:`read_checkpoint`): what
-   the file is (never unpickled beyond ``weights_only=True``), its sidecar (:func:`sidecar_digest` alone
+   the file is (never unpickled beyond ``weights_only=True``), its sidecar (:func:`sidecar_digests` alone
    reads it; a missing one is an error unless ``--run.allow_unverified_ckpt true``), its structure and
    the data cursor files it names (:func:`cursor_problem`). :func:`open_checkpoint` is the one place that
    opens a checkpoint for its small entries (a sharded folder: its ``meta.pt``).
@@ -71,20 +72,21 @@ def file_sha256(path: Path, block: int = _HASH_BLOCK) -> str:
 # -- 2. verify: the sidecar -------------------------------------------------------------------------
 
 
-def sidecar_digest(path: Path) -> str | None:
-    """The digest ``NAME.sha256`` records; None without a sidecar. ValueError when it is malformed."""
+def sidecar_digests(path: Path) -> list[str]:
+    """The digests ``NAME.sha256`` records, the newest first: one, or two while the writer replaces ``NAME``
+    (train/checkpoint_io.py: either file verifies); [] without a sidecar. ValueError when it is malformed."""
     side = checksum_path(path)
     try:
         text = side.read_text(encoding="ascii")
     except FileNotFoundError:
-        return None
+        return []
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"its sidecar {side.name} is unreadable ({type(e).__name__})") from None
-    words = text.split()
-    if not words or not re.fullmatch(r"[0-9a-fA-F]{64}", words[0]):
+    digests = [line.split()[0] for line in text.splitlines() if line.strip()]
+    if not digests or not all(re.fullmatch(r"[0-9a-fA-F]{64}", d) for d in digests):
         raise ValueError(f"its sidecar {side.name} is malformed ({text[:40]!r}, not the 64 hex digits sha256sum "
                          "writes)")
-    return words[0].lower()
+    return [d.lower() for d in digests]
 
 
 def _digest(path: Path) -> str:
@@ -109,17 +111,17 @@ def checksum_problem(path: Path, unverified_ok: bool = False) -> str | None:
     """None when ``path`` matches its sidecar, else what is wrong. A missing sidecar is a problem too
     (the bytes cannot be told from flipped ones), unless ``unverified_ok``: then a warning, once per file."""
     try:
-        want = sidecar_digest(path)
-        if want is None:
+        wants = sidecar_digests(path)
+        if not wants:
             return _unverified(path, unverified_ok)
         got = _digest(path)
     except ValueError as e:
         return str(e)
     except OSError as e:
         return f"{type(e).__name__}: {e}"[:300]
-    if got == want:
+    if got in wants:
         return None
-    return (f"sha256 {got[:16]}... does not match {checksum_path(path).name} ({want[:16]}...): "
+    return (f"sha256 {got[:16]}... does not match {checksum_path(path).name} ({wants[0][:16]}...): "
             "bits changed after the write (disk, copy or memory error)")
 
 

@@ -16,7 +16,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from data import files
 from train import lightning_internals as internals
-from train.checkpoint import CHECKSUM_SUFFIX, checksum_path, file_sha256, remove_unreferenced, sidecar_digest
+from train.checkpoint import CHECKSUM_SUFFIX, checksum_path, file_sha256, remove_unreferenced, sidecar_digests
 
 log = logging.getLogger("wellmixed")
 
@@ -28,14 +28,20 @@ def _temporary(path: Path) -> Path:
 
 
 def _sidecar_before_rename(path: Path, digest: str) -> bool:
-    """Before ``path``'s rename: a new name gets its sidecar now (True), so a kill right after the rename
-    never leaves the checkpoint unverified (a sidecar without its file is cleared as stale); a name being
-    replaced loses its old sidecar (False: the new one is written after the rename, never a wrong one)."""
-    if path.exists() or path.is_symlink():
+    """Before ``path``'s rename its sidecar records ``digest``, so that whichever file a kill leaves at
+    ``path`` verifies: a new name's sidecar is then final (True); a name being replaced keeps its old
+    file's digest on a second line until the sidecar is rewritten after the rename (False). An old file
+    without a valid sidecar loses it: a kill then leaves no checksum, never a wrong one."""
+    replacing = path.exists() or path.is_symlink()
+    try:
+        old = sidecar_digests(path) if replacing else []
+    except ValueError:
+        old = []
+    if replacing and not old:
         checksum_path(path).unlink(missing_ok=True)
         return False
-    files.write_text(checksum_path(path), f"{digest}  {path.name}\n")
-    return True
+    files.write_text(checksum_path(path), "".join(f"{d}  {path.name}\n" for d in dict.fromkeys([digest, *old])))
+    return not old
 
 
 def _write_checksum(path: Path, digest: str) -> None:
@@ -43,8 +49,8 @@ def _write_checksum(path: Path, digest: str) -> None:
     try:
         files.write_text(checksum_path(path), f"{digest}  {path.name}\n")
     except OSError as e:
-        log.warning("could not write %s (%s); %s is intact, but a resume from it needs --run.allow_unverified_ckpt "
-                    "true (or its sidecar written: sha256sum)", checksum_path(path), e, path)
+        log.warning("could not write %s (%s); %s is intact; if a resume refuses it as unverified, write its sidecar "
+                    "(sha256sum) or pass --run.allow_unverified_ckpt true", checksum_path(path), e, path)
 
 
 def link_checkpoint(src: Path, dst: Path) -> None:
@@ -59,9 +65,10 @@ def link_checkpoint(src: Path, dst: Path) -> None:
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
             try:
-                digest = sidecar_digest(src)
+                digests = sidecar_digests(src)
             except ValueError:  # a malformed sidecar is not carried over: dst is refused as unverified, as src is
-                digest = None
+                digests = []
+            digest = digests[0] if len(digests) == 1 else None
             new_name = digest is not None and _sidecar_before_rename(dst, digest)
             if digest is None:
                 checksum_path(dst).unlink(missing_ok=True)  # never an old checksum beside the new file
@@ -75,10 +82,10 @@ def link_checkpoint(src: Path, dst: Path) -> None:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """torch.save to a temporary file in the same folder, fsync, then rename over the target: a kill (or
     a full disk) during the write leaves the previous checkpoint intact. The sidecar ``NAME.sha256`` is
-    hashed from the page cache after the fsync (~0.7 s/GB here) and written atomically before the rename
-    of a new name (a step file: a kill never leaves it unverified); a replaced name loses its old sidecar
-    before the rename and gets the new one after it, so a kill in between leaves no checksum, never a
-    wrong one. ``keep_last_k``'s removal of a checkpoint removes its sidecar."""
+    hashed from the page cache after the fsync (~0.7 s/GB here) and written atomically before the rename:
+    final for a new name (a step file), for a replaced name (``last.ckpt``) with the old file's digest on a
+    second line until it is rewritten after the rename, so a kill at any moment leaves a file that verifies
+    (:func:`_sidecar_before_rename`). ``keep_last_k``'s removal of a checkpoint removes its sidecar."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)

@@ -11,10 +11,11 @@ What each does and why (the port range and probe step, the rank layout, the rend
 checks every task makes before training): docs/slurm.md. :func:`master_port` derives ``MASTER_PORT``
 from the job id, where Lightning's own choice collides between jobs sharing a node;
 :func:`slurm_task_env` writes a simulated task's ``SLURM_*`` variables and :func:`rank_info` reads them
-back through Lightning's own class; :func:`check_task` refuses, on every task, a job whose tasks or
-rendezvous address would hang or train the wrong data slices. The dry run parses the config exactly as
-``python -m train fit`` does but instantiates only the data (no model, no trainer, no GPU): it runs on a
-login node and prints each rank's consumers and the first chunks they open.
+back through Lightning's own class; :func:`expand_nodelist` is the one reader of a Slurm node list;
+:func:`check_task` refuses, on every task, a job whose tasks, rendezvous address or port would hang or
+train the wrong data slices, and :func:`checked_fit` bounds the wait for the rendezvous. The dry run
+parses the config exactly as ``python -m train fit`` does but instantiates only the data (no model, no
+trainer, no GPU): it runs on a login node and prints each rank's consumers and the first chunks they open.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
@@ -42,6 +45,12 @@ if TYPE_CHECKING:
 PORT_BASE = 20000
 PORT_SPAN = 10000
 PORT_STRIDE = 1009  # prime, coprime with PORT_SPAN: the probes visit every port of the range
+SCONTROL_TIMEOUT_S = 30.0
+RENDEZVOUS_TIMEOUT_VAR = "WELLMIXED_RENDEZVOUS_TIMEOUT"
+RENDEZVOUS_TIMEOUT_S = 900.0
+"""How long after its launch a rank of a multi-rank job may take to meet the others (torch's process group
+formed): the start-up on a real cluster (imports, config, cached manifest, checkpoint verified, model built:
+minutes), with room."""
 
 
 # -- master port -------------------------------------------------------------------------------
@@ -51,10 +60,14 @@ def derived_port(job_id: int, array_job_id: int | None = None, array_task_id: in
     return PORT_BASE + key % PORT_SPAN
 
 
-def port_is_free(port: int, host: str = "") -> bool:
+def port_is_free(port: int, host: str = "", reuse_addr: bool = False) -> bool:
+    """Whether ``port`` can be bound on this host now; without ``reuse_addr`` a port in TIME_WAIT counts as
+    taken too, with it (as torch's rendezvous store binds) only a port another socket holds."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        if reuse_addr:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((host, port))  # no SO_REUSEADDR: a port in TIME_WAIT counts as taken too
+            s.bind((host, port))
         except OSError:
             return False
     return True
@@ -86,24 +99,47 @@ def probe_ports(first: int, tries: int) -> list[int]:
 
 
 # -- rank layout -------------------------------------------------------------------------------
-def expand_nodelist(nodelist: str) -> list[str]:
-    """``gpu[01-03,07],login2`` -> ``['gpu01', 'gpu02', 'gpu03', 'gpu07', 'login2']`` (scontrol show
-    hostnames when available, else this parser for the common forms)."""
-    try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=20)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.split()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
+def expand_nodelist(nodelist: str, scontrol: str | None = None) -> list[str]:
+    """The hosts of a Slurm node list, in Slurm's order: ``n[1-2],m3,gpu[01,03-04]`` -> n1 n2 m3 gpu01 gpu03
+    gpu04. With ``scontrol`` (its path) the site's own ``scontrol show hostnames`` decides; without, Slurm's
+    rules here: comma-separated names, each any text around bracket groups (``node[1-2]-ib``), several groups
+    a cartesian product with the first outermost (``rack[1-2]-n[01-02]`` -> rack1-n01 rack1-n02 rack2-n01
+    rack2-n02), a group a comma list of numbers and ranges, zero padded as the range's first number. One
+    ConfigError line for a malformed list or an ``scontrol`` that fails or hangs."""
+    if scontrol is not None:
+        cmd = f"scontrol show hostnames {nodelist}"
+        try:
+            out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True,
+                                 timeout=SCONTROL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"`{cmd}` did not answer in {SCONTROL_TIMEOUT_S:.0f} s (slurmctld or the Slurm "
+                              "configuration unreachable?): export MASTER_ADDR=<first node>, or fix the Slurm "
+                              "client configuration") from None
+        if out.returncode != 0 or not out.stdout.split():  # Slurm 22.05 exits 0 on an invalid list, printing nothing
+            raise ConfigError(f"`{cmd}` failed ({out.returncode}: {' '.join(out.stderr.split())[:200]}): "
+                              "export MASTER_ADDR=<first node> or fix the Slurm client configuration")
+        return out.stdout.split()
+    if re.search(r"[\[\]]", re.sub(r"\[[^\[\]]*\]", "", nodelist)):
+        raise ConfigError(f"node list {nodelist!r}: an unbalanced or nested bracket; Slurm's form is "
+                          "prefix[1-3,07]suffix, names separated by commas")
     hosts = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
-        if plain:
-            hosts.append(plain)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            hi = hi or lo
-            hosts += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
+    for name in re.findall(r"(?:[^,\s\[\]]|\[[^\[\]]*\])+", nodelist):  # commas outside brackets separate
+        parts = re.split(r"\[([^\[\]]*)\]", name)  # text, group, text, group, ..., text
+        expanded = [""]
+        for i, part in enumerate(parts):
+            if i % 2 == 0:
+                expanded = [h + part for h in expanded]
+                continue
+            numbers = []
+            for item in part.split(","):
+                lo, _, hi = item.partition("-")
+                hi = hi or lo
+                if not (lo.isdigit() and hi.isdigit() and int(lo) <= int(hi)):
+                    raise ConfigError(f"node list {nodelist!r}: {item!r} in [{part}] is not a number or a rising "
+                                      "range lo-hi; Slurm's form is prefix[1-3,07]suffix")
+                numbers += [f"{n:0{len(lo)}d}" for n in range(int(lo), int(hi) + 1)]
+            expanded = [h + n for h in expanded for n in numbers]
+        hosts += expanded
     return hosts
 
 
@@ -187,22 +223,24 @@ def consumer_ids(rank: int, num_workers: int) -> list[int]:
 def first_node(nodelist: str, path: str | None = None) -> str:
     """Rank 0's node: the first host of the job's node list, as ``scontrol show hostnames`` expands it
     (``scontrol`` looked up on ``path``, default PATH)."""
+    if not nodelist.strip():
+        raise ConfigError("SLURM_JOB_NODELIST is not set, so rank 0's node is unknown: run under srun in a Slurm "
+                          "job, or export MASTER_ADDR=<first node>")
     scontrol = shutil.which("scontrol", path=path)
     if scontrol is None:
         raise ConfigError(f"scontrol is not on PATH, so rank 0's node cannot be read from SLURM_JOB_NODELIST "
                           f"{nodelist!r}: put Slurm's bin directory on PATH, or export MASTER_ADDR=<first node>")
-    out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
-    if out.returncode != 0 or not out.stdout.split():
-        raise ConfigError(f"`scontrol show hostnames {nodelist}` failed ({out.returncode}: {out.stderr.strip()}): "
-                          "export MASTER_ADDR=<first node> or fix the Slurm client configuration")
-    return out.stdout.split()[0]
+    return expand_nodelist(nodelist, scontrol)[0]
 
 
 def _slurm_ints(env, *names: str) -> list[int]:
-    missing = [n for n in names if not env.get(n, "").isdigit()]
-    if missing:
-        raise ConfigError(f"{', '.join(missing)} not set: run under srun in a job submitted with --nodes and "
-                          "--ntasks-per-node")
+    """The whole numbers ``names`` hold in ``env``; one ConfigError line naming each one unset or not a number."""
+    missing = [n for n in names if not env.get(n)]
+    bad = [f"{n}={env[n]!r}" for n in names if env.get(n) and not env[n].isdigit()]
+    if missing or bad:
+        raise ConfigError("; ".join(([f"{', '.join(missing)} not set"] if missing else [])
+                                    + ([f"{', '.join(bad)} not a whole number"] if bad else []))
+                          + ": run under srun in a job submitted with --nodes and --ntasks-per-node")
     return [int(env[n]) for n in names]
 
 
@@ -234,9 +272,32 @@ def check_task(env: dict | None = None) -> str:
     if nodes > 1 and ipaddress.ip_address(ip.split("%")[0]).is_loopback:
         raise ConfigError(f"{where}: the rendezvous address {addr} is loopback ({ip}) in a {nodes}-node job: each "
                           "node would form its own world; export MASTER_ADDR as an address every node reaches")
+    port = env.get("MASTER_PORT", "")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"{where}: MASTER_PORT={port!r} is not a port number (1-65535): unset it (train.sbatch "
+                          "derives a free one) or export a free port")
+    if rank == 0 and port and not port_is_free(int(port), reuse_addr=True):
+        raise ConfigError(f"{where}: MASTER_PORT {port} is in use on {socket.gethostname()}, where rank 0 opens the "
+                          f"rendezvous ({addr}:{port}); another process holds it (`ss -ltnp 'sport = :{port}'`): "
+                          "unset MASTER_PORT (train.sbatch derives a free one) or export a free port")
+    rendezvous_timeout(env)
     env["MASTER_ADDR"] = addr
     return (f"rank {rank} of {tasks}: node {node} local {local} on {socket.gethostname()}; "
             f"rendezvous {addr} ({ip}):{env.get('MASTER_PORT', '?')}")
+
+
+def rendezvous_timeout(env) -> float:
+    """Seconds from a rank's launch to the rendezvous (``WELLMIXED_RENDEZVOUS_TIMEOUT``, default
+    RENDEZVOUS_TIMEOUT_S); ConfigError for a value that is not a positive number."""
+    text = env.get(RENDEZVOUS_TIMEOUT_VAR) or str(RENDEZVOUS_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(f"{RENDEZVOUS_TIMEOUT_VAR}={text!r} is not a positive number of seconds: unset it "
+                          f"(default {RENDEZVOUS_TIMEOUT_S:.0f}) or export e.g. 1800")
+    return seconds
 
 
 def print_check() -> bool:
@@ -254,6 +315,27 @@ def checked_fit(argv: list[str]) -> int:
     install_early_handlers()  # a signal during the check is a flag, as in `python -m train`
     if not print_check():
         return 2
+    if int(os.environ["SLURM_NTASKS"]) > 1:
+        # A rank whose peer never comes waits in torch's rendezvous: a client of a port another process holds
+        # forever, rank 0 for a dead rank until the process-group timeout (30 min). Bounded here, from the launch.
+        timeout_s = rendezvous_timeout(os.environ)
+        where = f"rank {os.environ['SLURM_PROCID']} on {socket.gethostname()}"
+        rendezvous = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '?')}"
+
+        def watch() -> None:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                dist = sys.modules.get("torch.distributed")
+                if getattr(dist, "is_initialized", lambda: False)():  # None or still importing: not yet
+                    return
+                time.sleep(1.0)
+            print(f"error: {where}: no rendezvous at {rendezvous} (MASTER_ADDR:MASTER_PORT) within {timeout_s:.0f} s "
+                  "of the launch: a rank failed before it (see its error line), another process holds the port, or "
+                  f"the port is blocked between the nodes; {RENDEZVOUS_TIMEOUT_VAR} sets the wait", file=sys.stderr,
+                  flush=True)
+            os._exit(2)  # before the rendezvous: no DataLoader worker, nothing written
+
+        threading.Thread(target=watch, name="rendezvous-watch", daemon=True).start()
     from train.__main__ import main as train_main
 
     sys.argv = [sys.argv[0], "fit", *argv]  # exactly `python -m train fit ARGV` from here on
@@ -349,40 +431,43 @@ def _dry_run_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _job(p: argparse.ArgumentParser, simulate: str | None) -> _Job | None:
-    """The job from ``--simulate NxG`` or the Slurm environment; None (after one error line) when a
-    Slurm job lacks ``--ntasks-per-node``. Usage errors exit through ``p.error``."""
+def _job(p: argparse.ArgumentParser, simulate: str | None) -> _Job:
+    """The job from ``--simulate NxG`` or the Slurm environment (ConfigError naming a variable that is unset
+    or not a number). Usage errors exit through ``p.error``."""
     if simulate:
-        m = re.fullmatch(r"(\d+)x(\d+)", simulate)
+        m = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)", simulate)
         if not m:
-            p.error("--simulate takes NxG, e.g. 4x8")
+            p.error(f"--simulate {simulate}: takes NxG, N nodes x G tasks per node, each at least 1 (e.g. 4x8)")
         nodes, per_node = int(m.group(1)), int(m.group(2))
         nodelist, job_id = simulated_nodelist(nodes), 4242
         return _Job(nodes, per_node, nodelist, job_id, slurm_task_env(nodes, per_node, 0, job_id, nodelist), True)
     if "SLURM_JOB_ID" not in os.environ:
         p.error("not inside a Slurm job: pass --simulate NxG (e.g. 4x8)")
-    per_node_txt = os.environ.get("SLURM_NTASKS_PER_NODE")
-    if per_node_txt is None:
-        print("error: SLURM_NTASKS_PER_NODE is not set: submit with --ntasks-per-node (one task per GPU); "
-              "Lightning refuses --ntasks alone", file=sys.stderr)
-        return None
-    return _Job(int(os.environ["SLURM_NNODES"]), int(per_node_txt), os.environ["SLURM_JOB_NODELIST"],
-                int(os.environ["SLURM_JOB_ID"]), {k: v for k, v in os.environ.items() if k.startswith("SLURM_")},
-                False)
+    if not os.environ.get("SLURM_NTASKS_PER_NODE"):
+        raise ConfigError("SLURM_NTASKS_PER_NODE is not set: submit with --ntasks-per-node (one task per GPU); "
+                          "Lightning refuses --ntasks alone")
+    nodes, per_node, job_id = _slurm_ints(os.environ, "SLURM_NNODES", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_ID")
+    if not os.environ.get("SLURM_JOB_NODELIST"):
+        raise ConfigError("SLURM_JOB_NODELIST is not set: run the dry run inside the job's allocation (sbatch or "
+                          "salloc), or pass --simulate NxG")
+    return _Job(nodes, per_node, os.environ["SLURM_JOB_NODELIST"], job_id,
+                {k: v for k, v in os.environ.items() if k.startswith("SLURM_")}, False)
 
 
 def dry_run(argv: list[str]) -> int:
     p = _dry_run_parser()
     a = p.parse_args(argv)
     train_args = a.train_args[1:] if a.train_args[:1] == ["--"] else a.train_args
-    job = _job(p, a.simulate)
-    if job is None:
-        return 2
-    hosts = expand_nodelist(job.nodelist)
 
     from train.model import ModelConfigError
 
     try:
+        job = _job(p, a.simulate)
+        hosts = expand_nodelist(job.nodelist, None if job.simulated else shutil.which("scontrol"))
+        if len(hosts) != job.nodes:
+            raise ConfigError(f"SLURM_JOB_NODELIST {job.nodelist!r} names {len(hosts)} host(s) ({' '.join(hosts[:8])}"
+                              f"{' ...' if len(hosts) > 8 else ''}) but SLURM_NNODES is {job.nodes}: run the dry run "
+                              "inside one job's allocation, with its own variables")
         dm, trainer, run = parse_run_config(train_args + ["--trainer.num_nodes", str(job.nodes),
                                                           "--trainer.devices", str(job.per_node)])
         data = dm.prepare(trainer.accumulate_grad_batches or 1)

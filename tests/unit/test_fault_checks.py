@@ -251,7 +251,7 @@ def test_bit_flip_inside_a_tensor_is_corrupt_like_a_truncated_file(tmp_path):
 def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
     """keep_last_k's removal takes the sidecar along; a kill's leftovers (sidecar temporaries, sidecars of
     removed files) go at the next start; a rewrite never leaves the old checksum beside the new file."""
-    from train.checkpoint import checksum_path, file_sha256, sidecar_digest
+    from train.checkpoint import checksum_path, file_sha256, sidecar_digests
     from train.checkpoint_io import remove_stale_temp_files
 
     io = AtomicCheckpointIO()
@@ -261,12 +261,75 @@ def test_checksum_sidecars_follow_the_checkpoint_life(tmp_path):
     io.remove_checkpoint(a)
     assert not a.exists() and not checksum_path(a).exists()
     io.save_checkpoint({"state_dict": {"x": torch.ones(3)}, "global_step": 6}, b)  # rewritten in place
-    assert sidecar_digest(b) == file_sha256(b)
+    assert sidecar_digests(b) == [file_sha256(b)]
     (tmp_path / ".step0000006.ckpt.sha256.123.4.tmp").write_text("half")
     (tmp_path / "step0000009.ckpt.sha256").write_text("0" * 64)  # its checkpoint is gone
     removed = remove_stale_temp_files(tmp_path)
     assert sorted(p.name for p in removed) == [".step0000006.ckpt.sha256.123.4.tmp", "step0000009.ckpt.sha256"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step0000006.ckpt", "step0000006.ckpt.sha256"]
+
+
+class _Killed(BaseException):
+    """A SIGKILL at this moment: the write goes no further (only its temporary is cleaned up, which a kill
+    leaves to the next start's remove_stale_temp_files)."""
+
+
+def _kill_before(n: int, monkeypatch, write) -> bool:
+    """Run ``write()`` stopped just before its ``n``-th rename, link or unlink (from 0): every state a kill
+    can leave on disk, one ``n`` each. False when the write finished first."""
+    real = {name: getattr(os, name) for name in ("replace", "link", "unlink")}
+    calls = []
+
+    def op(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            if len(calls) - 1 == n:
+                raise _Killed
+            return real[name](*args, **kwargs)
+        return call
+
+    with monkeypatch.context() as m:
+        for name in real:
+            m.setattr(os, name, op(name))
+        try:
+            write()
+        except _Killed:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("how", ["link", "save"])
+def test_a_kill_at_any_moment_of_replacing_last_leaves_a_last_that_verifies(tmp_path, monkeypatch, how):
+    """last.ckpt replaced by a hard link of the newest step file (link) or by a fresh save (a stop at a step
+    without a step file): killed between any two renames, links or unlinks, ``--ckpt_path last`` resumes
+    (the old or the new state) without a flag. Before: the old sidecar was removed before the rename and
+    the new one written after it, so a kill in between (3 of 12 moments of a run's saves) left last.ckpt
+    refused as unverified, although it was a hard link of a step file whose sidecar existed."""
+    from train.checkpoint import checksum_path, file_sha256, recorded_step
+    from train.checkpoint_io import link_checkpoint
+
+    io = AtomicCheckpointIO()
+    moments = 0
+    for n in range(100):
+        ckpts = tmp_path / f"kill{n}"
+        last = ckpts / "last.ckpt"
+        for step in (3, 6):
+            io.save_checkpoint({"state_dict": {"w": torch.full((64,), step)}, "global_step": step},
+                               ckpts / f"step{step:07d}.ckpt")
+        link_checkpoint(ckpts / "step0000003.ckpt", last)
+        io.remove_checkpoint(ckpts / "step0000003.ckpt")  # keep_last_k: last.ckpt's old file has no other name
+        if how == "link":
+            killed = _kill_before(n, monkeypatch, lambda: link_checkpoint(ckpts / "step0000006.ckpt", last))
+        else:
+            killed = _kill_before(n, monkeypatch, lambda: io.save_checkpoint(
+                {"state_dict": {"w": torch.full((64,), 7)}, "global_step": 7}, last))
+        assert resolve_checkpoint("last", ckpts, fallback=False) == str(last), (how, n)
+        assert recorded_step(last) in ((3, 6) if how == "link" else (3, 7)), (how, n)
+        if not killed:
+            assert checksum_path(last).read_text() == f"{file_sha256(last)}  last.ckpt\n"  # sha256sum -c reads it
+            break
+        moments += 1
+    assert moments >= 4, moments  # the kills landed before, inside and after the sidecar's and the file's renames
 
 
 # -- cursor files: every integer range-checked on load --------------------------------------------------------
