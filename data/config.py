@@ -251,7 +251,8 @@ def data_parser() -> ArgumentParser:
     stacked in order, the same DataConfig group added the same way (``--data.KEY V`` overrides, unknown keys
     and wrong types refused, a mixture given as a file read relative to the config that names it), and the
     other sections of a run config accepted unread (train/config.py builds the full parser)."""
-    parser = ArgumentParser(prog="python -m train fit", exit_on_error=False, allow_abbrev=False)
+    parser = ArgumentParser(prog="python -m train fit", exit_on_error=False, allow_abbrev=False,
+                            env_prefix="PL_FIT_", default_env=True)
     parser.add_argument("-c", "--config", action=ActionConfigFile)
     parser.add_class_arguments(DataConfig, "data", fail_untyped=False, sub_configs=True)
     for key in RUN_SECTIONS:
@@ -270,7 +271,7 @@ def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataCo
     """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types."""
     try:
         parser = data_parser()
-        return _instantiated(parser, lambda: parser.parse_object({"data": section}))
+        return _instantiated(parser, lambda: parser.parse_object({"data": section}, env=False))
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
 

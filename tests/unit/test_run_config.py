@@ -124,6 +124,27 @@ def test_data_tools_resolve_the_data_section_as_fit_print_config_shows(capsys, m
     assert len(err.splitlines()) == 1 and "buffer_sise" in err, err
 
 
+def test_every_tool_reads_the_environment_as_fit_does(capsys, monkeypatch):
+    """Guards: ``PL_FIT__DATA__*`` (documented in ``fit --help``) applied by ``train fit`` and ignored by the
+    tools' parsers, so dump_order printed one order and fit trained another. Every resolution reads the
+    environment as fit does: over the defaults, under the config files (the demo's seed stays) and the flags;
+    ``PL_DATA__*``, a name fit does not read, changes nothing."""
+    from data.config import resolve_data_config
+    from train.config import data_config, resolve_config
+
+    monkeypatch.setenv("PL_FIT__DATA__SELECTOR", "random")
+    monkeypatch.setenv("PL_FIT__DATA__MIN_CHUNKS_PER_SOURCE", "8")
+    monkeypatch.setenv("PL_FIT__DATA__SEED", "7")
+    monkeypatch.setenv("PL_DATA__BUFFER_SIZE", "3")
+    rc, out, _ = fit(["--config", DEMO, "--print_config"], capsys)
+    printed = parse_data_config(yaml.safe_load(out)["data"])
+    assert rc == 0 and (printed.selector, printed.min_chunks_per_source, printed.seed) == ("random", 8, 1234)
+    assert printed.buffer_size == 256
+    assert resolve_data_config(["--config", DEMO]) == printed == data_config(resolve_config(["--config", DEMO]))
+    flag = ["--config", DEMO, "--data.selector", "deficit"]
+    assert resolve_data_config(flag).selector == data_config(resolve_config(flag)).selector == "deficit"
+
+
 def test_data_tools_import_and_run_without_torch_or_lightning(tmp_path, demo_corpus):
     """Guards: a data tool that imports torch and Lightning to read a YAML (seconds and ~400 MB more per
     process). Each tool's module is imported, and dump_order and inspect_corpus run, in a fresh interpreter."""
