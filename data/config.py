@@ -35,9 +35,10 @@ from typing import Any, Literal, Optional
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, get_loader, set_loader
 from jsonargparse._util import config_load_stack  # the file being read (train/lightning_internals.py lists it)
+from jsonargparse.typing import register_type
 
 from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
-from data.schedules import ScheduleConfig, validate_sources
+from data.schedules import Count, ScheduleConfig, validate_sources, whole_number
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
 """Dolma3 columns every shard must have, with their Arrow types (large_string also accepted): the one place
@@ -137,7 +138,7 @@ class DataConfig:
     """A corrupt/unreadable/wrong-schema file stops the run (default), or is logged and skipped."""
     manifest_cache: Optional[str] = None
     """Directory for the cached manifest (default: $WELLMIXED_CACHE or ~/.cache/wellmixed)."""
-    val_tokens_per_source: int = 0
+    val_tokens_per_source: Count = 0
     """Tokens per source held out for validation: whole chunks training never reads, chosen by a
     fixed seed-independent draw (so every seed and ablation arm has the same validation set)."""
     max_epochs: float = 4.0
@@ -147,7 +148,7 @@ class DataConfig:
     unclaimed: float = 0.001
     """Share of the tokens in the filtered sources' files whose filter-column value no mixture source
     claims (those rows are never read): above it start-up fails, below it warns (data/mapping.py)."""
-    expected_tokens: Optional[dict[str, int]] = None
+    expected_tokens: Optional[dict[str, Count]] = None
     """Published tokens per source, for planning (scripts/plan.py) before the corpus is downloaded."""
     order_log: bool = False
     """Write per-step, per-rank document pieces (the order-dump format) into the run directory."""
@@ -258,6 +259,7 @@ def load_yaml(text: str) -> Any:
 
 _jsonargparse_yaml = get_loader("yaml")
 set_loader("yaml", load_yaml, (yaml.YAMLError,))
+register_type(Count, serializer=int, deserializer=whole_number, type_check=lambda value, _: type(value) is int)
 
 
 def _refuse_duplicate_keys(node: Any, where: str, prefix: str) -> None:
