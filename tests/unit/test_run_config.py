@@ -102,6 +102,7 @@ def test_data_tools_resolve_the_data_section_as_fit_print_config_shows(capsys, m
     assert rc == 0 and printed.seed == 9 and printed.buffer_size == 32
     assert printed.schedule.mixture.phases[0].weights["curated"] == 0.1  # the mixture file beside over.yaml
     monkeypatch.chdir(tmp_path)  # another working directory: the mixture file is found beside over.yaml
+    (tmp_path / "demo_corpus").symlink_to(demo_corpus)  # where the demo config's globs look (inspect_corpus reads them)
     seen = []
 
     def noted(argv: list[str]):
@@ -161,6 +162,7 @@ def test_data_tools_import_and_run_without_torch_or_lightning(tmp_path, demo_cor
         "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WELLMIXED_CACHE": str(tmp_path / "cache")}
+    (tmp_path / "demo_corpus").symlink_to(demo_corpus)  # where the demo config's globs look (inspect_corpus reads them)
     proc = subprocess.run([sys.executable, "-c", code, str(ROOT), str(demo_corpus)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
