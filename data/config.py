@@ -287,8 +287,9 @@ hold them): a tool that reads only the data section accepts them unread."""
 def data_parser() -> ArgumentParser:
     """The ``data:`` part of ``python -m train fit``'s parser, without torch or Lightning: ``--config`` files
     stacked in order, the same DataConfig group added the same way (``--data.KEY V`` overrides, unknown keys
-    and wrong types refused, a mixture given as a file read relative to the config that names it), and the
-    other sections of a run config accepted unread (train/config.py builds the full parser)."""
+    and wrong types refused, a mixture given as a file read relative to the config that names it), fit's
+    environment variables (``PL_FIT__DATA__SEED``, below the config files), and the other sections of a run
+    config accepted unread (train/config.py builds the full parser)."""
     parser = ArgumentParser(prog="python -m train fit", exit_on_error=False, allow_abbrev=False,
                             env_prefix="PL_FIT_", default_env=True)
     parser.add_argument("-c", "--config", action=ActionConfigFile)
@@ -299,14 +300,15 @@ def data_parser() -> ArgumentParser:
 
 
 def resolve_data_config(argv: list[str]) -> DataConfig:
-    """The :class:`DataConfig` that ``python -m train fit ARGV`` builds (``--config`` files, ``--data.*``
-    overrides), resolved without importing torch or Lightning; a bad key or value is a ConfigError."""
+    """The :class:`DataConfig` that ``python -m train fit ARGV`` builds (``--config`` files, ``PL_FIT__DATA__*``,
+    ``--data.*`` overrides), resolved without importing torch or Lightning; a bad key or value is a ConfigError."""
     parser, args = data_parser(), [a for a in argv if a != "fit"]
     return _instantiated(parser, lambda: parser.parse_args(args), config_files(args))
 
 
 def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataConfig:
-    """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types."""
+    """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types (the environment
+    is not read: the mapping is a resolved or saved config)."""
     try:
         parser = data_parser()
         return _instantiated(parser, lambda: parser.parse_object({"data": section}, env=False))
