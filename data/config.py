@@ -35,10 +35,9 @@ from typing import Any, Literal, Optional
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, get_loader, set_loader
 from jsonargparse._util import config_load_stack  # the file being read (train/lightning_internals.py lists it)
-from jsonargparse.typing import register_type
 
 from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
-from data.schedules import Count, ScheduleConfig, validate_sources, whole_number
+from data.schedules import Count, ScheduleConfig, validate_sources
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
 """Dolma3 columns every shard must have, with their Arrow types (large_string also accepted): the one place
@@ -259,7 +258,6 @@ def load_yaml(text: str) -> Any:
 
 _jsonargparse_yaml = get_loader("yaml")
 set_loader("yaml", load_yaml, (yaml.YAMLError,))
-register_type(Count, serializer=int, deserializer=whole_number, type_check=lambda value, _: type(value) is int)
 
 
 def _refuse_duplicate_keys(node: Any, where: str, prefix: str) -> None:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from jsonargparse import ArgumentParser
+from jsonargparse.typing import register_type
 
 from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
 
@@ -37,8 +39,8 @@ ANNEAL = "anneal"  # a phase start that means "at schedule.anneal_start"
 class Count(int):
     """The type of a count of tokens or steps in a config: a plain ``int`` that may be written as a whole
     number in float notation (``train_tokens: 2e9``, ``--data.schedule.train_tokens 3.6e3``); a fraction
-    (``2.5e0``) is refused naming the key. The parser reads it with :func:`whole_number` (data/config.py
-    registers the type with jsonargparse); the value is an ``int``, never a Count."""
+    (``2.5e0``) is refused naming the key. The parser reads it with :func:`whole_number`; the value is an
+    ``int``, never a Count."""
 
 
 def whole_number(value: Any) -> int:
@@ -53,6 +55,9 @@ def whole_number(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     raise ValueError(f"expected a whole number, got {value!r}")
+
+
+register_type(Count, serializer=int, deserializer=whole_number, type_check=lambda value, _: type(value) is int)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -489,10 +494,6 @@ def _check_step(step: int) -> int:
 @functools.cache
 def _parser(config_class: type, key: str) -> Any:
     """A parser of one ``--KEY`` argument of ``config_class``, built once per class and key."""
-    from jsonargparse import ArgumentParser  # here: a built Schedule needs no parser
-
-    import data.config  # noqa: F401  the parser's YAML loader and Count type, registered with jsonargparse
-
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument(f"--{key}", type=config_class, sub_configs=True)  # sub_configs: FILE.yaml values
     return parser
