@@ -17,7 +17,8 @@ A filter's ``values`` must each match some value in the source's files; ``option
 nothing (alternative spellings of one sub-source). Values no source claims are refused above
 ``unclaimed`` (a share of the tokens, default 0.001) and warned about below it (data/mapping.py).
 
-Parsing goes through jsonargparse, so unknown keys and wrong types are refused with the key named;
+Parsing goes through jsonargparse, so unknown keys and wrong types are refused with the key named, and a key
+given twice in one YAML file with the file and both lines (:func:`load_yaml`, the loader every parse uses);
 relations between fields are checked in :meth:`DataConfig.validate`.
 """
 
