@@ -17,7 +17,8 @@ A filter's ``values`` must each match some value in the source's files; ``option
 nothing (alternative spellings of one sub-source). Values no source claims are refused above
 ``unclaimed`` (a share of the tokens, default 0.001) and warned about below it (data/mapping.py).
 
-Parsing goes through jsonargparse, so unknown keys and wrong types are refused with the key named;
+Parsing goes through jsonargparse, so unknown keys and wrong types are refused with the key named, and a key
+given twice in one YAML file with the file and both lines (:func:`load_yaml`, the loader every parse uses);
 relations between fields are checked in :meth:`DataConfig.validate`.
 """
 
@@ -33,10 +34,11 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, get_loader, set_loader
+from jsonargparse._util import config_load_stack  # the file being read (train/lightning_internals.py lists it)
 
 from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
-from data.schedules import ScheduleConfig, validate_sources
+from data.schedules import Count, ScheduleConfig, validate_sources
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
 """Dolma3 columns every shard must have, with their Arrow types (large_string also accepted): the one place
@@ -140,7 +142,7 @@ class DataConfig:
     """A corrupt/unreadable/wrong-schema file stops the run (default), or is logged and skipped."""
     manifest_cache: Optional[str] = None
     """Directory for the cached manifest (default: $WELLMIXED_CACHE or ~/.cache/wellmixed)."""
-    val_tokens_per_source: int = 0
+    val_tokens_per_source: Count = 0
     """Tokens per source held out for validation: whole chunks training never reads, chosen by a
     fixed seed-independent draw (so every seed and ablation arm has the same validation set)."""
     max_epochs: float = 4.0
@@ -150,7 +152,7 @@ class DataConfig:
     unclaimed: float = 0.001
     """Share of the tokens in the filtered sources' files whose filter-column value no mixture source
     claims (those rows are never read): above it start-up fails, below it warns (data/mapping.py)."""
-    expected_tokens: Optional[dict[str, int]] = None
+    expected_tokens: Optional[dict[str, Count]] = None
     """Published tokens per source, for planning (scripts/plan.py) before the corpus is downloaded."""
     order_log: bool = False
     """Write per-step, per-rank document pieces (the order-dump format) into the run directory."""
@@ -245,6 +247,41 @@ def removed_key_error(key: str) -> str:
     return f"data.{key}: no longer a key; {REMOVED_KEYS[key]}"
 
 
+def load_yaml(text: str) -> Any:
+    """jsonargparse's YAML loader, refusing a key given twice in one mapping (PyYAML keeps the later one without
+    a word: ``web:`` twice under ``sources`` trained one web file instead of seven). Registered for every parse:
+    config files, stacked ``--config`` files, sub-configs (``mixture: FILE.yaml``, ``model: FILE``), values."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        root = None  # jsonargparse's loader says what is wrong
+    stack = config_load_stack.get()
+    where = stack[-1][0] if stack else "a value given on the command line or in the environment"  # absolute
+    _refuse_duplicate_keys(root, where, "")
+    return _jsonargparse_yaml(text)
+
+
+_jsonargparse_yaml = get_loader("yaml")
+set_loader("yaml", load_yaml, (yaml.YAMLError,))
+
+
+def _refuse_duplicate_keys(node: Any, where: str, prefix: str) -> None:
+    """ConfigError ``WHERE: KEY is given twice (lines A and B)`` for the first key a mapping under ``node`` repeats."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, where, f"{prefix}[{i}]")
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[tuple[str, str], int] = {}  # (tag, key) -> line: `1:` and `"1":` are two keys
+    for key, value in node.value:
+        name, line = f"{prefix}.{key.value}" if prefix else str(key.value), key.start_mark.line + 1
+        if (key.tag, key.value) in seen:
+            raise ConfigError(f"{where}: {name} is given twice (lines {seen[key.tag, key.value]} and {line}); "
+                              "keep one (YAML would silently use the later)")
+        seen[key.tag, key.value] = line
+        _refuse_duplicate_keys(value, where, name)
+
+
 RUN_SECTIONS = ("seed_everything", "trainer", "model", "run", "ckpt_path", "weights_only")
 """The top-level keys of a run config besides ``data:`` (a run's saved config.yaml and ``fit --print_config``
 hold them): a tool that reads only the data section accepts them unread."""
@@ -253,9 +290,11 @@ hold them): a tool that reads only the data section accepts them unread."""
 def data_parser() -> ArgumentParser:
     """The ``data:`` part of ``python -m train fit``'s parser, without torch or Lightning: ``--config`` files
     stacked in order, the same DataConfig group added the same way (``--data.KEY V`` overrides, unknown keys
-    and wrong types refused, a mixture given as a file read relative to the config that names it), and the
-    other sections of a run config accepted unread (train/config.py builds the full parser)."""
-    parser = ArgumentParser(prog="python -m train fit", exit_on_error=False, allow_abbrev=False)
+    and wrong types refused, a mixture given as a file read relative to the config that names it), fit's
+    environment variables (``PL_FIT__DATA__SEED``, below the config files), and the other sections of a run
+    config accepted unread (train/config.py builds the full parser)."""
+    parser = ArgumentParser(prog="python -m train fit", exit_on_error=False, allow_abbrev=False,
+                            env_prefix="PL_FIT_", default_env=True)
     parser.add_argument("-c", "--config", action=ActionConfigFile)
     parser.add_class_arguments(DataConfig, "data", fail_untyped=False, sub_configs=True)
     for key in RUN_SECTIONS:
@@ -264,17 +303,18 @@ def data_parser() -> ArgumentParser:
 
 
 def resolve_data_config(argv: list[str]) -> DataConfig:
-    """The :class:`DataConfig` that ``python -m train fit ARGV`` builds (``--config`` files, ``--data.*``
-    overrides), resolved without importing torch or Lightning; a bad key or value is a ConfigError."""
+    """The :class:`DataConfig` that ``python -m train fit ARGV`` builds (``--config`` files, ``PL_FIT__DATA__*``,
+    ``--data.*`` overrides), resolved without importing torch or Lightning; a bad key or value is a ConfigError."""
     parser, args = data_parser(), [a for a in argv if a != "fit"]
     return _instantiated(parser, lambda: parser.parse_args(args), config_files(args))
 
 
 def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataConfig:
-    """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types."""
+    """Build a DataConfig from the ``data:`` mapping, refusing unknown keys and wrong types (the environment
+    is not read: the mapping is a resolved or saved config)."""
     try:
         parser = data_parser()
-        return _instantiated(parser, lambda: parser.parse_object({"data": section}))
+        return _instantiated(parser, lambda: parser.parse_object({"data": section}, env=False))
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
 

@@ -19,6 +19,7 @@ e.g. ``schedule.mixture.phases[1].weights: weights sum to 0.97, must sum to 1 (Â
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Mapping
@@ -26,11 +27,37 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from jsonargparse import ArgumentParser
+from jsonargparse.typing import register_type
 
 from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
 
 WEIGHT_SUM_TOLERANCE = 1e-6
 ANNEAL = "anneal"  # a phase start that means "at schedule.anneal_start"
+
+
+class Count(int):
+    """The type of a count of tokens or steps in a config: a plain ``int`` that may be written as a whole
+    number in float notation (``train_tokens: 2e9``, ``--data.schedule.train_tokens 3.6e3``); a fraction
+    (``2.5e0``) is refused naming the key. The parser reads it with :func:`whole_number`; the value is an
+    ``int``, never a Count."""
+
+
+def whole_number(value: Any) -> int:
+    """``value`` (an int, a float with no fraction, or either as text) as an int; ValueError otherwise."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value)
+        with contextlib.suppress(ValueError):
+            value = float(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"expected a whole number, got {value!r}")
+
+
+register_type(Count, serializer=int, deserializer=whole_number, type_check=lambda value, _: type(value) is int)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +68,7 @@ class SeqLenConfig:
     """Tokens per sequence at step 0."""
     end: int = 2048
     """Tokens per sequence from ``warmup_steps`` on; at most the model's context."""
-    warmup_steps: int = 2000
+    warmup_steps: Count = 2000
     """Steps of the linear warmup from ``start`` to ``end``; 0 trains at ``end`` throughout."""
     multiple: int = 64
     """Warmup lengths are rounded down to a multiple of this (fewer shapes for torch.compile)."""
@@ -55,7 +82,7 @@ class LRConfig:
     """Learning rate after the warmup and until the decay."""
     min: float = 0.0
     """Learning rate at the last step, reached linearly from the decay start."""
-    warmup_steps: int = 2000
+    warmup_steps: Count = 2000
     """Steps of the linear warmup from ``peak / warmup_steps`` to ``peak``; 0 = no warmup."""
 
 
@@ -77,7 +104,7 @@ class MixtureConfig:
 
     phases: tuple[PhaseConfig, ...] = ()
     """Scheduled phases; the first starts at step 0, starts strictly increase."""
-    ramp_steps: int = 0
+    ramp_steps: Count = 0
     """Steps of linear interpolation after each phase boundary (0 = step change); phases only."""
     weights: dict[str, float] | None = None
     """A fixed mixture for the whole run."""
@@ -138,7 +165,7 @@ class ScheduleConfig:
 
     mixture: MixtureConfig
     """Source mixture, fixed or by phases."""
-    train_tokens: int = 20_000_000_000
+    train_tokens: Count = 20_000_000_000
     """Token budget; total steps are the fewest whose tokens reach it."""
     global_batch_size: int = 256
     """Sequences per optimizer step, summed over all ranks and micro-batches."""
@@ -467,8 +494,6 @@ def _check_step(step: int) -> int:
 @functools.cache
 def _parser(config_class: type, key: str) -> Any:
     """A parser of one ``--KEY`` argument of ``config_class``, built once per class and key."""
-    from jsonargparse import ArgumentParser  # here: a built Schedule needs no parser
-
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument(f"--{key}", type=config_class, sub_configs=True)  # sub_configs: FILE.yaml values
     return parser

@@ -10,12 +10,12 @@ process, no model, and writes one JSON line per (step, rank) -- the format is in
 
 The configuration is resolved as ``python -m train fit`` resolves its data section, without importing torch
 or Lightning (data/config.py's resolve_data_config; a run's config.yaml is accepted): stacked
-``--config`` files and ``--data.<key>`` overrides (``--data.seed 7``, ``--data.batch_size 2``,
-``--data.schedule.seq_len.end 512``). ``--corpus DIR`` reads DIR/<source>/*.parquet instead of the
-config's globs. The older spellings map onto those keys (each flag's help below names its key):
-``--seed``, ``--batch-size``, ``--buffer-size``, ``--open-shards``, ``--selector``, ``--weights`` (a fixed
-mixture, ``web=0.6,...`` or JSON) and ``--seq-len L`` (one length throughout). The default ``--steps``
-is the total of the schedule that results.
+``--config`` files, ``PL_FIT__DATA__<KEY>`` environment variables and ``--data.<key>`` overrides
+(``--data.seed 7``, ``--data.batch_size 2``, ``--data.schedule.seq_len.end 512``). ``--corpus DIR`` reads
+DIR/<source>/*.parquet instead of the config's globs. The older spellings map onto those keys (each
+flag's help below names its key): ``--seed``, ``--batch-size``, ``--buffer-size``, ``--open-shards``,
+``--selector``, ``--weights`` (a fixed mixture, ``web=0.6,...`` or JSON) and ``--seq-len L`` (one length
+throughout). The default ``--steps`` is the total of the schedule that results.
 """
 
 from __future__ import annotations

@@ -7,15 +7,17 @@ Prints the distinct ``source`` and ``category`` values with rows, tokens (``toke
 and, with ``--config``, the mixture source each value goes to under the config's ``filter:`` blocks
 (``-`` for none) and the start-up mapping report (data/mapping.py: per source and pattern the values
 matched; the unclaimed values; a pattern matching nothing, unclaimed values above ``data.unclaimed`` or
-a value claimed twice are marked ``error:`` as ``train fit`` would refuse them). Then a ``sources:``
+a value claimed twice are marked ``error:`` as ``train fit`` would refuse them). The report covers the
+files each source's globs select, as ``train fit`` selects them (data/source_files.py). Then a ``sources:``
 block for the values found, ready to paste, and duplicate-text counts on a sample of rows
 (``--sample-rows``; the Dolma 3 mix upsamples documents, so some repeat). Reads only the small columns,
 except the sampled texts. Library: data/corpus/inspect.py.
 
 Exit status 0; 1 when the config's mapping has errors (``train fit`` would refuse it); 2 with
 ``error: ...`` when the folder holds no parquet file, is an incomplete global-shuffle output, or the
-config is unreadable. The data section is resolved as ``python -m train fit`` resolves it, without torch
-(data/config.py resolve_data_config): stacked ``--config`` files and ``--data.*`` overrides.
+config is unreadable or refused where ``train fit`` refuses its files (a glob matching nothing, a file two
+sources claim: fit's line). The data section is resolved as ``python -m train fit`` resolves it, without
+torch (data/config.py resolve_data_config): stacked ``--config`` files, ``PL_FIT__DATA__*`` and ``--data.*``.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from data.corpus.inspect import (
     format_report,
     inspect_corpus,
     propose_sources,
+    summarize,
 )
 from data.errors import ConfigError, one_line_errors
 from data.mapping import build_mapping
 from data.shuffled import shuffle_problems
+from data.source_files import list_files
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows whose texts are checked for duplicates (default 20,000; 0: skip)")
     p.add_argument("--paths", default="$DOLMA3_DIR/**/*.parquet", help="the glob the proposed sources block reads")
     p.epilog = ("Also: --config FILE (repeatable: stacked as train fit stacks them) and --data.* overrides, "
-                "whose data.sources filters are applied to the folder's files.")
+                "whose data.sources globs and filters are read as train fit reads them.")
     return p
 
 
@@ -71,10 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(own)
     cfg = resolve_data_config(rest) if rest else None  # the run's data config, as train fit resolves it
+    files_per_source = list_files(cfg) if cfg is not None else {}  # the files fit reads; what it refuses, refused
     summary = scanned(args.dir, args.pattern)
-    mapping = None  # the config's filters over every file of the folder: the start-up mapping report
+    mapping = None  # the config's filters over the files each source reads: the start-up mapping report
     if cfg is not None:
-        mapping = build_mapping(cfg, {name: list(summary.paths) for name in cfg.sources}, summary.per_file)
+        read = sorted({p for files in files_per_source.values() for p in files})
+        values = summary if set(read) <= set(summary.paths) else summarize(read)  # files outside DIR too
+        mapping = build_mapping(cfg, files_per_source, values.per_file)
     print(format_report(summary, mapping))
     if mapping is not None:
         print("\n" + mapping.text())

@@ -306,7 +306,11 @@ def version() -> str:
 
 class _Resolve(ConfigCLI):
     """The parser of ``fit`` without its subcommand: its own arguments (``ckpt_path``, ``weights_only``)
-    added as the subcommand adds them, so a run's saved config.yaml and ``--print_config`` are accepted."""
+    added as the subcommand adds them, so a run's saved config.yaml and ``--print_config`` are accepted, and
+    the environment read under the subcommand's names (``PL_FIT__DATA__SEED``), below the config files."""
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        return super().init_parser(**{**kwargs, "env_prefix": "PL_FIT_"})
 
     def add_arguments_to_parser(self, parser) -> None:
         super().add_arguments_to_parser(parser)

@@ -12,9 +12,11 @@ installed, because each item below reads or overrides something Lightning does n
   ``last.ckpt`` (and what it saved last), LightningCLI's ``_parse_ckpt_path`` and ``_instantiate_trainer``,
   under public names that train/checkpoint_io.py and train/cli.py override.
 
-And the two places the configuration parser reaches into jsonargparse (4.53) and argparse (Python 3.11):
-:func:`parser_actions` (argparse's ``_actions``) and :func:`wrap_config_loader` (the action's
-``_load_config``: train/config.py looks for ``model: {model: FILE}`` in the repository too).
+And the three places the configuration parser reaches into jsonargparse (4.53) and argparse (Python 3.11):
+:func:`parser_actions` (argparse's ``_actions``), :func:`wrap_config_loader` (the action's
+``_load_config``: train/config.py looks for ``model: {model: FILE}`` in the repository too) and, in
+data/config.py (which cannot import this file: no torch there), ``jsonargparse._util.config_load_stack``,
+the file being read, which its YAML loader names when it refuses a key given twice.
 
 Each has a test that fails when Lightning changes what it relies on (tests/integration: resume with
 another accumulation, the dead-worker checkpoint, a resumed metrics.csv, last.ckpt at the final step).

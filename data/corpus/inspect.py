@@ -53,6 +53,11 @@ def inspect_corpus(root: str | Path, pattern: str = "**/*.parquet") -> CorpusSum
     files = sorted(glob.glob(os.path.join(str(Path(root).expanduser()), pattern), recursive=True))
     if not files:
         raise FileNotFoundError(f"no parquet file under {root} ({pattern})")
+    return summarize(files)
+
+
+def summarize(files: list[str]) -> CorpusSummary:
+    """Rows and ``token_count`` sums per distinct ``source`` and ``category`` value of each of ``files``."""
     out = CorpusSummary(files=len(files), paths=files)
     for path in files:
         table = _small_columns(path)

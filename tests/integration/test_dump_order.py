@@ -174,6 +174,15 @@ def test_train_fit_flags_and_stacked_configs_give_the_order_of_the_older_flags(w
     assert old != baseline[:4]
 
 
+@pytest.mark.parametrize("key, value", [("selector", "random"), ("min_chunks_per_source", 8)])
+def test_an_environment_override_dumps_the_order_of_its_flag(work, baseline, monkeypatch, key, value):
+    """Guards: ``PL_FIT__DATA__*``, which ``train fit`` applies, ignored by the dump (the order printed was
+    not the order trained). The variable dumps what its flag dumps, and not what the config alone gives."""
+    flagged = run_dump(work, f"flag-{key}.jsonl", f"--data.{key}", value, "--steps", 2)
+    monkeypatch.setenv(f"PL_FIT__DATA__{key.upper()}", str(value))
+    assert run_dump(work, f"env-{key}.jsonl", "--steps", 2) == flagged != baseline[:4]
+
+
 @pytest.fixture(scope="module")
 def head(work) -> Path:
     """A dump stopped after step 2, with its cursor in head.jsonl.cursor.json."""

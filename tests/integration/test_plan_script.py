@@ -103,6 +103,23 @@ def test_tokens_flag_warns_about_epochs(plan, tmp_path):
     assert rc == 2 and "curated" in stderr
 
 
+def test_a_token_count_may_be_written_as_a_whole_float(plan, tmp_path):
+    """plan's own example ``--data.schedule.train_tokens 2e9`` failed ("Expected int, got 2000000000.0"), as did
+    ``train_tokens: 3.6e3`` in a config file: a whole number in float notation plans what the integer plans (steps
+    too); a fraction is refused naming the key."""
+    args = ["--config", "configs/pretrain_350m_20b.yaml", "--out", str(tmp_path / "p.png")]
+    rc, as_int, stderr = plan(*args, "--data.schedule.train_tokens", "2000000000")
+    assert rc == 0, stderr
+    assert plan(*args, "--data.schedule.train_tokens", "2e9")[:2] == (0, as_int)
+    (tmp_path / "floats.yaml").write_text("data:\n  schedule:\n    train_tokens: 2.0e9\n"
+                                          "    lr: {warmup_steps: 2.0e3}\n")
+    rc, stdout, stderr = plan(*args, "--config", str(tmp_path / "floats.yaml"))
+    assert rc == 0 and stdout.split("\n", 1)[1] == as_int.split("\n", 1)[1], stderr  # the first line names the files
+    rc, _, stderr = plan(*args, "--data.schedule.train_tokens", "2.5e0")
+    assert rc == 2 and stderr.strip() == ("error: data.schedule.train_tokens: Not of type Count: expected a whole "
+                                          "number, got 2.5"), stderr
+
+
 def test_bad_config_exits_2(plan, tmp_path):
     bad = tmp_path / "bad.yaml"
     text = (

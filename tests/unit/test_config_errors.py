@@ -109,6 +109,37 @@ def test_a_number_where_a_group_goes_is_one_line_naming_the_file_from_fit_and_fr
         ScheduleConfig.from_dict({"lr": 0.1, "mixture": {"weights": {"web": 1.0}}}, key="data.schedule")
 
 
+def test_a_key_given_twice_in_one_yaml_file_is_one_line_naming_the_file_the_key_and_both_lines(tmp_path, capsys):
+    """``web:`` twice under ``sources``: the later silently won in every tool (the run trained 1 web file instead
+    of 7). A stacked config (in fit, plan, dump_order, inspect_corpus, the ablation runner), a mixture file a
+    config names and a model file each refuse it."""
+    tmp_path = tmp_path.resolve()
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("data:\n  sources:\n    web: {paths: [a]}\n    code: {paths: [b]}\n    web: {paths: [c]}\n")
+    argv = ["--config", DEMO, "--config", str(twice)]
+    line = (f"error: {twice}: data.sources.web is given twice (lines 3 and 5); keep one (YAML would silently "
+            "use the later)")
+    assert fit_error(argv, capsys) == line
+    assert tool_error("plan", argv, capsys) == line
+    assert tool_error("dump_order", [*argv, "--steps", "1", "--out", str(tmp_path / "o.jsonl")], capsys) == line
+    assert tool_error("inspect_corpus", [str(ROOT / "demo_corpus"), *argv], capsys) == line
+    from ablations import run
+
+    assert run.main(["--pair", "demo", "--out", str(tmp_path / "abl"), "--dry-run", "--", "--config", str(twice)]) == 2
+    assert error_line(capsys.readouterr().err) == line
+    (tmp_path / "mix.yaml").write_text("weights: {web: 0.5, code: 0.5, books: 0,\n  curated: 0, web: 0.1}\n")
+    (tmp_path / "over.yaml").write_text("data:\n  schedule:\n    mixture: mix.yaml\n")
+    argv = ["--config", DEMO, "--config", str(tmp_path / "over.yaml")]
+    line = f"error: {tmp_path / 'mix.yaml'}: weights.web is given twice (lines 1 and 2)"
+    assert fit_error(argv, capsys).startswith(line)
+    dump = [*argv, "--steps", "1", "--out", str(tmp_path / "o.jsonl")]
+    assert tool_error("dump_order", dump, capsys).startswith(line)
+    model = tmp_path / "model.yaml"
+    model.write_text((ROOT / "configs" / "model" / "demo.yaml").read_text() + "n_layers: 7\n")
+    assert fit_error(["--config", DEMO, "--model.model", str(model)], capsys).startswith(
+        f"error: {model}: n_layers is given twice (lines ")
+
+
 @pytest.mark.parametrize(("key", "value"), [("val_tokens_per_source", 512), ("min_chunks_per_source", 3)])
 def test_a_resume_under_another_data_setting_names_the_key_and_its_two_values(make_cfg, key, value):
     """It said "the corpus changed (fingerprint ...)" and offered --run.allow_changed_data (which restarts

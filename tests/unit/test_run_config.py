@@ -102,6 +102,7 @@ def test_data_tools_resolve_the_data_section_as_fit_print_config_shows(capsys, m
     assert rc == 0 and printed.seed == 9 and printed.buffer_size == 32
     assert printed.schedule.mixture.phases[0].weights["curated"] == 0.1  # the mixture file beside over.yaml
     monkeypatch.chdir(tmp_path)  # another working directory: the mixture file is found beside over.yaml
+    (tmp_path / "demo_corpus").symlink_to(demo_corpus)  # where the demo config's globs look (inspect_corpus reads them)
     seen = []
 
     def noted(argv: list[str]):
@@ -124,6 +125,27 @@ def test_data_tools_resolve_the_data_section_as_fit_print_config_shows(capsys, m
     assert len(err.splitlines()) == 1 and "buffer_sise" in err, err
 
 
+def test_every_tool_reads_the_environment_as_fit_does(capsys, monkeypatch):
+    """Guards: ``PL_FIT__DATA__*`` (documented in ``fit --help``) applied by ``train fit`` and ignored by the
+    tools' parsers, so dump_order printed one order and fit trained another. Every resolution reads the
+    environment as fit does: over the defaults, under the config files (the demo's seed stays) and the flags;
+    ``PL_DATA__*``, a name fit does not read, changes nothing."""
+    from data.config import resolve_data_config
+    from train.config import data_config, resolve_config
+
+    monkeypatch.setenv("PL_FIT__DATA__SELECTOR", "random")
+    monkeypatch.setenv("PL_FIT__DATA__MIN_CHUNKS_PER_SOURCE", "8")
+    monkeypatch.setenv("PL_FIT__DATA__SEED", "7")
+    monkeypatch.setenv("PL_DATA__BUFFER_SIZE", "3")
+    rc, out, _ = fit(["--config", DEMO, "--print_config"], capsys)
+    printed = parse_data_config(yaml.safe_load(out)["data"])
+    assert rc == 0 and (printed.selector, printed.min_chunks_per_source, printed.seed) == ("random", 8, 1234)
+    assert printed.buffer_size == 256
+    assert resolve_data_config(["--config", DEMO]) == printed == data_config(resolve_config(["--config", DEMO]))
+    flag = ["--config", DEMO, "--data.selector", "deficit"]
+    assert resolve_data_config(flag).selector == data_config(resolve_config(flag)).selector == "deficit"
+
+
 def test_data_tools_import_and_run_without_torch_or_lightning(tmp_path, demo_corpus):
     """Guards: a data tool that imports torch and Lightning to read a YAML (seconds and ~400 MB more per
     process). Each tool's module is imported, and dump_order and inspect_corpus run, in a fresh interpreter."""
@@ -140,6 +162,7 @@ def test_data_tools_import_and_run_without_torch_or_lightning(tmp_path, demo_cor
         "print('HEAVY', sorted(m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WELLMIXED_CACHE": str(tmp_path / "cache")}
+    (tmp_path / "demo_corpus").symlink_to(demo_corpus)  # where the demo config's globs look (inspect_corpus reads them)
     proc = subprocess.run([sys.executable, "-c", code, str(ROOT), str(demo_corpus)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

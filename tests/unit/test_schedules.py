@@ -298,8 +298,10 @@ INVALID = [
     (_set("mixture.phases[1].weights.code", "x"),
      "schedule.mixture.phases.weights: Expected a <class 'float'>. Got value: x"),
     (_set("mixture.phases", 3), "schedule.mixture.phases: Expected a <class 'tuple'>. Got value: 3"),
-    (_set("mixture.ramp_steps", 2.5), "schedule.mixture.ramp_steps: Expected a <class 'int'>. Got value: 2.5"),
-    (_set("train_tokens", True), "schedule.train_tokens: Expected a <class 'int'>. Got value: True"),
+    (_set("mixture.ramp_steps", 2.5), "schedule.mixture.ramp_steps: Not of type Count: expected a whole number, "
+                                      "got 2.5"),
+    (_set("train_tokens", True), "schedule.train_tokens: Not of type Count: expected a whole number, got True"),
+    (_set("train_tokens", "2.5e0"), "schedule.train_tokens: Not of type Count: expected a whole number, got 2.5"),
     (_set("lr", 0.1), "schedule.lr: expected a mapping or a YAML file, got 0.1"),
     (_set("mixture", "no_such_mixture.yaml"), "schedule.mixture: Unable to load config 'no_such_mixture.yaml'"),
 ]
