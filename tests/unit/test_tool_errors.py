@@ -22,7 +22,7 @@ from scripts_in_process import load_script
 
 from data.errors import ConfigError, DataError, TokenizerError, WellMixedError, error_lines, one_line_errors
 from data.files import LinkRefused, WriteError
-from data.tokenizer import CL100K_URL, get_encoding
+from data.tokenizer import CL100K_URL, cl100k_encoding
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [f"document {i} has a few words in it" for i in range(600)]
@@ -110,11 +110,11 @@ def test_dump_order_names_a_corrupt_tokenizer_cache_file(dump_order, tmp_path, c
     bad = cache / hashlib.sha1(CL100K_URL.encode()).hexdigest()
     bad.write_bytes(b"not a BPE file\n")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
-    get_encoding.cache_clear()
+    cl100k_encoding.cache_clear()
     try:
         line = run_dump(dump_order, tmp_path / "corpus", capsys)
     finally:
-        get_encoding.cache_clear()  # later tests load the real file again
+        cl100k_encoding.cache_clear()  # later tests load the real file again
     assert line.startswith(f"error: TIKTOKEN_CACHE_DIR: {bad}: sha256") and "delete that file" in line
 
 
