@@ -71,8 +71,9 @@ def _build(cfg: TokenizerConfig) -> "Tokenizer":
     else:
         try:
             enc = tiktoken.get_encoding(name)
-        except ValueError as e:  # an unknown name: tiktoken lists the ones it knows
-            raise TokenizerError(f"data.tokenizer.name: {e}") from None
+        except ValueError:  # an unknown name
+            raise TokenizerError(f"data.tokenizer.name {name}: not a tiktoken encoding (known: "
+                                 f"{', '.join(tiktoken.list_encoding_names())}); or give data.tokenizer.path") from None
         except Exception as e:  # noqa: BLE001 -- the download tiktoken attempts when the file is not cached
             raise TokenizerError(f"data.tokenizer.name {name}: not available offline ({type(e).__name__}: "
                                  f"{str(e)[:200]}); put its file into $TIKTOKEN_CACHE_DIR (tiktoken's cache, "
