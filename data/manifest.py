@@ -212,7 +212,7 @@ def _read_counts(pf: pq.ParquetFile, i: int, cols: list[str]) -> pa.Table:
     negative = pc.sum(pc.less(counts, 0)).as_py() or 0
     if negative:
         raise ValueError(f"row group {i}: token_count has {negative} negative value(s) (min "
-                         f"{pc.min(counts).as_py()}); it must be each document's token count")
+                         f"{pc.min(counts).as_py()}); it must be each document's token count (data.tokenizer)")
     return table
 
 

@@ -112,10 +112,10 @@ def _token_count_problem(name: str, per_file: dict[str, list[int]], text_column:
     if not bad_files and not _off(counted, real):
         return None
     lo, hi = TOKEN_COUNT_RATIO
-    return (f"data.sources.{name}: token_count does not match the text counted with data.tokenizer "
-            f"({tokenizer.name}) ({_worst(bad_files, per_file)}); the sample of {n} row(s) must be within "
-            f"x{lo:g}..x{hi:g} of it: a column counted with another tokenizer can be recounted at start-up with "
-            "data.tokenizer.recount true (reads every text once, cached), or fix the column")
+    return (f"data.sources.{name}: token_count does not match the text ({_worst(bad_files, per_file)}); the sample "
+            f"of {n} row(s) must be within x{lo:g}..x{hi:g} of its count with data.tokenizer ({tokenizer.name}): a "
+            "column counted with another tokenizer is recounted at start-up with data.tokenizer.recount true (reads "
+            "every text once, cached), else fix the column")
 
 
 def _empty_texts(name: str, per_file: dict[str, list[int]], text_column: str, n: int, counted: int) -> str:

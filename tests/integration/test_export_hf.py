@@ -15,12 +15,12 @@ import torch
 
 from data.errors import ConfigError
 from data.tokenizer import TokenizerConfig, cl100k_encoding
-
-CL100K = TokenizerConfig().build()
-EOT_ID, VOCAB_SIZE = CL100K.eot_id, CL100K.vocab_size
 from train.checkpoint import checksum_path, file_sha256
 from train.model import GPT, ModelConfig, load_model_config
 from train.tools import export as export_hf
+
+CL100K = TokenizerConfig().build()
+EOT_ID, VOCAB_SIZE = CL100K.eot_id, CL100K.vocab_size
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")

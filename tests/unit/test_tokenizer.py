@@ -13,7 +13,6 @@ import pytest
 
 from data import tokenizer
 from data.tokenizer import (
-    CL100K_IDENTITY,
     CL100K_SHA256,
     CL100K_URL,
     TokenizerConfig,
