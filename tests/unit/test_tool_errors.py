@@ -20,6 +20,7 @@ import pytest
 import yaml
 from scripts_in_process import load_script
 
+from data import tokenizer
 from data.errors import ConfigError, DataError, TokenizerError, WellMixedError, error_lines, one_line_errors
 from data.files import LinkRefused, WriteError
 from data.tokenizer import CL100K_URL, cl100k_encoding
@@ -111,10 +112,12 @@ def test_dump_order_names_a_corrupt_tokenizer_cache_file(dump_order, tmp_path, c
     bad.write_bytes(b"not a BPE file\n")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
     cl100k_encoding.cache_clear()
+    tokenizer._build.cache_clear()  # the built tokenizer too: loaded again, as in a new process
     try:
         line = run_dump(dump_order, tmp_path / "corpus", capsys)
     finally:
         cl100k_encoding.cache_clear()  # later tests load the real file again
+        tokenizer._build.cache_clear()
     assert line.startswith(f"error: TIKTOKEN_CACHE_DIR: {bad}: sha256") and "delete that file" in line
 
 
