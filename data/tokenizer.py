@@ -144,7 +144,7 @@ class Tokenizer:
     def _encode_all(self, texts: list[str], num_threads: int) -> list[list[int]]:
         if num_threads <= 1 or len(texts) < 2:
             return [self._encode_one(t) for t in texts]
-        return list(_pool(num_threads).map(self._encode_one, texts))  # both libraries release the GIL
+        return list(_pool(num_threads).map(self._encode_one, texts))  # tiktoken releases the GIL
 
 
 def _lines(enc: tiktoken.Encoding) -> Iterable[bytes]:
