@@ -272,7 +272,7 @@ def write_tokenizer_info(out: Path, cfg: ModelConfig, with_json: bool, tokenizer
         "n_vocab": n_vocab,
         "model_vocab_size": cfg.vocab_size,
         "padding_ids": [n_vocab, cfg.vocab_size - 1] if cfg.vocab_size > n_vocab else None,
-        "documents": "encoded with encode_ordinary (special-token text stays text), each followed by EOT",
+        "documents": "encoded without special tokens (special-token text stays text), each followed by EOT",
         "tokenizer_json": with_json,
     }
     (out / "tokenizer_info.json").write_text(json.dumps(info, indent=1) + "\n")
