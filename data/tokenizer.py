@@ -36,7 +36,7 @@ from data.errors import TokenizerError
 CL100K_URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
 CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
 CL100K_IDENTITY = "cl100k_base:3c66650412c1c6a4"
-"""The default tokenizer's identity (tests/unit/test_tokenizer.py checks it): what a checkpoint written before
+"""The default tokenizer's identity (tests/unit/test_tokenizer_config.py checks it): what a checkpoint written before
 the tokenizer was a config key was trained with."""
 
 
