@@ -39,6 +39,7 @@ from jsonargparse._util import config_load_stack  # the file being read (train/l
 
 from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
 from data.schedules import Count, ScheduleConfig, validate_sources
+from data.tokenizer import TokenizerConfig
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
 """Dolma3 columns every shard must have, with their Arrow types (large_string also accepted): the one place
@@ -156,6 +157,9 @@ class DataConfig:
     """Published tokens per source, for planning (scripts/plan.py) before the corpus is downloaded."""
     order_log: bool = False
     """Write per-step, per-rank document pieces (the order-dump format) into the run directory."""
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    """The tokenizer: ``{name: cl100k_base}`` (a tiktoken encoding, the default) or ``{path: tokenizer.json}``
+    (Hugging Face); data/tokenizer.py."""
     tokenizer_threads: int = 1
     """Encoder threads per consumer; DataLoader workers already run one consumer per process."""
 

@@ -7,7 +7,8 @@ file -> one ``ConfigError`` that names every bad file and its problem. With ``on
 bad files are logged, left out and counted in ``Manifest.skipped`` instead.
 
 ``token_count`` is checked: a null or negative count makes a bad file, a sample of each source is
-counted with cl100k (data/token_sample.py), a source whose documents are all empty is an error. Null
+counted with ``data.tokenizer`` (data/token_sample.py), a source whose documents are all empty is an error;
+with ``data.tokenizer.recount`` the scan counts every text with the tokenizer instead of trusting the column. Null
 texts are counted from the footers into ``Manifest.null_texts`` (``train fit`` refuses them unless
 ``on_bad_shard: skip``). The cache keeps each file's scan and each source's sample outcome, so a cached
 start-up re-applies every check without reading text.
@@ -16,8 +17,8 @@ A file is the file, not its spelling: the globs of one source that meet on a fil
 two sources claim is refused unless every source reading it has a filter, and then the mapping report
 (data/mapping.py) refuses a pattern that matches nothing, unclaimed values above ``data.unclaimed`` and
 a value two sources claim. The fingerprint a checkpoint keeps covers each file's size, footer hash and
-``token_count`` checksum, so a file rewritten in place is named at resume. An unverified global-shuffle
-output is refused (data/shuffled.py).
+``token_count`` checksum, so a file rewritten in place is named at resume, and the tokenizer's identity.
+An unverified global-shuffle output is refused (data/shuffled.py).
 
 The unit of splitting is the *chunk*: a row range inside one row group of one shard. A source gets
 one chunk per row group, and its row groups are split into equal row ranges until it has at least
@@ -51,6 +52,7 @@ from data.files import file_digest, write_text
 from data.mapping import MappingReport, build_mapping, count_values, matches
 from data.source_files import doc_id_stems, list_files
 from data.token_sample import SAMPLE_ROWS, SAMPLE_SCAN_ROWS, TOKEN_COUNT_RATIO, sample_token_counts
+from data.tokenizer import CL100K_IDENTITY, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,7 @@ class Manifest:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, problem)
     null_texts: dict[str, list[list[int]]] = field(default_factory=dict)  # path -> [row group, nulls] (footers)
     mapping: MappingReport | None = None  # filter patterns -> values (data/mapping.py)
+    tokenizer: str = CL100K_IDENTITY  # the identity of the tokenizer that counts and encodes (data/tokenizer.py)
 
     @property
     def source_names(self) -> list[str]:
@@ -106,8 +109,9 @@ class Manifest:
     def fingerprint(self) -> str:
         """Identifies the corpus as the data path sees it: files, row groups, each file's bytes as far as
         its size, parquet footer (every column chunk's offsets, sizes and statistics) and token_count
-        column show them, filters and chunking."""
-        h = hashlib.sha256()
+        column show them, filters and chunking, and the tokenizer (cl100k_base, the default, adds nothing: the
+        fingerprints of runs from before the tokenizer was a config key stay as they were)."""
+        h = hashlib.sha256(b"" if self.tokenizer == CL100K_IDENTITY else f"tokenizer|{self.tokenizer}\n".encode())
         for s in self.shards:
             h.update(f"{s.stem}|{s.row_groups}|{s.digest}\n".encode())
         for name, src in self.sources.items():
@@ -161,8 +165,10 @@ def _check_schema(pf: pq.ParquetFile, needed: dict[str, str]) -> str | None:
     return "; ".join(problems) or None
 
 
-def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, text_column: str = "text") -> dict:
-    """Row groups with (rows, matching docs, matching tokens). Raises ValueError(problem)."""
+def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, text_column: str = "text",
+               recount: Tokenizer | None = None) -> dict:
+    """Row groups with (rows, matching docs, matching tokens); ``recount``: tokens counted from the text with
+    that tokenizer, not taken from the column. Raises ValueError(problem)."""
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # ArrowInvalid for truncated files / bad magic, OSError for unreadable
@@ -180,6 +186,10 @@ def _scan_file(path: str, needed: dict[str, str], filt: FilterConfig | None, tex
         table = _read_counts(pf, i, cols)
         counts = table.column("token_count")
         crc = zlib.crc32(counts.to_numpy().tobytes(), crc)
+        if recount is not None:  # a slice of texts at a time: a row group may hold ~100k documents
+            counts = pa.array([n for batch in pf.iter_batches(4096, row_groups=[i], columns=[text_column])
+                               for n in recount.count([t or "" for t in batch.column(0).to_pylist()], 1)], pa.int64())
+            table = table.set_column(0, "token_count", counts)  # the mapping report's token sums too
         if filt:
             count_values(table, filt.column, values)
             mask = matches(table.column(filt.column), filt.patterns)
@@ -202,7 +212,7 @@ def _read_counts(pf: pq.ParquetFile, i: int, cols: list[str]) -> pa.Table:
     negative = pc.sum(pc.less(counts, 0)).as_py() or 0
     if negative:
         raise ValueError(f"row group {i}: token_count has {negative} negative value(s) (min "
-                         f"{pc.min(counts).as_py()}); it must be each document's cl100k token count")
+                         f"{pc.min(counts).as_py()}); it must be each document's token count (data.tokenizer)")
     return table
 
 
@@ -233,17 +243,19 @@ def _build_manifest(cfg: DataConfig) -> Manifest:
     ones, cut each source into chunks, check token_count on a sample; the cache is saved at the end."""
     needed = _needed_columns(cfg)
     files_per_source = list_files(cfg)
+    tokenizer = cfg.tokenizer.build()
     cache_path = _cache_dir(cfg) / f"manifest-v{MANIFEST_VERSION}.json"
     cache = _load_cache(cache_path)
-    scan = _scan_all(cfg, files_per_source, needed, cache)
+    scan = _scan_all(cfg, files_per_source, needed, cache, tokenizer if cfg.tokenizer.recount else None)
     null_texts = _check_bad_files(cfg, scan)
     shards, sources, mapping = _cut_sources(cfg, files_per_source, scan)
-    problems = _check_token_counts(cfg, files_per_source, scan, sources, shards, cache)
+    problems = _check_token_counts(cfg, files_per_source, scan, sources, shards, cache, tokenizer)
     if scan.dirty:
         _save_cache(cache_path, cache)
     if problems:
         raise ConfigError("\n".join(problems))
-    return Manifest(shards=shards, sources=sources, skipped=scan.bad, null_texts=null_texts, mapping=mapping)
+    return Manifest(shards=shards, sources=sources, skipped=scan.bad, null_texts=null_texts, mapping=mapping,
+                    tokenizer=tokenizer.identity)
 
 
 @dataclass
@@ -267,8 +279,9 @@ def _needed_columns(cfg: DataConfig) -> dict[str, str]:
 
 
 def _scan_all(cfg: DataConfig, files_per_source: dict[str, list[str]], needed: dict[str, str],
-              cache: dict) -> _Scan:
-    """Scan every file not in ``cache`` (keyed by path, size, mtime, footer digest, filter and columns)."""
+              cache: dict, recount: Tokenizer | None) -> _Scan:
+    """Scan every file not in ``cache`` (keyed by path, size, mtime, footer digest, filter and columns, and the
+    tokenizer that ``recount`` counts the texts with)."""
     all_paths = sorted({p for files in files_per_source.values() for p in files})
     with ThreadPoolExecutor(max(1, min(len(all_paths), SCAN_THREADS))) as pool:  # footers only: cheap
         scan = _Scan(digests=dict(zip(all_paths, pool.map(file_digest, all_paths))))
@@ -279,11 +292,11 @@ def _scan_all(cfg: DataConfig, files_per_source: dict[str, list[str]], needed: d
         for path in files:
             st = os.stat(path)
             key = (f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{scan.digests[path]}|{fkey}|"
-                   f"{sorted(needed.items())}")
+                   f"{sorted(needed.items())}" + (f"|recount {recount.identity}" if recount else ""))
             scan.keys[(name, path)] = key
             if key not in cache:
                 todo[key] = (path, filt)
-    errors = _scan_into(cache, todo, needed, cfg.text_column)
+    errors = _scan_into(cache, todo, needed, cfg.text_column, recount)
     scan.dirty = len(errors) < len(todo)
     for (name, path), key in list(scan.keys.items()):
         if key in errors:
@@ -296,12 +309,12 @@ def _scan_all(cfg: DataConfig, files_per_source: dict[str, list[str]], needed: d
 
 
 def _scan_into(cache: dict, todo: dict[str, tuple[str, FilterConfig | None]], needed: dict[str, str],
-               text_column: str) -> dict[str, str]:
+               text_column: str, recount: Tokenizer | None) -> dict[str, str]:
     """Scan ``todo`` (cache key -> (path, filter)) into ``cache``; returns the problem per failed key.
     pyarrow reads footers and the small columns without the GIL: threads scale with the cores."""
     def scan_one(item: tuple[str, FilterConfig | None]) -> dict | str:
         try:
-            return _scan_file(item[0], needed, item[1], text_column)
+            return _scan_file(item[0], needed, item[1], text_column, recount)
         except ValueError as e:
             return str(e)
 
@@ -378,22 +391,24 @@ def _refuse_empty(cfg: DataConfig, name: str, groups: list[tuple]) -> None:
         raise ConfigError(f"data.sources.{name}: the token_count column sums to 0 over its "
                           f"{sum(g[3] for g in groups):,} document(s), so no tokens can be held out "
                           "(data.val_tokens_per_source); token_count "
-                          "must hold each document's cl100k count: recompute it (data/tokenizer.py count_tokens)")
+                          "must hold each document's token count: recompute it (or set data.tokenizer.recount true)")
 
 
 def _check_token_counts(cfg: DataConfig, files_per_source: dict[str, list[str]], scan: _Scan,
-                        sources: dict[str, SourceInfo], shards: list[Shard], cache: dict) -> list[str]:
-    """Each source's token_count sample (cached by its files' keys) and empty-source check: the problems."""
+                        sources: dict[str, SourceInfo], shards: list[Shard], cache: dict,
+                        tokenizer: Tokenizer) -> list[str]:
+    """Each source's token_count sample (cached by its files' keys and the tokenizer; none when the scan
+    recounted the column) and empty-source check: the problems."""
     problems = []
     for name, src in sources.items():
         filt = cfg.sources[name].filter
         skey = "sample|" + hashlib.sha256(json.dumps(
-            [name, SAMPLE_ROWS, SAMPLE_SCAN_ROWS, TOKEN_COUNT_RATIO, cfg.text_column,
+            [name, SAMPLE_ROWS, SAMPLE_SCAN_ROWS, TOKEN_COUNT_RATIO, cfg.text_column, tokenizer.identity,
              sorted(scan.keys[(name, p)] for p in files_per_source[name] if (name, p) in scan.keys)]).encode()
         ).hexdigest()
-        outcome = cache.get(skey)
+        outcome = {} if cfg.tokenizer.recount else cache.get(skey)
         if outcome is None:
-            outcome = sample_token_counts(name, _row_groups(src, shards), filt, cfg.text_column)
+            outcome = sample_token_counts(name, _row_groups(src, shards), filt, cfg.text_column, tokenizer)
             cache[skey] = outcome
             scan.dirty = True
         if outcome.get("problem"):

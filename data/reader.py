@@ -38,7 +38,6 @@ import pyarrow.parquet as pq
 from data.config import DataConfig
 from data.errors import DataError
 from data.manifest import Chunk, Manifest, matches
-from data.tokenizer import encode_docs
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class ShardReader:
     def __init__(self, manifest: Manifest, cfg: DataConfig, max_open_files: int = 32):
         self.manifest = manifest
         self.text_column = cfg.text_column
-        self.threads = cfg.tokenizer_threads
+        self.tokenizer, self.threads = cfg.tokenizer.build(), cfg.tokenizer_threads
         self.skip_bad = cfg.on_bad_shard == "skip"
         self.filters = [info.filter for info in manifest.sources.values()]
         self._files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
@@ -184,11 +183,11 @@ class ShardReader:
         """All of a chunk's documents at once (the held-out set; tests): rows and tokens."""
         lazy = self.open_chunk(source, chunk, skip)
         docs = [lazy.take() for _ in range(lazy.left)]
-        return [r for r, _ in docs], encode_docs([t.text() for _, t in docs], self.threads)
+        return [r for r, _ in docs], self.tokenizer.encode_docs([t.text() for _, t in docs], self.threads)
 
     def read_docs(self, source: int, addrs: list[tuple[int, int]]) -> list[np.ndarray]:
         """Tokens of documents given as (shard, row), in the given order (see :meth:`read_texts`)."""
-        return encode_docs([t.text() for t in self.read_texts(source, addrs)], self.threads)
+        return self.tokenizer.encode_docs([t.text() for t in self.read_texts(source, addrs)], self.threads)
 
     def read_texts(self, source: int, addrs: list[tuple[int, int]]) -> list[HeldText]:
         """Texts of documents given as (shard, row), in the given order; each row group they touch is
@@ -206,7 +205,7 @@ class ShardReader:
 
     def encode(self, held: HeldText) -> np.ndarray:
         """One document's tokens, EOT last (the stream tokenizes a document when it leaves the buffer)."""
-        return encode_docs([held.text()], self.threads)[0]
+        return self.tokenizer.encode_docs([held.text()], self.threads)[0]
 
     def _texts_of_rows(self, shard: int, rg: int, rows: np.ndarray, scan: Iterator[pa.Array],
                        state: list) -> list[HeldText]:

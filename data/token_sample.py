@@ -1,14 +1,17 @@
-"""``token_count`` against the text: a fixed sample of each source's documents counted with cl100k.
+"""``token_count`` against the text: a fixed sample of each source's documents counted with ``data.tokenizer``.
 
 The column sizes every plan, epoch and hold-out, so the manifest does not trust it blindly. Per source,
 documents chosen with a seed from the source's name -- up to :data:`SAMPLE_ROWS` row groups of its
 training chunks, one document each (more per group when it has fewer), each among the first
 :data:`SAMPLE_SCAN_ROWS` rows of its row group, so the cost is a few small reads whatever the row-group
-size -- are tokenized. The whole sample and each file's part of it must be within
-:data:`TOKEN_COUNT_RATIO` of the real count (differences of at most :data:`SAMPLE_ROWS` tokens give no
-verdict): a x100 or /1000 column names its file. A sampled text that is not valid UTF-8 is named by
-file and row; a sampled row group that cannot be read is named here, before compute, rather than by a
-DataLoader worker hours later. The manifest caches each source's outcome by its files' cache keys.
+size -- are tokenized with the configured tokenizer. The whole sample and each file's part of it must be
+within :data:`TOKEN_COUNT_RATIO` of that count (differences of at most :data:`SAMPLE_ROWS` tokens, one per
+document, give no verdict: an EOT counted in the column). The column counted with the same tokenizer
+matches exactly; x0.95..x1.05 refuses a column counted with a near tokenizer (another BPE of about the
+same size, whose counts differ by 10-30%: every plan and epoch would be off by that much) and a x100 or
+/1000 column alike, naming its file. A sampled text that is not valid UTF-8 is named by file and row; a
+sampled row group that cannot be read is named here, before compute, rather than by a DataLoader worker
+hours later. The manifest caches each source's outcome by its files' cache keys and the tokenizer.
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ import pyarrow.parquet as pq
 from data.config import FilterConfig
 from data.errors import ConfigError
 from data.mapping import matches
+from data.tokenizer import Tokenizer
 
-SAMPLE_ROWS = 16  # documents per source whose token_count is compared with a real cl100k count
-TOKEN_COUNT_RATIO = (0.5, 2.0)  # allowed token_count / real count over a source's sample
+SAMPLE_ROWS = 16  # documents per source whose token_count is compared with the tokenizer's real count
+TOKEN_COUNT_RATIO = (0.95, 1.05)  # allowed token_count / real count over a source's sample
 SAMPLE_SCAN_ROWS = 256  # rows read from the start of a sampled row group (never the whole group)
 
 Group = tuple[str, int, int]  # (path, row group, its first row)
 
 
-def sample_token_counts(name: str, groups: list[Group], filt: FilterConfig | None, text_column: str) -> dict:
+def sample_token_counts(name: str, groups: list[Group], filt: FilterConfig | None, text_column: str,
+                        tokenizer: Tokenizer) -> dict:
     """The sample's verdict over the source's row groups ``groups`` (sorted by path, then row group):
     ``{"problem": str | None, "rows", "counted", "real"}`` (cached by the manifest)."""
     per_file: dict[str, list[int]] = {}  # path -> [rows, token_count sum, real count]
@@ -51,9 +56,12 @@ def sample_token_counts(name: str, groups: list[Group], filt: FilterConfig | Non
             continue
         if table.num_rows:
             rows = sorted(rng.permutation(table.num_rows)[:per_group].tolist())
-            _count_rows(table, rows, path, first, text_column, per_file.setdefault(path, [0, 0, 0]))
+            acc = per_file.setdefault(path, [0, 0, 0])  # [rows, token_count sum, real count]
+            acc[0] += len(rows)
+            acc[1] += sum(table.column("token_count").take(rows).to_pylist())
+            acc[2] += sum(tokenizer.count(_texts(table.column(text_column), rows, path, first, text_column), 1))
     n, counted, real = _totals(per_file)
-    problem = "; ".join(filter(None, [_token_count_problem(name, per_file, text_column), *unreadable]))
+    problem = "; ".join(filter(None, [_token_count_problem(name, per_file, text_column, tokenizer), *unreadable]))
     return {"problem": problem or None, "rows": n, "counted": counted, "real": real}
 
 
@@ -63,15 +71,6 @@ def _first_rows(path: str, rg: int, cols: list[str], filt: FilterConfig | None) 
     batch = next(pf.iter_batches(batch_size=SAMPLE_SCAN_ROWS, row_groups=[rg], columns=cols), None)
     table = pa.Table.from_batches([batch]) if batch is not None else pa.table({c: [] for c in cols})
     return table.filter(matches(table.column(filt.column), filt.patterns)) if filt and table.num_rows else table
-
-
-def _count_rows(table: pa.Table, rows: list[int], path: str, first: int, text_column: str, acc: list[int]) -> None:
-    """Add ``rows`` of ``table`` to ``acc`` = [rows, token_count sum, real count]."""
-    from data.tokenizer import count_tokens
-
-    acc[0] += len(rows)
-    acc[1] += sum(table.column("token_count").take(rows).to_pylist())
-    acc[2] += sum(count_tokens(_texts(table.column(text_column), rows, path, first, text_column), num_threads=1))
 
 
 def _texts(column: pa.ChunkedArray, rows: list[int], path: str, first: int, text_column: str) -> list[str]:
@@ -102,7 +101,8 @@ def _ratio(v: list[int]) -> float:
     return v[1] / v[2] if v[2] else math.inf
 
 
-def _token_count_problem(name: str, per_file: dict[str, list[int]], text_column: str) -> str | None:
+def _token_count_problem(name: str, per_file: dict[str, list[int]], text_column: str,
+                         tokenizer: Tokenizer) -> str | None:
     """The verdict on a sample (per file ``[rows, counted, real]``): None, or the problem naming the worst files."""
     n, counted, real = _totals(per_file)
     if n and real == 0 and counted > 0:  # token_count 0 as well: the source-wide check names it
@@ -112,9 +112,10 @@ def _token_count_problem(name: str, per_file: dict[str, list[int]], text_column:
     if not bad_files and not _off(counted, real):
         return None
     lo, hi = TOKEN_COUNT_RATIO
-    return (f"data.sources.{name}: token_count does not match the text ({_worst(bad_files, per_file)}); "
-            f"the sample of {n} row(s) must be within x{lo:g}..x{hi:g} of the real cl100k count: recompute the "
-            "column with cl100k_base (data/tokenizer.py count_tokens) or fix the file")
+    return (f"data.sources.{name}: token_count does not match the text ({_worst(bad_files, per_file)}); the sample "
+            f"of {n} row(s) must be within x{lo:g}..x{hi:g} of its count with data.tokenizer ({tokenizer.name}): a "
+            "column counted with another tokenizer is recounted at start-up with data.tokenizer.recount true (reads "
+            "every text once, cached), else fix the column")
 
 
 def _empty_texts(name: str, per_file: dict[str, list[int]], text_column: str, n: int, counted: int) -> str:

@@ -40,7 +40,7 @@ from data.manifest import build_manifest
 from data.packer import ConsumerStream
 from data.schedules import build_schedule, fixed_schedule
 from data.simulate import OrderSimulator
-from data.tokenizer import get_encoding
+from data.tokenizer import cl100k_encoding
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
@@ -98,7 +98,7 @@ def tv(shares: np.ndarray, weights: np.ndarray) -> np.ndarray:
 def bare_rate(texts: list[str], threads: int) -> float:
     """Tokens/s of bare tiktoken over ``texts``."""
     t0 = time.perf_counter()
-    out = get_encoding().encode_ordinary_batch(texts, num_threads=threads)
+    out = cl100k_encoding().encode_ordinary_batch(texts, num_threads=threads)
     return sum(map(len, out)) / (time.perf_counter() - t0)
 
 

@@ -3,7 +3,7 @@ and one PNG of loss per source against the step.
 
     python scripts/report_run.py runs/demo [--corpus demo_corpus]
 
-With ``--corpus`` the table also shows the corpus's unigram entropy (cl100k tokens, EOT included):
+With ``--corpus`` the table also shows the corpus's unigram entropy (the run's data.tokenizer, EOT included):
 the loss of a model that learned token frequencies and nothing else.
 """
 
@@ -22,19 +22,17 @@ from pathlib import Path
 
 from data import files
 from data.errors import ConfigError, one_line_errors
-from train.rundir import read_metrics, series
+from data.tokenizer import Tokenizer, TokenizerConfig
+from train.rundir import read_config, read_metrics, series
 
 
-def unigram_entropy(corpus: Path) -> float:
+def unigram_entropy(corpus: Path, tokenizer: Tokenizer) -> float:
     import pyarrow.parquet as pq
 
-    from data.tokenizer import EOT_ID, get_encoding
-
-    enc, counts = get_encoding(), Counter()
+    counts = Counter()
     for path in sorted(corpus.glob("*/*.parquet")):
         for text in pq.read_table(path, columns=["text"]).column("text").to_pylist():
-            counts.update(enc.encode_ordinary(text))
-            counts[EOT_ID] += 1
+            counts.update(tokenizer.encode_docs([text])[0].tolist())
     total = sum(counts.values())
     return -sum(c / total * math.log(c / total) for c in counts.values())
 
@@ -78,8 +76,9 @@ def held_out_table(rows, sources: list[str]) -> list[str]:
     return lines
 
 
-def entropy_lines(rows, corpus: Path) -> list[str]:
-    h, end = unigram_entropy(corpus), series(rows, "val/loss")
+def entropy_lines(rows, corpus: Path, run_dir: Path) -> list[str]:
+    tokenizer = TokenizerConfig(**(read_config(run_dir).get("data") or {}).get("tokenizer") or {}).build()
+    h, end = unigram_entropy(corpus, tokenizer), series(rows, "val/loss")
     return [f"unigram entropy of {corpus}: {h:.3f} nats/token"] + (
         [f"final held-out loss is {h - end[-1][1]:.3f} nats below it"] if end else [])
 
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
     sources = sorted({k.split("/")[-1] for k in (rows or [{}])[0] if k.startswith(("val/loss/", "train/loss/"))})
-    lines = held_out_table(rows, sources) + (entropy_lines(rows, args.corpus) if args.corpus else [])
+    lines = held_out_table(rows, sources) + (entropy_lines(rows, args.corpus, args.run_dir) if args.corpus else [])
     print("\n".join(lines))
     out = args.out or args.run_dir / "loss_per_source.png"
     plot(rows, sources, out)

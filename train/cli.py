@@ -28,6 +28,7 @@ import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from data.errors import ConfigError, WellMixedError, error_lines
+from data.tokenizer import TokenizerConfig
 from data.types import TrainingContext
 from train import lightning_internals as internals
 from train import loggers as run_loggers
@@ -67,17 +68,6 @@ def newest_checkpoint(ckpt_dir: Path) -> tuple[Path | None, int]:
     return newest, -1 if newest is None else steps[newest]
 
 
-def check_tokenizer() -> None:
-    """The cl100k file, loaded and hash-checked in the main process before the model is built (else a
-    corrupt cache file shows up as a DataLoader-worker traceback after it)."""
-    from data.tokenizer import TokenizerError, get_encoding
-
-    try:
-        get_encoding()
-    except TokenizerError as e:
-        raise ConfigError(str(e)) from None
-
-
 class WellMixedCLI(internals.CLIHooks, ConfigCLI):
     """The parser of train/config.py, plus what a run does before and around ``trainer.fit`` (through
     train/lightning_internals.py's hooks: the ``--ckpt_path`` check, the Trainer's arguments)."""
@@ -114,7 +104,9 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         cfg.model.log_every_n_steps = run.log_every_n_steps
         run.loggers = run_loggers.resolve(run.loggers, run.wandb)  # the saved config shows what ran
         run.wandb = "wandb" in run.loggers
-        check_tokenizer()
+        # data.tokenizer built (its file loaded and hash-checked) in the main process before the model is built,
+        # else a corrupt file shows up as a DataLoader-worker traceback after it
+        TokenizerConfig(**cfg.data.tokenizer.as_dict()).build()
 
     def trainer_arguments(self, config: dict, callbacks: list) -> tuple[dict, list]:
         """The Trainer's run directory, first logger, plugins (atomic checkpoint writes), strategy and the
@@ -230,6 +222,11 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         from data.schedules import validate_model_context
 
         validate_model_context(schedule, self.model.model_config.max_seq_len)
+        tokenizer, vocab_size = cfg.tokenizer.build(), self.model.model_config.vocab_size
+        if vocab_size < tokenizer.vocab_size:
+            raise ConfigError(f"model.vocab_size {vocab_size:,} is smaller than data.tokenizer's vocabulary "
+                              f"({tokenizer.name}: {tokenizer.vocab_size:,} ids): set model.vocab_size to at least "
+                              f"{tokenizer.vocab_size} (a multiple of 128 tiles best)")
         if self.trainer.max_steps in (None, -1):  # the run length follows from the token budget
             internals.set_max_steps(self.trainer, schedule.total_steps)
         available = {n: s.stream_tokens for n, s in manifest.sources.items()}

@@ -37,7 +37,6 @@ from data.packer import ConsumerStream
 from data.plan import effective_streams, stream_table
 from data.reader import ShardReader
 from data.steps import StepSchedule
-from data.tokenizer import EOT_ID
 from data.types import TENSOR_KEYS, EvalBatch, TrainBatch, TrainingContext
 from train.cursor_files import (
     claim_step_dir,
@@ -104,6 +103,7 @@ class HeldOutDataset(torch.utils.data.Dataset):
 
     def __init__(self, manifest: Manifest, cfg: DataConfig, seq_len: int, rank: int, world_size: int):
         reader = ShardReader(manifest, cfg)
+        eot = reader.tokenizer.eot_id
         self.batches: list[EvalBatch[torch.Tensor]] = []
         for s, info in enumerate(manifest.sources.values()):
             docs = [doc for chunk in info.val_chunks for doc in reader.read_chunk(s, chunk)[1]]
@@ -115,7 +115,7 @@ class HeldOutDataset(torch.utils.data.Dataset):
                 self.batches.append({
                     "input_ids": part[:, :-1], "targets": part[:, 1:],
                     "target_source": torch.full_like(part[:, 1:], s),
-                    "doc_index": torch.cumsum(part[:, :-1] == EOT_ID, dim=1) - (part[:, :-1] == EOT_ID).long(),
+                    "doc_index": torch.cumsum(part[:, :-1] == eot, dim=1) - (part[:, :-1] == eot).long(),
                 })
         self.batches = self.batches[rank::world_size]
 

@@ -6,7 +6,7 @@
   the DataModule calls when it loads a checkpoint's data state);
 - the ``data:`` settings that decide the chunks the data order is built on (:func:`data_settings`,
   :func:`check_data_settings`): a change is named with its two values, before the corpus fingerprint
-  (which they change too) is compared;
+  (which they change too) is compared; another tokenizer (``data.tokenizer``) is refused whatever the flags;
 - the one change a decay branch makes (:func:`check_branch`, ``run.branch``: another mixture from the
   checkpoint's step on).
 
@@ -22,6 +22,7 @@ from typing import Any
 
 from data.errors import ConfigError
 from data.schedules import ScheduleConfig
+from data.tokenizer import CL100K_IDENTITY
 from train.module import OptimConfig
 
 log = logging.getLogger("wellmixed")
@@ -123,15 +124,25 @@ DATA_SETTINGS = ("sources", "text_column", "id_column", "min_chunks_per_source",
 
 
 def data_settings(cfg: Any) -> str:
-    """The :data:`DATA_SETTINGS` of a data config as canonical JSON, for its checkpoints."""
-    values = {k: getattr(cfg, k) for k in DATA_SETTINGS}
+    """The :data:`DATA_SETTINGS` of a data config and its tokenizer's identity as canonical JSON, for its
+    checkpoints."""
+    values = {**{k: getattr(cfg, k) for k in DATA_SETTINGS}, "tokenizer": cfg.tokenizer.build().identity}
     return json.dumps(values, sort_keys=True, separators=(",", ":"), default=dataclasses.asdict)
 
 
 def check_data_settings(old: str | None, new: str, allow: bool, step: int) -> None:
     """A resume under other :data:`DATA_SETTINGS` cuts the corpus into other chunks, so the data order
     cannot continue: refused naming each key and its two values (a setting is simply restored), unless
-    ``run.allow_changed_data`` (the order then starts afresh, as for a changed corpus)."""
+    ``run.allow_changed_data`` (the order then starts afresh, as for a changed corpus). Another tokenizer is
+    refused whatever the flags: the model's embedding rows mean its tokens (a checkpoint from before the
+    tokenizer was recorded was trained with cl100k_base)."""
+    if old is not None:
+        was, now = json.loads(old).get("tokenizer", CL100K_IDENTITY), json.loads(new)["tokenizer"]
+        if was != now:
+            raise ConfigError(f"--ckpt_path: the checkpoint (step {step}) was trained with data.tokenizer {was}, "
+                              f"this run has {now}: a resume keeps its tokenizer (the model's embedding rows are its "
+                              "tokens); give the checkpoint's data.tokenizer, or start a new run in another --run.dir")
+        old = json.dumps({**json.loads(old), "tokenizer": now}, sort_keys=True, separators=(",", ":"))
     changes = schedule_changes(old, new, "data")
     if changes and not allow:
         raise ConfigError(f"--ckpt_path: the checkpoint (step {step}) was trained with other data settings: "

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from data.config import arrow_schema
 from data.files import atomic_path
-from data.tokenizer import count_tokens
+from data.tokenizer import TokenizerConfig
 
 # Bump whenever the produced text changes, so that an existing corpus directory gets rebuilt.
 CORPUS_VERSION = 1
@@ -301,7 +301,7 @@ def _capped(docs: list[Doc]) -> list[Doc]:
 
 
 def _counted(docs: list[Doc]) -> list[Doc]:
-    return [replace(d, tokens=n) for d, n in zip(docs, count_tokens([d.text for d in docs]))]
+    return [replace(d, tokens=n) for d, n in zip(docs, TokenizerConfig().build().count([d.text for d in docs]))]
 
 
 def _date(key: str) -> str:

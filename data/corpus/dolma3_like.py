@@ -48,7 +48,7 @@ def write_dolma3_like(out: str | Path, total_tokens: int = 60_000, files: int = 
                       extra: dict[str, float] | None = None, row_group_size: int = 16) -> list[Path]:
     """Write ``files`` parquet shards (Dolma3 schema) under ``out``; ``extra`` adds sub-sources
     (value -> share of ``total_tokens``, 100-token documents). Returns the paths."""
-    from data.tokenizer import count_tokens
+    from data.tokenizer import TokenizerConfig
 
     spec = {**SUBSOURCES, **{v: (share, 100, "other") for v, share in (extra or {}).items()}}
     rows = [row for value, (share, tokens, category) in spec.items()
@@ -64,7 +64,7 @@ def write_dolma3_like(out: str | Path, total_tokens: int = 60_000, files: int = 
             "source": pa.array([s for s, _, _ in picked], pa.string()),
             "date": pa.array(["2025-10-01"] * len(picked), pa.string()),
             "text": pa.array(texts, pa.string()),
-            "token_count": pa.array(count_tokens(texts), pa.int64()),
+            "token_count": pa.array(TokenizerConfig().build().count(texts), pa.int64()),
             "category": pa.array([c for _, c, _ in picked], pa.string()),
         }, schema=arrow_schema())
         path = out / f"part-{f:05d}.parquet"

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.corpus.demo import MANIFEST, MAX_DOC_CHARS, SOURCES, build_demo_corpus
-from data.tokenizer import get_encoding
+from data.tokenizer import cl100k_encoding
 
 REPO = Path(__file__).resolve().parents[2]
 # Token shares (min, max) per mixture source.
@@ -84,7 +84,7 @@ def test_mixture_proportions(built):
 
 def test_token_counts_are_true_cl100k_counts(tables):
     rows = [row for table in tables.values() for row in table.select(["text", "token_count"]).to_pylist()]
-    enc = get_encoding()
+    enc = cl100k_encoding()
     for row in random.Random(0).sample(rows, 80):
         assert len(enc.encode_ordinary(row["text"])) == row["token_count"]
 

@@ -14,10 +14,13 @@ import pytest
 import torch
 
 from data.errors import ConfigError
-from data.tokenizer import EOT_ID, VOCAB_SIZE, get_encoding
+from data.tokenizer import TokenizerConfig, cl100k_encoding
 from train.checkpoint import checksum_path, file_sha256
 from train.model import GPT, ModelConfig, load_model_config
 from train.tools import export as export_hf
+
+CL100K = TokenizerConfig().build()
+EOT_ID, VOCAB_SIZE = CL100K.eot_id, CL100K.vocab_size
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -169,7 +172,7 @@ def test_mismatched_checkpoint_is_refused(tmp_path):
 def test_tokenizer_json_encodes_like_tiktoken(tiny_export, demo_corpus):
     _, out = tiny_export
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
-    enc = get_encoding()
+    enc = cl100k_encoding()
     texts = [
         t
         for p in sorted(demo_corpus.glob("*/*.parquet"))

@@ -493,7 +493,7 @@ def test_token_count_x100_and_a_null_text_are_refused_before_compute(workdir, en
     for name, damage, want in (
         ("x100", x100, r"error: data.sources.curated: token_count does not match the text \({first}: token_count "
                        r"[\d,]+ vs [\d,]+ real over \d+ sampled row\(s\) \(x100\)\); the sample of \d+ row\(s\) must "
-                       r"be within x0.5..x2 of the real cl100k count: recompute the column .*"),
+                       r"be within x0.95..x1.05 of its count with data.tokenizer \(cl100k_base\): a column .*"),
         ("null_text", one_null, r"error: {first}: column 'text' has 4 null value\(s\) \(row group 0: 1, row group 1: "
                                 r"1, row group 2: 1, row group 3: 1\); fix the file, or set data.on_bad_shard: skip to "
                                 r"leave those rows out \(logged and counted\)"),

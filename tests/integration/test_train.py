@@ -289,7 +289,7 @@ def test_evaluate_runs_the_offline_local_tasks_through_lm_eval(tiny_run, tmp_pat
     run end to end, and lm-eval's cloze accuracy per source equals the one our own model gives on the
     same items (so the export, the HF tokenizer and the harness agree with training's model); an
     unknown task is skipped with lm-eval's reason while the rest stand."""
-    from data.tokenizer import get_encoding
+    from data.tokenizer import cl100k_encoding
     from train.module import PretrainModule
     from train.tools import evaluate
 
@@ -302,7 +302,7 @@ def test_evaluate_runs_the_offline_local_tasks_through_lm_eval(tiny_run, tmp_pat
     assert {k.split("/")[0] for k in lm} >= {f"wellmixed_ppl_{s}" for s in ("web", "code", "books", "curated")}
     assert all(v > 0 for k, v in lm.items() if k.endswith("/bits_per_byte"))
 
-    enc = get_encoding()
+    enc = cl100k_encoding()
     model = PretrainModule.load_from_checkpoint(tiny_run / "checkpoints" / "last.ckpt", map_location="cpu").eval()
     cloze = sorted(out.glob("tasks/wellmixed_cloze_*.jsonl"))
     assert cloze

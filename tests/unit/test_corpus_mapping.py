@@ -24,7 +24,9 @@ from data.errors import ConfigError
 from data.manifest import build_manifest
 from data.mapping import REPORT_FILE, write_mapping_report
 from data.schedules import fixed_schedule
-from data.tokenizer import count_tokens
+from data.tokenizer import TokenizerConfig
+
+count_tokens = TokenizerConfig().build().count
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "configs" / "pretrain_350m_20b.yaml"

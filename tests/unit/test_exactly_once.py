@@ -41,7 +41,9 @@ from data.order import ChunkOrder
 from data.reader import ShardReader
 from data.schedules import fixed_schedule
 from data.simulate import OrderSimulator
-from data.tokenizer import count_tokens
+from data.tokenizer import TokenizerConfig
+
+count_tokens = TokenizerConfig().build().count
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 

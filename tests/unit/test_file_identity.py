@@ -22,7 +22,9 @@ from data.errors import ConfigError
 from data.manifest import build_manifest
 from data.schedules import fixed_schedule
 from data.simulate import OrderSimulator
-from data.tokenizer import count_tokens
+from data.tokenizer import TokenizerConfig
+
+count_tokens = TokenizerConfig().build().count
 
 SOURCES = ["web", "code", "books", "curated"]
 

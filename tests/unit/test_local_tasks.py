@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import yaml
 
 from data.manifest import build_manifest
-from data.tokenizer import get_encoding
+from data.tokenizer import cl100k_encoding
 from train.tools.evaluate import CLOZE_CHOICES, CLOZE_CONTEXT, CLOZE_CONTINUATION, held_out_documents, write_local_tasks
 
 
@@ -26,7 +26,7 @@ def test_local_tasks_are_one_item_set_for_every_seed_and_come_from_held_out_text
     assert names == write_local_tasks(b, tmp_path / "b")
     for name in names:
         assert (tmp_path / "a" / f"{name}.jsonl").read_text() == (tmp_path / "b" / f"{name}.jsonl").read_text()
-    enc = get_encoding()
+    enc = cl100k_encoding()
     docs = held_out_documents(a)
     for source, held in docs.items():
         path = tmp_path / "a" / f"wellmixed_cloze_{source}.jsonl"

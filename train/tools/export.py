@@ -9,16 +9,18 @@ Input: a Lightning checkpoint (``state_dict`` with keys ``model.<...>``, the Mod
 names its YAML). ``torch.compile``'s ``_orig_mod.`` prefix is dropped. Output, in ``--out``:
 
 - ``config.json`` (:func:`hf_config`): ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` when ``qk_norm`` is on:
-  Llama plus a per-head RMSNorm on q and k before RoPE, exactly ours); the padded vocabulary of 100,352;
-  bos/eos are cl100k's ``<|endoftext|>`` (100257), in ``generation_config.json`` too.
+  Llama plus a per-head RMSNorm on q and k before RoPE, exactly ours); the model's (padded) vocabulary;
+  bos/eos are the tokenizer's EOT (cl100k's ``<|endoftext|>``, 100257), in ``generation_config.json`` too.
 - ``model.safetensors``: the weights under HF's names (:func:`hf_state_dict`). No permutation of wq/wk
   rows: our ``apply_rope`` already rotates halves, as HF's ``rotate_half``; our GQA maps query head h to
   kv head ``h // (H / K)``, as HF's ``repeat_kv``.
-- ``tokenizer.json`` and its two companions: cl100k_base rebuilt for ``tokenizers`` from tiktoken's ranks
-  (:func:`write_tokenizer`), so ``AutoTokenizer.from_pretrained(OUT)`` encodes like tiktoken; it adds no
-  BOS/EOS (documents end with ``<|endoftext|>`` in training).
-- ``tokenizer_info.json`` and ``README.md``: the canonical tokenizer is tiktoken's cl100k_base; ids
-  100277..100351 are padding rows of the embedding that no token maps to.
+- ``tokenizer.json`` and its two companions, for the tokenizer the checkpoint was trained with (its
+  ``data.tokenizer``; cl100k_base for a bare state dict): a ``tokenizer.json`` is copied, a tiktoken
+  encoding is rebuilt for ``tokenizers`` from its ranks (:func:`write_tokenizer`), so
+  ``AutoTokenizer.from_pretrained(OUT)`` encodes like training did; it adds no BOS/EOS (documents end with
+  EOT in training).
+- ``tokenizer_info.json`` and ``README.md``: the tokenizer, its EOT and vocabulary size; ids from the
+  tokenizer's vocabulary size up to the model's are padding rows of the embedding that no token maps to.
 
 Not exported: ``doc_mask`` (training-time attention masking; HF attends causally over the whole
 input, which is the same for a single document) and ``activation_checkpointing``.
@@ -26,16 +28,17 @@ input, which is the same for a single document) and ``activation_checkpointing``
 
 from __future__ import annotations
 
-import base64
 import json
 import os
+import re
+import shutil
 from dataclasses import fields
 from pathlib import Path
 
 import torch
 
 from data.errors import ConfigError
-from data.tokenizer import CL100K_PAT_STR, EOT_ID, SPECIAL_TOKENS, VOCAB_SIZE, bpe_file
+from data.tokenizer import Tokenizer, TokenizerConfig
 from train.checkpoint import (
     CheckpointError,
     checksum_problem,
@@ -45,11 +48,6 @@ from train.checkpoint import (
 )
 from train.model import GPT, ModelConfig, load_model_config
 
-# cl100k's split pattern for Oniguruma (the `tokenizers` regex engine): there `X{1,3}+` is not a
-# possessive interval but "(X{1,3}) one or more times", which would keep digit runs whole; the
-# greedy `{1,3}` splits them into groups of three like tiktoken. The other possessives are Oniguruma's.
-HF_PAT_STR = CL100K_PAT_STR.replace(r"\p{N}{1,3}+", r"\p{N}{1,3}")
-assert HF_PAT_STR != CL100K_PAT_STR
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -82,15 +80,17 @@ def read_weights(path: str | Path, trust: bool = False) -> dict:
 
 
 def load_checkpoint(path: str | Path, model_config: str | Path | None = None,
-                    trust: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(ModelConfig, GPT state dict) from a Lightning checkpoint or a bare state dict (:func:`read_weights`;
-    ``trust=True`` allows full unpickling, for trusted checkpoints that hold other objects, e.g. ones
-    written before checkpoints were made weights-only loadable)."""
+                    trust: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor], TokenizerConfig]:
+    """(ModelConfig, GPT state dict, its ``data.tokenizer``) from a Lightning checkpoint or a bare state dict
+    (cl100k_base then; :func:`read_weights`; ``trust=True`` allows full unpickling, for trusted checkpoints
+    that hold other objects, e.g. ones written before checkpoints were made weights-only loadable)."""
     obj = read_weights(path, trust)
     if not isinstance(obj, dict):
         raise ConfigError(f"{path}: expected a dict (a Lightning checkpoint or a state dict), got {type(obj).__name__}")
     state = {_strip(k): v for k, v in obj.get("state_dict", obj).items() if isinstance(v, torch.Tensor)}
-    return (load_model_config(model_config) if model_config is not None else _saved_config(path, obj)), state
+    data = ((obj.get("datamodule_hyper_parameters") or {}).get("config") or {}) if "state_dict" in obj else {}
+    tokenizer = TokenizerConfig(**(data.get("tokenizer") or {}))
+    return (load_model_config(model_config) if model_config is not None else _saved_config(path, obj)), state, tokenizer
 
 
 def _saved_config(path: str | Path, obj: dict) -> ModelConfig:
@@ -153,7 +153,7 @@ def hf_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch
     return {theirs: state[ours].detach().to(dtype).contiguous() for ours, theirs in names.items()}
 
 
-def hf_config(cfg: ModelConfig, dtype: str) -> dict:
+def hf_config(cfg: ModelConfig, dtype: str, eot_id: int) -> dict:
     """config.json for LlamaForCausalLM (Qwen3ForCausalLM with qk_norm)."""
     out = {
         "architectures": ["Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM"],
@@ -175,8 +175,8 @@ def hf_config(cfg: ModelConfig, dtype: str) -> dict:
         "attention_bias": False,
         "attention_dropout": 0.0,
         "initializer_range": cfg.init_std,
-        "bos_token_id": EOT_ID,
-        "eos_token_id": EOT_ID,
+        "bos_token_id": eot_id,
+        "eos_token_id": eot_id,
         "use_cache": True,
         "torch_dtype": dtype,
     }
@@ -188,39 +188,23 @@ def hf_config(cfg: ModelConfig, dtype: str) -> dict:
     return out
 
 
-def write_tokenizer(out: Path, max_len: int) -> None:
-    """tokenizer.json etc.: cl100k_base as a `tokenizers` byte-level BPE, built from tiktoken's ranks.
+def write_tokenizer(out: Path, max_len: int, tokenizer: Tokenizer) -> None:
+    """tokenizer.json etc.: a Hugging Face tokenizer's own file, or a tiktoken encoding as a `tokenizers`
+    byte-level BPE built from its ranks.
 
     tiktoken stores only ranks; BPE merges are recovered as in transformers' TikTokenConverter: for
     each token, every split into two tokens whose ranks are both lower gives the merge (left, right),
     ordered by the merged token's rank. ``ignore_merges`` makes a whole pre-token that is in the
-    vocabulary one token, as tiktoken does.
+    vocabulary one token, as tiktoken does. The split pattern is rewritten for Oniguruma (the `tokenizers`
+    regex engine): there ``X{1,3}+`` is not a possessive interval but "(X{1,3}) one or more times", which
+    would keep digit runs whole; the greedy ``{1,3}`` splits them into groups of three like tiktoken. The
+    other possessives are Oniguruma's.
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    ranks = {
-        base64.b64decode(tok): int(rank)
-        for tok, rank in (line.split() for line in bpe_file().read_bytes().splitlines() if line)
-    }
-    byte_map = _bytes_to_unicode()
-
-    def s(b: bytes) -> str:
-        return "".join(byte_map[x] for x in b)
-
-    vocab = {s(tok): rank for tok, rank in ranks.items()}
-    vocab.update(SPECIAL_TOKENS)  # the special ids are not contiguous with the ranks (100256 is unused)
-    merges = [(s(left), s(right)) for left, right in _merges(ranks)]
-    model = models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True)
-    tok = Tokenizer(model)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(HF_PAT_STR), behavior="isolated", invert=False),
-        ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tok.save(str(out / "tokenizer.json"))
-    eot = "<|endoftext|>"
+    eot = tokenizer.config.eot
+    if tokenizer.config.path is not None:
+        shutil.copyfile(Path(tokenizer.config.path).expanduser(), out / "tokenizer.json")
+    else:
+        _tiktoken_as_hf(tokenizer.backend).save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": eot, "eos_token": eot, "unk_token": None, "pad_token": None,
@@ -228,6 +212,31 @@ def write_tokenizer(out: Path, max_len: int) -> None:
         "add_bos_token": False, "add_eos_token": False,
     }, indent=1) + "\n")
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": eot, "eos_token": eot}, indent=1) + "\n")
+
+
+def _tiktoken_as_hf(enc):
+    """A tiktoken Encoding as a `tokenizers` Tokenizer (:func:`write_tokenizer`)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    ranks, special = enc._mergeable_ranks, enc._special_tokens
+    byte_map = _bytes_to_unicode()
+
+    def s(b: bytes) -> str:
+        return "".join(byte_map[x] for x in b)
+
+    vocab = {s(tok): rank for tok, rank in ranks.items()}
+    vocab.update(special)  # the special ids need not be contiguous with the ranks (cl100k: 100256 is unused)
+    merges = [(s(left), s(right)) for left, right in _merges(ranks)]
+    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
+    pattern = re.sub(r"(\{\d+,\d+\})\+", r"\1", enc._pat_str)  # X{1,3}+ -> X{1,3} (the docstring above)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    return tok
 
 
 def _merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
@@ -250,18 +259,20 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-def write_tokenizer_info(out: Path, cfg: ModelConfig, with_json: bool) -> None:
+def write_tokenizer_info(out: Path, cfg: ModelConfig, with_json: bool, tokenizer: Tokenizer) -> None:
+    tiktoken = tokenizer.config.path is None
+    n_vocab, eot_id = tokenizer.vocab_size, tokenizer.eot_id
     info = {
-        "tokenizer": "cl100k_base",
-        "library": "tiktoken",
-        "load": 'tiktoken.get_encoding("cl100k_base")',
-        "eot_token": "<|endoftext|>",
-        "eot_id": EOT_ID,
-        "special_tokens": SPECIAL_TOKENS,
-        "n_vocab": VOCAB_SIZE,
+        "tokenizer": tokenizer.name,
+        "identity": tokenizer.identity,
+        "library": "tiktoken" if tiktoken else "tokenizers",
+        "load": f'tiktoken.get_encoding("{tokenizer.name}")' if tiktoken else 'Tokenizer.from_file("tokenizer.json")',
+        "eot_token": tokenizer.config.eot,
+        "eot_id": eot_id,
+        "n_vocab": n_vocab,
         "model_vocab_size": cfg.vocab_size,
-        "padding_ids": [VOCAB_SIZE, cfg.vocab_size - 1] if cfg.vocab_size > VOCAB_SIZE else None,
-        "documents": "encoded with encode_ordinary (special-token text stays text), each followed by EOT",
+        "padding_ids": [n_vocab, cfg.vocab_size - 1] if cfg.vocab_size > n_vocab else None,
+        "documents": "encoded without special tokens (special-token text stays text), each followed by EOT",
         "tokenizer_json": with_json,
     }
     (out / "tokenizer_info.json").write_text(json.dumps(info, indent=1) + "\n")
@@ -269,12 +280,12 @@ def write_tokenizer_info(out: Path, cfg: ModelConfig, with_json: bool) -> None:
     (out / "README.md").write_text(
         f"# wellmixed export\n\n{arch}, {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads "
         f"({cfg.kv_heads} kv), context {cfg.max_seq_len}.\n\n"
-        "## Tokenizer\n\ncl100k_base through tiktoken (`tiktoken.get_encoding(\"cl100k_base\")`); every training "
-        f"document ends with `<|endoftext|>` = {EOT_ID}, which is also bos/eos here. The embedding has "
-        f"{cfg.vocab_size} rows: ids {VOCAB_SIZE}..{cfg.vocab_size - 1} are padding that no token maps to.\n"
-        + ("`tokenizer.json` is the same encoding rebuilt for the `tokenizers` library "
+        f"## Tokenizer\n\n{tokenizer.name} through {info['library']} (`{info['load']}`); every training "
+        f"document ends with `{tokenizer.config.eot}` = {eot_id}, which is also bos/eos here. The embedding has "
+        f"{cfg.vocab_size} rows: ids {n_vocab}..{cfg.vocab_size - 1} are padding that no token maps to.\n"
+        + ("`tokenizer.json` is the same encoding for the `tokenizers` library "
            "(`AutoTokenizer.from_pretrained` loads it); it adds no BOS/EOS.\n" if with_json else
-           "No `tokenizer.json` was written (--no-tokenizer-json): use tiktoken.\n")
+           f"No `tokenizer.json` was written (--no-tokenizer-json): use {info['library']}.\n")
     )
 
 
@@ -285,8 +296,9 @@ def export(checkpoint: str | Path, out: str | Path, model_config: str | Path | N
 
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: choose one of {list(DTYPES)}")
-    cfg, state = load_checkpoint(checkpoint, model_config, trust)
+    cfg, state, tokenizer_config = load_checkpoint(checkpoint, model_config, trust)
     check_state(cfg, state)
+    tokenizer = tokenizer_config.build()
     if cfg.tie_embeddings and not torch.equal(
         state["tok_emb.weight"], state.get("lm_head.weight", state["tok_emb.weight"])
     ):
@@ -298,13 +310,13 @@ def export(checkpoint: str | Path, out: str | Path, model_config: str | Path | N
     umask = os.umask(0)
     os.umask(umask)
     weights.chmod(0o666 & ~umask)  # safetensors writes 0600; others on a shared cluster need to read it
-    (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype), indent=1) + "\n")
+    (out / "config.json").write_text(json.dumps(hf_config(cfg, dtype, tokenizer.eot_id), indent=1) + "\n")
     # generate() reads bos/eos from here (transformers warns and guesses without it)
-    generation = {"bos_token_id": EOT_ID, "eos_token_id": EOT_ID, "max_length": cfg.max_seq_len}
+    generation = {"bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id, "max_length": cfg.max_seq_len}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=1) + "\n")
     if tokenizer_json:
-        write_tokenizer(out, cfg.max_seq_len)
-    write_tokenizer_info(out, cfg, tokenizer_json)
+        write_tokenizer(out, cfg.max_seq_len, tokenizer)
+    write_tokenizer_info(out, cfg, tokenizer_json, tokenizer)
     return out
 
 
@@ -323,12 +335,12 @@ def compare_logits(
     rounded to ``dtype`` first, as exported)."""
     from transformers import AutoModelForCausalLM
 
-    cfg, state = load_checkpoint(checkpoint, model_config, trust)
+    cfg, state, _ = load_checkpoint(checkpoint, model_config, trust)
     ours = GPT(cfg)
     ours.load_state_dict({k: v.to(DTYPES[dtype]).float() for k, v in state.items()})
     ours.eval()
     theirs = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     theirs.eval()
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB_SIZE, (batch, min(length, cfg.max_seq_len)), generator=g)
+    ids = torch.randint(0, cfg.vocab_size, (batch, min(length, cfg.max_seq_len)), generator=g)
     return (ours(ids) - theirs(ids).logits.float()).abs().max().item()
