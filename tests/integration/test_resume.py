@@ -86,20 +86,21 @@ def _pieces(lines):
 def test_stop_at_max_steps_then_continue_to_the_end(workdir, env, ref_single):
     """A run cut short by ``--trainer.max_steps`` (before the schedule's end, between two step
     checkpoints), then continued with ``--ckpt_path last`` to the schedule's end: one run's order."""
-    _, ref = ref_single
+    ref_dir, ref = ref_single
     run_dir = workdir / "max_steps"
     first = run_to_end(workdir, run_dir, TINY + ["--trainer.max_steps", "7"], env, "first")
     assert "stops before the schedule's" in first.log(tail=10**6)
     assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == 7
     run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "continued")
     assert_same_order(ref, order_log(run_dir))
+    assert_same_weights(ref_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt")
 
 
 @pytest.mark.slow
 def test_sigkill_two_ddp_ranks_two_workers_each(workdir, env, ref_ddp, kill_rng):
     """2 ranks x 2 workers: every rank's log identical after the resume; ranks never share a
     document piece (doc_id, offset) -- no source wraps in this run, so no piece may appear twice."""
-    _, ref = ref_ddp
+    ref_dir, ref = ref_ddp
     seed, rng = kill_rng
     n = len(ref[0])
     kill_at = rng.randint(CKPT_EVERY + 1, n - 3)
@@ -109,6 +110,7 @@ def test_sigkill_two_ddp_ranks_two_workers_each(workdir, env, ref_ddp, kill_rng)
     assert CKPT_EVERY <= resumed_from < n, (seed, kill_at, done, resumed_from)
     got = order_log(run_dir)
     assert_same_order(ref, got)
+    assert_same_weights(ref_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt")
     rank0, rank1 = Counter(_pieces(got[0])), Counter(_pieces(got[1]))
     assert not set(rank0) & set(rank1), "two ranks read the same document piece"
     assert max((rank0 + rank1).values()) == 1, "a document piece was read twice"
@@ -145,7 +147,7 @@ def test_sigkill_one_process_two_workers_in_the_anneal(workdir, env, ref_single,
     """One process, 2 DataLoader workers; the checkpoint and the kill both inside the anneal phase
     (mixture and LR decay changing): the resumed run's order log is the uninterrupted run's, line for
     line (pieces, bitwise loss, lr, seq_len, weights)."""
-    _, ref = ref_single
+    ref_dir, ref = ref_single
     seed, rng = kill_rng
     n = len(ref[0])
     anneal = next(ln["step"] for ln in ref[0] if ln["weights"] != ref[0][0]["weights"])
@@ -158,6 +160,7 @@ def test_sigkill_one_process_two_workers_in_the_anneal(workdir, env, ref_single,
     assert anneal < resumed_from <= done < n, (seed, anneal, done, resumed_from)
     got = order_log(run_dir)
     assert_same_order(ref, got)
+    assert_same_weights(ref_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt")
     # the LR decays through the anneal, step by step across the resume
     lrs = [ln["lr"] for ln in got[0][anneal:]]
     assert all(a > b for a, b in zip(lrs, lrs[1:])), lrs
