@@ -2,6 +2,7 @@
 
     python scripts/bench_train.py                        # (a) CPU: Lightning step vs a plain PyTorch loop
     python scripts/bench_train.py --cpu-precision        # (c) CPU: fp32 vs bf16 autocast, the demo model
+    python scripts/bench_train.py --ddp 4                # (d) CPU: DDP's fixed bucket layout vs its default
 
 (a) The same tiny model, the same batches (real packed batches of the demo corpus), the same AdamW,
     gradient clipping and LR schedule: our LightningModule under a Trainer (its per-source loss
@@ -184,14 +185,82 @@ def bench_cpu_precision(rounds: int) -> None:
     print(f"    fp32 {fp32:.2f} s   bf16 autocast {bf16:.2f} s   bf16/fp32 = {bf16 / fp32:.2f}x")
 
 
+def _ddp_rank(rank: int, world: int, port: int, steps: int, out) -> None:
+    """(d), one rank: rank 0 puts the (default s, fixed s) of each timed pair of steps on ``out``."""
+    import os
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = load_model_config(ROOT / "configs/model/tiny.yaml")
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (8, 4, 129), generator=torch.Generator().manual_seed(rank))
+    wrappers = {}
+    for name, kwargs in (("default", {}), ("fixed", {"find_unused_parameters": True})):
+        ddp = DistributedDataParallel(GPT(cfg), **kwargs)
+        ddp.module.load_state_dict(model.state_dict())
+        wrappers[name] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True))
+
+    def step(name: str, x: torch.Tensor) -> float:
+        ddp, opt = wrappers[name]
+        dist.barrier()
+        t0 = time.perf_counter()
+        ddp(x[:, :-1], targets=x[:, 1:]).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    for name in wrappers:  # the default rebuilds its buckets after its first step: not timed
+        step(name, tokens[0])
+        step(name, tokens[1])
+    times = []
+    for i in range(steps):  # step by step, alternating which goes first: both see the same machine
+        x = tokens[i % len(tokens)]
+        order = ("default", "fixed") if i % 2 == 0 else ("fixed", "default")
+        t = {name: step(name, x) for name in order}
+        times.append((t["default"], t["fixed"]))
+    if rank == 0:
+        out.put(times)
+    dist.destroy_process_group()
+
+
+def bench_ddp(args) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_ddp_rank, args=(args.ddp, port, args.steps, out), nprocs=args.ddp)
+    times = out.get()
+    ratios = sorted(b / a for a, b in times)
+    q = statistics.quantiles(ratios, n=4)
+    print(f"(d) CPU, {args.ddp} gloo ranks x 1 thread, tiny model, 4 x 128 tokens per rank, {args.steps} pairs of "
+          "steps (one of each wrapper, alternating)")
+    for i, name in enumerate(("DDP default", "DDP fixed layout")):
+        print(f"    {name:<20} {statistics.median(t[i] for t in times) * 1e3:7.1f} ms/step (median)")
+    print(f"    per-pair ratios      quartiles {q[0]:.3f} {q[1]:.3f} {q[2]:.3f}")
+    print(f"    cost ratio (median): {q[1]:.3f}  (target <= 1.02)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=40, help="(a): timed steps")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     p.add_argument("--corpus", type=Path, default=None, help="(a): demo corpus dir (default: build one)")
     p.add_argument("--cpu-precision", action="store_true", help="(c) only: fp32 vs bf16 autocast on this CPU")
+    p.add_argument("--ddp", type=int, default=0, metavar="RANKS", help="(d) only: DDP bucket layouts, RANKS ranks")
     args = p.parse_args(argv)
-    if args.cpu_precision:
+    if args.ddp:
+        bench_ddp(args)
+    elif args.cpu_precision:
         bench_cpu_precision(args.rounds)
     else:
         bench_cpu(args)

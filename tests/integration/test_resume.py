@@ -6,7 +6,8 @@ with an uninterrupted run of the same config: the document pieces of every step 
 rank, the loss bitwise identical (fp32 on CPU), and lr / sequence length / mixture weights those of
 the same step. Variants: one process with 2 DataLoader workers, killed in the middle of the anneal;
 2 DDP ranks with 2 workers each; a kill across a source's epoch boundary; a run cut short by
-``--trainer.max_steps`` and continued. The uninterrupted runs are shared with
+``--trainer.max_steps`` and continued; 4 DDP ranks resumed from a checkpoint, the final weights and
+Adam state compared bitwise. The uninterrupted 1- and 2-rank runs are shared with
 tests/integration/test_faults.py (tests/conftest.py: ref_single, ref_ddp).
 
 Kill points vary from run to run; the seed is printed with every failure and can be fixed with
@@ -30,6 +31,7 @@ from training_runs import (
     TINY,
     Run,
     assert_same_order,
+    assert_same_weights,
     copy_checkpoint,
     global_step_of,
     order_log,
@@ -48,6 +50,7 @@ from data.simulate import OrderSimulator
 from data.stream import SourceStream
 from train.cursor_files import load_checkpoint_cursors
 from train.datamodule import WellMixedData
+from train.rundir import read_metrics
 
 CKPT_EVERY = 3
 
@@ -83,20 +86,21 @@ def _pieces(lines):
 def test_stop_at_max_steps_then_continue_to_the_end(workdir, env, ref_single):
     """A run cut short by ``--trainer.max_steps`` (before the schedule's end, between two step
     checkpoints), then continued with ``--ckpt_path last`` to the schedule's end: one run's order."""
-    _, ref = ref_single
+    ref_dir, ref = ref_single
     run_dir = workdir / "max_steps"
     first = run_to_end(workdir, run_dir, TINY + ["--trainer.max_steps", "7"], env, "first")
     assert "stops before the schedule's" in first.log(tail=10**6)
     assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == 7
     run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "continued")
     assert_same_order(ref, order_log(run_dir))
+    assert_same_weights(ref_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt")
 
 
 @pytest.mark.slow
 def test_sigkill_two_ddp_ranks_two_workers_each(workdir, env, ref_ddp, kill_rng):
     """2 ranks x 2 workers: every rank's log identical after the resume; ranks never share a
     document piece (doc_id, offset) -- no source wraps in this run, so no piece may appear twice."""
-    _, ref = ref_ddp
+    ref_dir, ref = ref_ddp
     seed, rng = kill_rng
     n = len(ref[0])
     kill_at = rng.randint(CKPT_EVERY + 1, n - 3)
@@ -106,9 +110,36 @@ def test_sigkill_two_ddp_ranks_two_workers_each(workdir, env, ref_ddp, kill_rng)
     assert CKPT_EVERY <= resumed_from < n, (seed, kill_at, done, resumed_from)
     got = order_log(run_dir)
     assert_same_order(ref, got)
+    assert_same_weights(ref_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt")
     rank0, rank1 = Counter(_pieces(got[0])), Counter(_pieces(got[1]))
     assert not set(rank0) & set(rank1), "two ranks read the same document piece"
     assert max((rank0 + rank1).values()) == 1, "a document piece was read twice"
+
+
+# 4 ranks x 1 worker, micro-batch 1; 10 steps, checkpoints at 3, 6 and 9
+DDP4 = ["--trainer.accelerator", "cpu", "--trainer.devices", "4", "--trainer.strategy", "ddp",
+        "--data.batch_size", "1", "--data.num_workers", "1", "--data.schedule.train_tokens", "900"]
+
+
+@pytest.mark.slow
+def test_resume_at_four_ranks_is_bitwise(workdir, env):
+    """4 DDP ranks (gloo): resumed from the uninterrupted run's step-3 checkpoint, a run ends with bitwise
+    its weights and Adam state, and logs bitwise its losses, step by step. A sum over 4 ranks depends on
+    the order of its terms, which DDP's gradient bucket layout sets: a fresh process reduced its first
+    step in another layout than a process that had trained one (train/parallel.py); over 2 ranks the
+    order cannot matter, so the 2-rank tests above cannot see it."""
+    ref_dir, run_dir, at = workdir / "ref4", workdir / "resumed4", 3
+    first = run_to_end(workdir, ref_dir, TINY + DDP4, env, "ref4")
+    assert "step 9: the weights of 4 ranks agree (checksum" in first.log(tail=10**6)
+    ref, n = order_log(ref_dir), len(order_log(ref_dir)[0])
+    assert sorted(ref) == [0, 1, 2, 3] and n == 10, (sorted(ref), n)
+    ckpt = copy_checkpoint(ref_dir / "checkpoints" / f"step{at:07d}.ckpt", run_dir / "checkpoints")
+    run_to_end(workdir, run_dir, TINY + DDP4 + ["--ckpt_path", str(ckpt)], env, "resumed4")
+    assert_same_weights(ref_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt")
+    assert_same_order({r: lines[at:] for r, lines in ref.items()}, order_log(run_dir), first_step=at)
+    logged = [{k: v for k, v in row.items() if "loss" in k or "grad_norm" in k} for row in read_metrics(run_dir)]
+    want = [{k: row[k] for k in logged[0]} for row in read_metrics(ref_dir) if int(row["step"]) >= at]
+    assert "train/loss" in logged[0] and logged == want
 
 
 @pytest.mark.slow
@@ -116,7 +147,7 @@ def test_sigkill_one_process_two_workers_in_the_anneal(workdir, env, ref_single,
     """One process, 2 DataLoader workers; the checkpoint and the kill both inside the anneal phase
     (mixture and LR decay changing): the resumed run's order log is the uninterrupted run's, line for
     line (pieces, bitwise loss, lr, seq_len, weights)."""
-    _, ref = ref_single
+    ref_dir, ref = ref_single
     seed, rng = kill_rng
     n = len(ref[0])
     anneal = next(ln["step"] for ln in ref[0] if ln["weights"] != ref[0][0]["weights"])
@@ -129,6 +160,7 @@ def test_sigkill_one_process_two_workers_in_the_anneal(workdir, env, ref_single,
     assert anneal < resumed_from <= done < n, (seed, anneal, done, resumed_from)
     got = order_log(run_dir)
     assert_same_order(ref, got)
+    assert_same_weights(ref_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "last.ckpt")
     # the LR decays through the anneal, step by step across the resume
     lrs = [ln["lr"] for ln in got[0][anneal:]]
     assert all(a > b for a, b in zip(lrs, lrs[1:])), lrs
