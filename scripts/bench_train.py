@@ -45,6 +45,7 @@ from data.types import TrainBatch, TrainingContext  # noqa: E402
 from train.datamodule import to_torch  # noqa: E402
 from train.model import GPT, load_model_config  # noqa: E402
 from train.module import PretrainModule  # noqa: E402
+from train.optim import OptimConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
@@ -82,7 +83,7 @@ def lr_schedule(total: int):
 
 
 def plain_loop(model: GPT, batches: list[TrainBatch[torch.Tensor]], schedule) -> float:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    opt = OptimConfig(fused=True).build(model.named_parameters(), lr=1e-3)  # the module's default optimizer
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule.lr(s) / 1e-3)
     t0 = time.perf_counter()
     doc_mask = model.config.doc_mask

@@ -125,6 +125,7 @@ def print_plan(plan: Plan, args: argparse.Namespace, resolved) -> None:
     """The header, the plan table, the epoch verdict, the streams per consumer and the memory plan."""
     from train.config import model_source
     from train.memory import memory_plan
+    from train.optim import OptimConfig
 
     print(f"plan for {plan.name}; available tokens: {plan.origin}\n")
     print(plan.table)
@@ -139,7 +140,8 @@ def print_plan(plan: Plan, args: argparse.Namespace, resolved) -> None:
         world_size = config_ranks(resolved.trainer) if args.world_size is None else args.world_size
         print_streams(cfg, world_size * max(1, cfg.num_workers))
     seq = plan.schedule.config.seq_len.end
-    print("\n" + memory_plan(plan.model, model_source(resolved), cfg.batch_size, seq, args.gpu_memory_gib))
+    optim = resolved.model.optim and OptimConfig(**resolved.model.optim.as_dict())
+    print("\n" + memory_plan(plan.model, model_source(resolved), cfg.batch_size, seq, args.gpu_memory_gib, optim))
 
 
 def print_streams(cfg, consumers: int) -> None:

@@ -7,7 +7,7 @@ tool. What this file adds to it (docs/training.md describes each for the user):
   on CPU, validation every ``run.val_every_n_steps`` steps of the (endless) stream, no distributed
   sampler (the data layer slices the global order itself), gradient clipping 1.0;
 - loggers from ``run.loggers`` (train/loggers.py), made once the start-up checks pass; ``--trainer.logger``,
-  ``--optimizer`` and ``--lr_scheduler`` are not offered (LightningCLI's would silently replace AdamW
+  ``--optimizer`` and ``--lr_scheduler`` are not offered (LightningCLI's would silently replace model.optim
   and the schedule's LR); only the ``fit`` and ``validate`` subcommands;
 - checkpoints every ``run.ckpt_every_n_steps`` plus ``last``; ``--ckpt_path`` found and verified before
   it is loaded (train/checkpoint.py) and its ``model:`` settings checked (train/resume.py); SIGTERM and
@@ -254,7 +254,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         seq, batch_size = data.schedule.config.seq_len.end, data.config.batch_size
         total = torch.cuda.get_device_properties(root).total_memory
         try:
-            parts = check_fits(self.model.model_config, batch_size, seq, total)
+            parts = check_fits(self.model.model_config, batch_size, seq, total, optim=self.model.optim)
         except ValueError as e:
             from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 

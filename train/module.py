@@ -1,4 +1,4 @@
-"""The LightningModule: the model, AdamW with the warmup-stable-decay LR, per-source losses.
+"""The LightningModule: the model, its optimizer (train/optim.py) with the LR schedule, per-source losses.
 
 The training step is the whole story (torchtitan's rule: keep control flow visible here):
 forward, token losses without reduction, the mean for backward, and per-source sums and counts that
@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from dataclasses import dataclass
 from typing import Literal, Optional
 
 import lightning as L
@@ -21,20 +20,9 @@ import torch
 from data.types import EvalBatch, TrainBatch, TrainingContext
 from train.architecture import Architecture, ArchitectureConfig, build_model
 from train.model import ModelConfig, load_model_config
+from train.optim import OptimConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class OptimConfig:
-    """AdamW; the learning rate itself comes from ``data.schedule.lr``."""
-
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.1
-    """Applied to matrices (embeddings included), not to norm gains."""
-    eps: float = 1e-8
-    fused: Optional[bool] = None
-    """Fused AdamW kernel; None = wherever the device supports it (CUDA, and CPU in recent torch)."""
 
 
 class PretrainModule(L.LightningModule):
@@ -53,7 +41,7 @@ class PretrainModule(L.LightningModule):
                 names it), ``--model.model.d_model 64`` changes one field of it. In Python a ModelConfig,
                 the path of a model YAML, a checkpoint's dict, or another architecture's config
                 (train/architecture.py, docs/model.md).
-            optim: AdamW settings.
+            optim: the optimizer (train/optim.py): ``name`` adamw or muon, and its settings.
             compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64);
                 ``auto`` compiles on CUDA only, so one config serves the GPU run and a CPU smoke test.
             on_nonfinite: a non-finite loss stops the run with a clear message, or skips the step
@@ -64,7 +52,7 @@ class PretrainModule(L.LightningModule):
         if isinstance(model, dict):  # a checkpoint's hparams (below) given to the class directly
             model = ModelConfig(**model)
         if isinstance(optim, dict):
-            optim = OptimConfig(**{**optim, "betas": tuple(optim.get("betas", OptimConfig.betas))})
+            optim = OptimConfig(**optim)
         if isinstance(model, (str, os.PathLike)):
             model = load_model_config(model)
         elif isinstance(model, ModelConfig):
@@ -78,7 +66,7 @@ class PretrainModule(L.LightningModule):
         # class. Loggers get the whole run config from the CLI instead (logger=False).
         self.save_hyperparameters({
             "model": dict(vars(self.model_config)),
-            "optim": {**vars(self.optim), "betas": list(self.optim.betas)},
+            "optim": self.optim.hparams(),
             "compile": compile, "on_nonfinite": on_nonfinite, "log_every_n_steps": log_every_n_steps,
             "_class_path": f"{type(self).__module__}.{type(self).__qualname__}",
             "_instantiator": "lightning.pytorch.cli.instantiate_module",
@@ -114,11 +102,6 @@ class PretrainModule(L.LightningModule):
             self.model = torch.compile(self.model)
 
     def configure_optimizers(self):
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        fused = self.optim.fused
-        if fused is None:
-            fused = self.device.type == "cuda" or self.device.type == "cpu"
         schedule = self.ctx.schedule
         base = schedule.config.lr.peak
         # (Safe here although it dropped a stateful loader's state, Lightning #20550: the cursors are the DataModule's.)
@@ -126,10 +109,7 @@ class PretrainModule(L.LightningModule):
             log.warning("trainer.max_steps=%d stops before the schedule's %d steps: the LR will not finish "
                         "its decay and the anneal is cut short", self.trainer.estimated_stepping_batches,
                         schedule.total_steps)
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=base, betas=tuple(self.optim.betas), eps=self.optim.eps, fused=fused,
-        )
+        opt = self.optim.build(self.model.named_parameters(), lr=base)
         # A plain function, not a callable object: LambdaLR would pickle an object's __dict__ (the
         # schedule) into the checkpoint. The LR is a pure function of the step; only the step is saved.
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.lr(step) / base)
@@ -188,7 +168,7 @@ class PretrainModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         """After the step's last backward, before clipping and the update: a non-finite gradient (the loss
         may be finite) stops the run or skips the step like a non-finite loss; a skipped step's gradients
-        are dropped, so AdamW leaves every parameter and its moments untouched."""
+        are dropped, so the optimizer leaves every parameter and its state untouched."""
         if not self._skip and not self._finite(p.grad for p in self.parameters()):
             if self.on_nonfinite == "stop":
                 raise FloatingPointError(
