@@ -123,7 +123,7 @@ def run_plan(plan: Plan, out: Path, args: argparse.Namespace) -> int:
 
 def train_stable(source: Path, extra: list[str], dry_run: bool) -> int:
     """Trains the stable run to the anneal start S (``--trainer.max_steps S``) unless it has a checkpoint there."""
-    s = data_config(resolve_config(extra + ["--run.dir", str(source)])).schedule.build().decay_start  # checked
+    s = data_config(resolve_config(extra + ["--run.dir", str(source)])).schedule.build().anneal_step  # checked
     if stable_checkpoints(source, s)[0]:
         return 0
     cmd = [sys.executable, "-m", "train", "fit", *extra, "--run.dir", str(source), "--data.order_log", "true",
@@ -148,7 +148,7 @@ def make_plan(source: Path, arms_file: Path | None, replicates: int, extra: list
     cfg = resolve_config(stable_config(source) + extra)
     data = data_config(cfg)
     schedule = data.schedule.build()
-    s = schedule.decay_start
+    s = schedule.anneal_step
     if schedule.phase_boundaries[-1][1] != s or len(schedule.phase_boundaries) < 2:
         raise ConfigError(f"--from {source}: its mixture has no phase starting at the anneal start (step {s}); "
                           "a branch replaces the phase that starts there")

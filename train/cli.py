@@ -154,7 +154,8 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         if ckpt_path is None:
             return
         saved = saved_hparams(Path(ckpt_path))
-        for line in check_resume(ckpt_path, saved, dict(self.model.hparams)):
+        lr_may_change = self._section().run.allow_changed_schedule
+        for line in check_resume(ckpt_path, saved, dict(self.model.hparams), lr_may_change):
             log.warning("resume from %s: %s (a setting that may change on resume: applied)", ckpt_path, line)
 
     def before_validate(self) -> None:
@@ -232,10 +233,11 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         validate_model_context(schedule, self.model.model_config.max_seq_len)
         if self.trainer.max_steps in (None, -1):  # the run length follows from the token budget
             internals.set_max_steps(self.trainer, schedule.total_steps)
+        lr = self.model.lr.build(schedule.total_steps, schedule.anneal_step)  # model.lr checked on the run's steps
         available = {n: s.stream_tokens for n, s in manifest.sources.items()}
         if self.trainer.is_global_zero:
             print(manifest.summary())
-            print(plan_table(schedule, available))
+            print(plan_table(schedule, available, lr))
             print(self.model.model_config_summary())
         check_epochs(schedule, available, max_epochs=cfg.max_epochs, error=cfg.max_epochs_error)
 

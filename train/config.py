@@ -98,7 +98,7 @@ class RunConfig:
     memory_check: bool = True
     """On a GPU, refuse a micro-batch whose estimated peak memory (train/memory.py) exceeds the device."""
     allow_changed_schedule: bool = False
-    """Resume although data.schedule (budget, LR, sequence lengths, mixture) changed: the new schedule
+    """Resume although data.schedule (budget, sequence lengths, mixture) or model.lr changed: the new schedule
     applies from the resumed step (:func:`check_schedule_unchanged`). Refused by default."""
     branch: bool = False
     """A decay branch (ablations/branch.py): resume under another mixture from the checkpoint's step on,

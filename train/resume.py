@@ -52,11 +52,12 @@ def _flat(hparams: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resume_differences(saved: dict, requested: dict) -> tuple[list[tuple], list[tuple]]:
+def resume_differences(saved: dict, requested: dict, lr_may_change: bool = False) -> tuple[list[tuple], list[tuple]]:
     """(refused, applied): ``(key, checkpoint value, asked value)`` of the ``model:`` settings that differ
     between a checkpoint's hyper-parameters and the run's (keys as in the config: ``model.d_model`` is
     ``--model.model.d_model``). An ``optim`` field missing on either side (a checkpoint from before the field)
-    counts as its default; any other setting the checkpoint does not record (newer than it) is not compared."""
+    counts as its default; any other setting the checkpoint does not record (newer than it) is not compared.
+    ``model.lr`` may change with ``run.allow_changed_schedule`` (``lr_may_change``), like the schedule."""
     default_optim = OptimConfig().hparams()
     saved = _flat({**saved, "optim": {**default_optim, **(saved.get("optim") or {})}})
     requested = _flat({**requested, "optim": {**default_optim, **(requested.get("optim") or {})}})
@@ -65,16 +66,17 @@ def resume_differences(saved: dict, requested: dict) -> tuple[list[tuple], list[
     for key in sorted(saved):
         old, new = saved[key], requested.get(key)
         if old != new:
-            (applied if key in may_change or f"model.{key}" in may_change else refused).append((key, old, new))
+            allowed = key in may_change or f"model.{key}" in may_change or lr_may_change and key.startswith("lr.")
+            (applied if allowed else refused).append((key, old, new))
     return refused, applied
 
 
-def check_resume(path: str, saved: dict | None, requested: dict) -> list[str]:
+def check_resume(path: str, saved: dict | None, requested: dict, lr_may_change: bool = False) -> list[str]:
     """Refuse (ConfigError, one line naming each key) a resume whose must-match settings differ from the
     checkpoint's; return the allowed changes, one ``model.KEY: checkpoint V -> W`` line each, for the log."""
     if not saved:
         return []
-    refused, applied = resume_differences(saved, requested)
+    refused, applied = resume_differences(saved, requested, lr_may_change)
     if refused:
         diffs = "; ".join(f"model.{k} is {old!r} in the checkpoint, {new!r} here" for k, old, new in refused)
         fix = " ".join(f"--model.{k} {_flag_value(old)}" for k, old, _ in refused)
@@ -115,6 +117,7 @@ def schedule_changes(old: str | None, new: str, root: str = "data.schedule") -> 
             out.append(f"{key}: {a!r} -> {b!r}")
 
     a, b = json.loads(old), json.loads(new)
+    a.pop("lr", None)  # a checkpoint from before the LR moved to model.lr (compared with the module's settings)
     walk(a, b, root)
     return out
 

@@ -112,9 +112,9 @@ def test_350m_2b_is_the_full_run_at_ten_percent(arms):
     for key in scaled:
         assert ablation[key] * 10 == full[key], key
     schedule = build_schedule(arms["350m_2b"]["scheduled"]["data"]["schedule"], list(SOURCES_OF["350m_2b"]))
-    assert schedule.decay_start / schedule.total_steps == pytest.approx(0.9, abs=1e-3)  # anneal in the last 10%
+    assert schedule.anneal_step / schedule.total_steps == pytest.approx(0.9, abs=1e-3)  # anneal in the last 10%
     assert schedule.lr(schedule.total_steps - 1) == 0.0
-    assert schedule.mixture_weights(schedule.decay_start)["curated"] == 0.35
+    assert schedule.mixture_weights(schedule.anneal_step)["curated"] == 0.35
 
 
 def test_demo_pair_is_the_demo_config(arms):

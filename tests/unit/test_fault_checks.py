@@ -131,7 +131,7 @@ CONFIG_ERRORS = [
         "error: data.schedule.train_tokens: 100 tokens is below one batch (schedule.global_batch_size x "
         "seq_len.start = 512); raise the budget"]),
     (["--data.schedule.train_tokens", "3000", "--data.schedule.seq_len.warmup_steps", "0",
-      "--data.schedule.lr.warmup_steps", "0"], [
+      "--model.lr.warmup_steps", "0"], [
         "error: data.schedule.anneal_start: 0.9 leaves the LR decay under 2 of the 3 steps of "
         "schedule.train_tokens (3000); raise the budget or lower anneal_start"]),
     (["--data.schedule.mixture.phases",
