@@ -188,8 +188,10 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         self._check_resume_settings(ckpt_path)
+        steps = dm.config.schedule.build()  # the run's steps, from the budget: no corpus read yet
+        lr = self.model.lr.build(steps.total_steps, steps.anneal_step)  # model.lr checked on them
         data = dm.prepare(self.trainer.accumulate_grad_batches)
-        self._check_data(data)
+        self._check_data(data, lr)
         self._check_memory(data, run)
         # validated: now the run dir is taken and written to
         if self.trainer.is_global_zero:  # nothing may touch the run dir another run holds
@@ -219,9 +221,9 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
                 f"again. Continue with --ckpt_path last, or give --ckpt_path {given} on the command line to go "
                 "back on purpose")
 
-    def _check_data(self, data: TrainingContext) -> None:
+    def _check_data(self, data: TrainingContext, lr) -> None:
         """The manifest (bad files, null texts), the schedule against the model's context, the plan table
-        and implied epochs."""
+        (with the LR schedule ``lr``) and implied epochs."""
         manifest, schedule, cfg = data.manifest, data.schedule, data.config
         if manifest.null_texts and cfg.on_bad_shard == "error":  # not hours in, when the reader gets there
             from data.manifest import null_text_problems
@@ -233,7 +235,6 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         validate_model_context(schedule, self.model.model_config.max_seq_len)
         if self.trainer.max_steps in (None, -1):  # the run length follows from the token budget
             internals.set_max_steps(self.trainer, schedule.total_steps)
-        lr = self.model.lr.build(schedule.total_steps, schedule.anneal_step)  # model.lr checked on the run's steps
         available = {n: s.stream_tokens for n, s in manifest.sources.items()}
         if self.trainer.is_global_zero:
             print(manifest.summary())

@@ -56,3 +56,28 @@ def test_muon_trains_the_tiny_model_and_resumes_bitwise(workdir, env):
     first = torch.load(ref_dir / "checkpoints" / "step0000003.ckpt", map_location="cpu", weights_only=True)
     w1 = next(k for k in a["state_dict"] if k.endswith("blocks.0.mlp.w1.weight"))  # a Muon matrix moved
     assert not torch.equal(first["state_dict"][w1], a["state_dict"][w1])
+
+
+@pytest.mark.slow
+def test_a_cosine_lr_from_yaml_trains_and_logs_the_pure_function(workdir, env):
+    """``model.lr.shape: cosine`` in a YAML file, nothing else changed: the run trains to its end, and the LR
+    it logs (metrics.csv ``train/lr``) and writes into the order log is LRConfig.build's value at every step
+    (a cosine from the end of the warmup, not the default wsd's stable phase)."""
+    import csv
+
+    from data.schedules import LRConfig
+
+    cosine = workdir / "cosine.yaml"
+    cosine.write_text("model:\n  lr: {shape: cosine, peak: 1.0e-2, min: 1.0e-4, warmup_steps: 3}\n")
+    run_dir = workdir / "cosine"
+    run_to_end(workdir, run_dir, TINY + ["--config", str(cosine)], env, "cosine")
+    lines = order_log(run_dir)[0]
+    n = len(lines)
+    anneal = next(ln["step"] for ln in lines if ln["weights"] != lines[0]["weights"])  # data.schedule's, unchanged
+    lr = LRConfig(shape="cosine", peak=1e-2, min=1e-4, warmup_steps=3).build(n, anneal)
+    assert lr.decay_start == 3 and [ln["lr"] for ln in lines] == [lr(s) for s in range(n)]
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        logged = {int(r["step"]): float(r["train/lr"]) for r in csv.DictReader(f) if r.get("train/lr")}
+    assert sorted(logged) == list(range(n))
+    assert all(logged[s] == pytest.approx(lr(s), rel=1e-6) for s in range(n))
+    assert lr(4) < 1e-2 and lines[-1]["lr"] == 1e-4  # decaying right after the warmup, to min
