@@ -188,7 +188,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         self._check_resume_settings(ckpt_path)
-        steps = dm.config.schedule.build()  # the run's steps, from the budget: no corpus read yet
+        steps = self.config_init[self.subcommand].data.schedule.build()  # the run's steps: no corpus read yet
         lr = self.model.lr.build(steps.total_steps, steps.anneal_step)  # model.lr checked on them
         data = dm.prepare(self.trainer.accumulate_grad_batches)
         self._check_data(data, lr)

@@ -187,7 +187,7 @@ class ConfigCLI(LightningCLI):
             None,  # the data: section is a DataConfig (add_arguments_to_parser); the DataModule holds it
             save_config_callback=run_loggers.RunConfigSaver,
             seed_everything_default=1234,
-            # model.optim + schedule.lr(step) are the module's; LightningCLI's --optimizer/--lr_scheduler would
+            # model.optim + model.lr are the module's; LightningCLI's --optimizer/--lr_scheduler would
             # silently replace both, so they are not offered
             auto_configure_optimizers=False,
             parser_class=WellMixedParser,

@@ -21,7 +21,7 @@ import torch
 
 @dataclass
 class OptimConfig:
-    """The optimizer; the learning rate itself is the LR schedule's (``data.schedule.lr``)."""
+    """The optimizer; the learning rate itself is the LR schedule's (``model.lr``)."""
 
     name: Literal["adamw", "muon"] = "adamw"
     """adamw; or muon: Muon for the 2-D hidden matrices, AdamW for the embeddings, the head and the norms."""
