@@ -30,7 +30,7 @@ def _equal(a, b, where: str = "") -> None:
 @pytest.mark.slow
 def test_muon_trains_the_tiny_model_and_resumes_bitwise(workdir, env):
     muon = workdir / "muon.yaml"
-    muon.write_text("model:\n  optim: {name: muon}\ndata:\n  schedule:\n    lr: {peak: 1.0e-2}\n")
+    muon.write_text("model:\n  optim: {name: muon}\n  lr: {peak: 1.0e-2}\n")
     args = TINY + ["--config", str(muon)]
     ref_dir, run_dir = workdir / "muon_ref", workdir / "muon_killed"
     run_to_end(workdir, ref_dir, args, env, "muon_ref")
