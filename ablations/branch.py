@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = resolve_config(extra + ["--run.dir", str(source)])
         check_relative_globs(data_config(cfg), "the configs after --")
         arms_and_corpus(data_config(cfg), args.arms)  # the arms checked before the stable phase trains
-        failed = train_stable(source, extra, data_config(cfg).schedule.build().decay_start, args.dry_run)
+        failed = train_stable(source, extra, data_config(cfg).schedule.build().anneal_step, args.dry_run)
         if failed or args.dry_run and not (ROOT / source / "config.yaml").is_file():
             return failed
     plan = make_plan(source, args.arms, args.replicates, [] if args.train_stable else extra, out)
@@ -197,7 +197,7 @@ def arms_and_corpus(data, arms_file: Path | None) -> tuple[dict[str, dict[str, f
     """Every arm (``control`` first) checked against the corpus and ``data.max_epochs``; the corpus's tokens per
     source and its manifest."""
     schedule = data.schedule.build()
-    s = schedule.decay_start
+    s = schedule.anneal_step
     if schedule.phase_boundaries[-1][1] != s or len(schedule.phase_boundaries) < 2:
         raise ConfigError(f"data.schedule.mixture: no phase starts at the anneal start (step {s}); a branch "
                           "replaces the phase that starts there")
@@ -224,7 +224,7 @@ def make_plan(source: Path, arms_file: Path | None, replicates: int, extra: list
     data = data_config(cfg)
     check_relative_globs(data, f"--from {source}'s config.yaml")
     schedule = data.schedule.build()
-    s = schedule.decay_start
+    s = schedule.anneal_step
     arms, available, manifest = arms_and_corpus(data, arms_file)
     before, after = stable_checkpoints(source, s)
     if not before:

@@ -18,7 +18,7 @@ fi
 if [[ -n "${TINY:-}" ]]; then
   SCALE=(--model.model configs/model/tiny.yaml --data.schedule.train_tokens 12800 --data.schedule.seq_len.start 32
          --data.schedule.seq_len.end 32 --data.schedule.seq_len.multiple 32 --data.schedule.seq_len.warmup_steps 0
-         --data.schedule.lr.warmup_steps 5 --data.val_tokens_per_source 256 --run.val_every_n_steps 1000
+         --model.lr.warmup_steps 5 --data.val_tokens_per_source 256 --run.val_every_n_steps 1000
          --run.ckpt_every_n_steps 1000 --run.wandb false)
 fi
 t0=$(date +%s)

@@ -203,7 +203,7 @@ def build_report(out: Path, rule: DecisionRule, suite: list[Evaluation], rtol: f
     configs = {arm: read_config(runs[arm][seeds[0]]) for arm in ARMS}
     schedule = schedule_of(configs["scheduled"])
 
-    plots = write_plots(out, runs, seeds, diffs, rule, schedule.decay_start, verdict)
+    plots = write_plots(out, runs, seeds, diffs, rule, schedule.anneal_step, verdict)
     md = render(Comparison(out, seeds, runs, configs, schedule, flags, checks, diffs, rule, verdict, suite, plots,
                            rtol, atol, rule_source))
     return md, not flags
@@ -356,7 +356,7 @@ def setup_section(c: Comparison) -> list[str]:
     for arm in ARMS:
         s = schedule_of(c.configs[arm])
         md.append(f"| {arm} | {mixture_text(c.configs[arm])} | {s.total_steps:,} | {fmt_tokens(s.total_tokens)} | "
-                  f"{s.decay_start:,} |")
+                  f"{s.anneal_step:,} |")
     configs_differ = any("configs differ" in f for f in c.flags)
     return md + ["",
                  "Everything else in the two arms' saved configs is identical (checked: model, budget, LR schedule, "
@@ -415,8 +415,8 @@ def along_run_section(c: Comparison) -> list[str]:
     """The along-the-run plot and the gain at each evaluation."""
     md = ["## Held-out loss along the run", "",
           f"![held-out loss along the run]({c.plots['along']})", "",
-          f"The dotted line is the start of the anneal and the LR decay (step {c.schedule.decay_start:,}).", ""]
-    along = along_run_table(c.runs, c.seeds, c.schedule.decay_start)
+          f"The dotted line is the start of the anneal and the LR decay (step {c.schedule.anneal_step:,}).", ""]
+    along = along_run_table(c.runs, c.seeds, c.schedule.anneal_step)
     return md + (along + [""] if along else [])
 
 

@@ -38,7 +38,7 @@ from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser, get_lo
 from jsonargparse._util import config_load_stack  # the file being read (train/lightning_internals.py lists it)
 
 from data.errors import ConfigError, misread_keys, misread_line, parser_error_line
-from data.schedules import Count, ScheduleConfig, validate_sources
+from data.schedules import Count, LRConfig, ScheduleConfig, validate_sources
 from data.tokenizer import TokenizerConfig
 
 SCHEMA = {"source": "string", "date": "string", "text": "string", "token_count": "int64", "category": "string"}
@@ -242,6 +242,8 @@ REMOVED_KEYS = {
     "weights": "give the fixed mixture as data.schedule.mixture.weights",
     "seq_len": "give data.schedule.seq_len.start and data.schedule.seq_len.end (the same length in both, "
                "with warmup_steps 0, for one fixed length)",
+    "schedule.lr": "the LR schedule is the module's: give it as model.lr (--model.lr.peak ...; the same fields, "
+                   "plus shape and decay_start)",
 }
 """``data:`` keys that no longer exist, and what replaces each."""
 
@@ -286,9 +288,13 @@ def _refuse_duplicate_keys(node: Any, where: str, prefix: str) -> None:
         _refuse_duplicate_keys(value, where, name)
 
 
-RUN_SECTIONS = ("seed_everything", "trainer", "model", "run", "ckpt_path", "weights_only")
-"""The top-level keys of a run config besides ``data:`` (a run's saved config.yaml and ``fit --print_config``
-hold them): a tool that reads only the data section accepts them unread."""
+RUN_SECTIONS = ("seed_everything", "trainer", "run", "ckpt_path", "weights_only")
+"""The top-level keys of a run config besides ``data:`` and ``model:`` (a run's saved config.yaml and ``fit
+--print_config`` hold them): a tool that reads only the data section accepts them unread."""
+
+MODEL_KEYS = ("model", "optim", "compile", "on_nonfinite", "log_every_n_steps")
+"""The ``model:`` keys besides ``lr`` (train/module.py's PretrainModule arguments), accepted unread; ``model.lr``
+is parsed (the order dump writes the LR of each step)."""
 
 
 def data_parser() -> ArgumentParser:
@@ -301,7 +307,8 @@ def data_parser() -> ArgumentParser:
                             env_prefix="PL_FIT_", default_env=True)
     parser.add_argument("-c", "--config", action=ActionConfigFile)
     parser.add_class_arguments(DataConfig, "data", fail_untyped=False, sub_configs=True)
-    for key in RUN_SECTIONS:
+    parser.add_class_arguments(LRConfig, "model.lr", sub_configs=True)
+    for key in RUN_SECTIONS + tuple(f"model.{k}" for k in MODEL_KEYS):
         parser.add_argument(f"--{key}", type=Any, default=None)
     return parser
 
@@ -309,6 +316,12 @@ def data_parser() -> ArgumentParser:
 def resolve_data_config(argv: list[str]) -> DataConfig:
     """The :class:`DataConfig` that ``python -m train fit ARGV`` builds (``--config`` files, ``PL_FIT__DATA__*``,
     ``--data.*`` overrides), resolved without importing torch or Lightning; a bad key or value is a ConfigError."""
+    return resolve_sections(argv).data
+
+
+def resolve_sections(argv: list[str]) -> Any:
+    """What :func:`resolve_data_config` resolves, as the namespace of ``data`` (a DataConfig) and ``model.lr``
+    (an LRConfig)."""
     parser, args = data_parser(), [a for a in argv if a != "fit"]
     return _instantiated(parser, lambda: parser.parse_args(args), config_files(args))
 
@@ -318,14 +331,14 @@ def parse_data_config(section: dict[str, Any], origin: str = "config") -> DataCo
     is not read: the mapping is a resolved or saved config)."""
     try:
         parser = data_parser()
-        return _instantiated(parser, lambda: parser.parse_object({"data": section}, env=False))
+        return _instantiated(parser, lambda: parser.parse_object({"data": section}, env=False)).data
     except ConfigError as e:
         raise ConfigError(f"{origin}: {e}") from None
 
 
-def _instantiated(parser: ArgumentParser, parse, files: list[tuple[str, dict]] = ()) -> DataConfig:
-    """The DataConfig that ``parse()`` gives ``parser``; a refusal is one ConfigError line in data/errors.py's
-    wording (the one ``train fit`` gives), ``files`` naming the config file of an unknown key."""
+def _instantiated(parser: ArgumentParser, parse, files: list[tuple[str, dict]] = ()) -> Any:
+    """The sections that ``parse()`` gives ``parser``, instantiated; a refusal is one ConfigError line in
+    data/errors.py's wording (the one ``train fit`` gives), ``files`` naming the config file of an unknown key."""
     known = list(parser.get_defaults().keys())
     try:
         parsed = parse()
@@ -333,7 +346,7 @@ def _instantiated(parser: ArgumentParser, parse, files: list[tuple[str, dict]] =
         hints = {f"data.{key}": removed_key_error(key) for key in REMOVED_KEYS}
         raise ConfigError(parser_error_line(str(e), known, files, hints)) from None
     refuse_misread(parsed, parser.get_defaults())
-    return parser.instantiate(parsed).data
+    return parser.instantiate(parsed)
 
 
 def config_files(argv: list[str]) -> list[tuple[str, dict]]:

@@ -6,8 +6,9 @@ step 0 (curated data repeated 10 times is a different experiment)::
 
     schedule = ScheduleConfig.from_dict(cfg["schedule"]).build()
     check_epochs(schedule, available_tokens, max_epochs=4.0)   # warns per over-repeated source
-    print(plan_table(schedule, available_tokens))
-    plot_schedule(schedule, "plan.png")                         # weights, LR, seq len vs step
+    lr = LRConfig().build(schedule.total_steps, schedule.anneal_step)   # the module's model.lr
+    print(plan_table(schedule, available_tokens, lr))
+    plot_schedule(schedule, lr, "plan.png")                     # weights, LR, seq len vs step
 
 Everything here is computed from the schedule's pure functions; nothing reads data.
 """
@@ -25,7 +26,7 @@ from data import files
 from data.errors import ConfigError
 from data.formatting import human
 from data.manifest import build_manifest
-from data.schedules import Schedule, tokens_per_phase, tokens_per_source
+from data.schedules import LRSchedule, Schedule, tokens_per_phase, tokens_per_source
 
 
 def implied_epochs(schedule: Schedule, available_tokens: dict[str, int]) -> dict[str, float]:
@@ -66,12 +67,12 @@ def check_epochs(schedule: Schedule, available_tokens: dict[str, int], max_epoch
         warnings.warn(line, stacklevel=2)
 
 
-def plan_table(schedule: Schedule, available_tokens: dict[str, int]) -> str:
+def plan_table(schedule: Schedule, available_tokens: dict[str, int], lr: LRSchedule | None = None) -> str:
     """A fixed-width text table of the run's data plan.
 
     One row per source: tokens available, tokens drawn, implied epochs and its share of each
-    phase's tokens (ramps included); then the step and token totals, the decay start, the phase
-    boundaries and the end of the sequence-length warmup.
+    phase's tokens (ramps included); then the step and token totals, the anneal start, the phase
+    boundaries, the end of the sequence-length warmup and (given) the LR schedule.
     """
     drawn = tokens_per_source(schedule)
     epochs = implied_epochs(schedule, available_tokens)
@@ -86,26 +87,25 @@ def plan_table(schedule: Schedule, available_tokens: dict[str, int]) -> str:
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines + [""] + [f"{name:<20}{value}" for name, value in _plan_facts(schedule)]) + "\n"
-
-
-def _plan_facts(schedule: Schedule) -> list[tuple[str, str]]:
-    """The plan's totals, decay start, phase boundaries, sequence-length warmup and LR, as (name, value)."""
     config, seq = schedule.config, schedule.config.seq_len
     boundaries = ", ".join(f"{name} @ {step:,}" for name, step in schedule.phase_boundaries)
-    warmup_end = f"step {seq.warmup_steps:,} ({seq.start} -> {seq.end})" if seq.warmup_steps else f"none ({seq.end})"
-    return [
+    facts = [
         ("total steps", f"{schedule.total_steps:,} x {config.global_batch_size} sequences"),
         ("total tokens", f"{human(schedule.total_tokens)} (budget {human(config.train_tokens)})"),
-        ("decay start", f"step {schedule.decay_start:,} (schedule.anneal_start = {config.anneal_start:g})"),
+        ("anneal start", f"step {schedule.anneal_step:,} (schedule.anneal_start = {config.anneal_start:g})"),
         ("phase boundaries", boundaries + (f" (ramps of {config.mixture.ramp_steps} steps)"
                                            if config.mixture.ramp_steps else "")),
-        ("seq-len warmup end", warmup_end),
-        ("lr", f"peak {config.lr.peak:.2e} after {config.lr.warmup_steps:,} steps, {config.lr.min:.2e} at the end"),
+        ("seq-len warmup end", f"step {seq.warmup_steps:,} ({seq.start} -> {seq.end})" if seq.warmup_steps
+         else f"none ({seq.end})"),
     ]
+    if lr is not None:
+        c = lr.config
+        facts.append(("lr", f"{c.shape}: peak {c.peak:.2e} after {c.warmup_steps:,} steps, decay from step "
+                            f"{lr.decay_start:,}, {c.min:.2e} at the end"))
+    return "\n".join(lines + [""] + [f"{name:<20}{value}" for name, value in facts]) + "\n"
 
 
-def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
+def plot_schedule(schedule: Schedule, lr: LRSchedule, out_path: str | os.PathLike) -> None:
     """Writes one PNG: mixture weights, learning rate and sequence length against the step.
 
     The three panels share the step axis; dashed vertical lines mark the phase boundaries and the
@@ -116,7 +116,7 @@ def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
 
     from data.plotting import source_colors
 
-    steps = _plot_steps(schedule)
+    steps = _plot_steps(schedule, lr.decay_start)
     weights = np.array([[schedule.mixture_weights(s)[src] for src in schedule.sources] for s in steps])
     fig = Figure(figsize=(10, 8), layout="constrained")
     ax_mix, ax_lr, ax_seq = fig.subplots(3, 1, sharex=True)
@@ -125,7 +125,8 @@ def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
                      alpha=0.85)
     ax_mix.set(ylabel="mixture weight", ylim=(0, 1), xlim=(0, schedule.total_steps - 1))
     ax_mix.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    ax_lr.plot(steps, [schedule.lr(s) for s in steps])
+    ax_lr.plot(steps, [lr(s) for s in steps])
+    ax_lr.set_title(f"model.lr.shape: {lr.config.shape}", fontsize="small", loc="right")
     ax_lr.set(ylabel="learning rate")
     ax_seq.plot(steps, [schedule.max_seq_len(s) for s in steps], drawstyle="steps-post")
     ax_seq.set(ylabel="max sequence length", xlabel="optimizer step")
@@ -133,8 +134,8 @@ def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
     marks: dict[int, list[str]] = {}
     for name, first in schedule.phase_boundaries[1:]:
         marks.setdefault(first, []).append(name)
-    if schedule.decay_start < schedule.total_steps:
-        marks.setdefault(schedule.decay_start, []).append("LR decay")
+    if lr.decay_start < schedule.total_steps:
+        marks.setdefault(lr.decay_start, []).append("LR decay")
     for step, labels in marks.items():
         for ax in (ax_mix, ax_lr, ax_seq):
             ax.axvline(step, color="black", linestyle="--", linewidth=0.8)
@@ -147,14 +148,14 @@ def plot_schedule(schedule: Schedule, out_path: str | os.PathLike) -> None:
         fig.savefig(tmp, format="png", dpi=110)
 
 
-def _plot_steps(schedule: Schedule, n: int = 1000) -> list[int]:
+def _plot_steps(schedule: Schedule, decay_start: int, n: int = 1000) -> list[int]:
     """About ``n`` evenly spaced steps plus every step of the warmups and ramps and each boundary's neighbours."""
     last, ramp = schedule.total_steps - 1, schedule.config.mixture.ramp_steps
     steps = set(np.linspace(0, last, n).round().astype(int).tolist())
     steps |= set(range(schedule.config.seq_len.warmup_steps + 1))  # every seq-len jump
     for _, first in schedule.phase_boundaries:
         steps |= set(range(first - 1, first + ramp + 1))
-    steps |= {schedule.decay_start - 1, schedule.decay_start}
+    steps |= {decay_start - 1, decay_start}
     return sorted(s for s in steps if 0 <= s <= last)
 
 

@@ -1,13 +1,15 @@
 """Step-pure schedules: mixture weights, sequence length and learning rate as functions of the step.
 
-One ``schedule:`` config block drives all three, so they cannot drift apart: ``anneal_start`` is the
-single value at which both the LR decay and the anneal mixture begin, and the number of steps
-follows from the token budget with the warmup's shorter sequences counted::
+The ``data.schedule:`` block drives the mixture and the sequence length; the number of steps follows from
+its token budget with the warmup's shorter sequences counted, and ``anneal_start`` is where the anneal
+phase begins. The learning rate is the module's (``model.lr``, :class:`LRConfig`), built on those step
+counts: its decay starts at the anneal start unless ``model.lr.decay_start`` says otherwise::
 
     schedule = ScheduleConfig.from_dict(yaml.safe_load(text)["schedule"]).build()
-    schedule.total_steps, schedule.decay_start     # 38_929 and 35_036 for the 350M/20B default
+    schedule.total_steps, schedule.anneal_step     # 38_929 and 35_036 for the 350M/20B default
     schedule.mixture_weights(step)                 # {"web": 0.62, "code": 0.18, ...}
-    schedule.max_seq_len(step), schedule.lr(step)
+    schedule.max_seq_len(step)
+    lr = LRConfig(shape="cosine").build(schedule.total_steps, schedule.anneal_step); lr(step)
 
 Every method is a pure function of the global optimizer step (not of micro-batches), so a resume
 only passes the step in. Steps past the end behave like the last step, because a prefetching loader
@@ -22,6 +24,7 @@ import bisect
 import contextlib
 import dataclasses
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,16 +77,82 @@ class SeqLenConfig:
     """Warmup lengths are rounded down to a multiple of this (fewer shapes for torch.compile)."""
 
 
+LR_SHAPES = ("wsd", "cosine", "linear")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LRConfig:
-    """Warmup-stable-decay learning rate (``schedule.lr``); the decay starts at ``anneal_start``."""
+    """The learning-rate schedule (``model.lr``): a linear warmup to ``peak``, ``peak`` until the decay
+    start, then ``shape``'s decay to ``min`` at the last step. Built on the run's step counts by ``build``."""
 
+    shape: str = "wsd"
+    """wsd (warmup-stable-decay: linear decay from the anneal start), cosine or linear (a cosine or linear
+    decay from the end of the warmup); ``decay_start`` moves the decay's start of any of them."""
     peak: float = 3.0e-3
     """Learning rate after the warmup and until the decay."""
     min: float = 0.0
-    """Learning rate at the last step, reached linearly from the decay start."""
+    """Learning rate at the last step."""
     warmup_steps: Count = 2000
     """Steps of the linear warmup from ``peak / warmup_steps`` to ``peak``; 0 = no warmup."""
+    decay_start: float | None = None
+    """Fraction of the total steps where the decay starts; default: ``data.schedule.anneal_start`` for wsd,
+    the end of the warmup for cosine and linear. 1 = no decay."""
+
+    def build(self, total_steps: int, anneal_step: int) -> LRSchedule:
+        """The LR of every optimizer step of a run of ``total_steps`` whose anneal starts at ``anneal_step``;
+        ConfigError naming the ``model.lr`` key when the warmup or the decay do not fit."""
+        out = [f"model.lr.{name}: {value} is negative; give 0 or more"
+               for name, value in (("warmup_steps", self.warmup_steps), ("min", self.min)) if value < 0]
+        if self.shape not in LR_SHAPES:
+            out.append(f"model.lr.shape: {self.shape!r} is not one of {', '.join(LR_SHAPES)}")
+        if not self.peak > 0:
+            out.append(f"model.lr.peak: {self.peak} must be positive")
+        if self.min > self.peak:
+            out.append(f"model.lr.min: {self.min} is above model.lr.peak ({self.peak}); the LR decays to min")
+        if self.decay_start is not None and not 0 <= self.decay_start <= 1:
+            out.append(f"model.lr.decay_start: {self.decay_start} must be a fraction of the run in [0, 1]")
+        _raise(out)
+        if self.decay_start is not None:
+            decay, key = round(self.decay_start * total_steps), "model.lr.decay_start"
+        elif self.shape == "wsd":
+            decay, key = anneal_step, "data.schedule.anneal_start"
+        else:
+            decay, key = self.warmup_steps, "model.lr.warmup_steps"
+        if total_steps <= self.warmup_steps:
+            raise ConfigError(f"model.lr.warmup_steps: {self.warmup_steps} is not below the "
+                              f"{total_steps} total steps of data.schedule.train_tokens")
+        if decay < total_steps and decay > total_steps - 2:
+            raise ConfigError(f"{key}: the LR decay from step {decay} is under 2 of the {total_steps} steps of "
+                              "data.schedule.train_tokens; raise the budget or start the decay earlier")
+        if self.warmup_steps > decay:
+            raise ConfigError(f"model.lr.warmup_steps: {self.warmup_steps} reaches into the LR decay, "
+                              f"which starts at step {decay} ({key})")
+        return LRSchedule(self, total_steps, min(decay, total_steps))
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """The learning rate as a pure function of the optimizer step: ``lr(step)`` (built by ``LRConfig.build``)."""
+
+    config: LRConfig
+    total_steps: int
+    decay_start: int
+    """The decay's first step (``total_steps``: no decay)."""
+
+    def __call__(self, step: int) -> float:
+        """``peak * (step + 1) / warmup``, ``peak`` until ``decay_start``, then the shape's decay from ``peak``
+        to exactly ``min`` at step ``total_steps - 1``."""
+        lr, step = self.config, min(_check_step(step), self.total_steps - 1)
+        if step < lr.warmup_steps:
+            return lr.peak * (step + 1) / lr.warmup_steps
+        if step < self.decay_start:
+            return lr.peak
+        if step == self.total_steps - 1:
+            return lr.min
+        fraction = (step - self.decay_start) / (self.total_steps - 1 - self.decay_start)
+        if lr.shape == "cosine":
+            return lr.min + (lr.peak - lr.min) * 0.5 * (1 + math.cos(math.pi * fraction))
+        return lr.peak + (lr.min - lr.peak) * fraction
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,16 +221,12 @@ class MixtureConfig:
                 out.append(problem)
                 if i:  # a later start is not judged against a start that is wrong
                     return out
-        if len(self.phases) > 1 and anneal_start < 1 and self.phases[-1].start != ANNEAL:
-            out.append(
-                f"{key}[-1].start: {self.phases[-1].start!r} must be 'anneal' (= schedule.anneal_start) "
-                "so the LR decay and the anneal begin together")
         return out
 
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleConfig:
-    """The ``schedule:`` block: token budget, batch, sequence-length warmup, LR and mixture."""
+    """The ``schedule:`` block: token budget, batch, sequence-length warmup and mixture."""
 
     mixture: MixtureConfig
     """Source mixture, fixed or by phases."""
@@ -171,10 +236,9 @@ class ScheduleConfig:
     """Sequences per optimizer step, summed over all ranks and micro-batches."""
     seq_len: SeqLenConfig = field(default_factory=SeqLenConfig)
     """Sequence-length warmup."""
-    lr: LRConfig = field(default_factory=LRConfig)
-    """Learning-rate schedule."""
     anneal_start: float = 0.9
-    """Fraction of total steps where both the LR decay and the anneal phase start; 1 = no decay."""
+    """Fraction of total steps where the anneal phase (a phase starting at 'anneal') and, by default, the
+    LR decay (``model.lr``) start; 1 = neither."""
 
     # No validation in __post_init__: jsonargparse instantiates this dataclass while it parses
     # ``data.schedule``, where an exception is not one line naming the key. DataConfig.validate (the one
@@ -210,21 +274,16 @@ class ScheduleConfig:
 
     def problems(self) -> list[str]:
         """Every independent problem that does not need the total steps, each ``key: problem; what to do``."""
-        seq, lr = self.seq_len, self.lr
+        seq = self.seq_len
         out = [f"schedule.{name}: {value} must be positive"
                for name, value in (("train_tokens", self.train_tokens), ("global_batch_size", self.global_batch_size),
                                    ("seq_len.multiple", seq.multiple), ("seq_len.start", seq.start)) if value <= 0]
-        out += [f"schedule.{name}: {value} is negative; give 0 or more"
-                for name, value in (("seq_len.warmup_steps", seq.warmup_steps), ("lr.warmup_steps", lr.warmup_steps),
-                                    ("lr.min", lr.min)) if value < 0]
+        if seq.warmup_steps < 0:
+            out.append(f"schedule.seq_len.warmup_steps: {seq.warmup_steps} is negative; give 0 or more")
         out += _seq_len_problems(seq)
-        if not lr.peak > 0:
-            out.append(f"schedule.lr.peak: {lr.peak} must be positive")
-        if lr.min > lr.peak:
-            out.append(f"schedule.lr.min: {lr.min} is above schedule.lr.peak ({lr.peak}); the LR decays to min")
         if not 0 < self.anneal_start <= 1:
             out.append(f"schedule.anneal_start: {self.anneal_start} must be in (0, 1]: the fraction of the run "
-                       "where the LR decay and the anneal start (e.g. 0.9; 1 = no decay)")
+                       "where the anneal (and by default the LR decay) starts (e.g. 0.9; 1 = none)")
             return out + self.mixture.problems("schedule.mixture", 0.9)  # the phases' own problems still count
         return out + self.mixture.problems("schedule.mixture", self.anneal_start)
 
@@ -235,7 +294,7 @@ class ScheduleConfig:
 
 @dataclass(frozen=True, eq=False)
 class Schedule:
-    """Mixture weights, sequence length and learning rate as pure functions of the optimizer step.
+    """Mixture weights and sequence length as pure functions of the optimizer step.
 
     Build it with ``ScheduleConfig.build()``. ``phase_weights[i]`` holds phase i's weights in
     ``sources`` order, normalized to sum to 1 exactly (the config allows 1e-6 of slack).
@@ -245,7 +304,8 @@ class Schedule:
     sources: list[str]
     total_steps: int
     total_tokens: int
-    decay_start: int
+    anneal_step: int
+    """``anneal_start`` as a step: where a phase starting at 'anneal' begins, and by default the LR decay."""
     phase_boundaries: list[tuple[str, int]]
     phase_weights: np.ndarray
 
@@ -253,9 +313,10 @@ class Schedule:
     def from_config(cls, config: ScheduleConfig, mixture_key: str = "schedule.mixture") -> Schedule:
         """Computes the step counts and resolves the mixture; ``mixture_key`` names it in errors."""
         config.validate()
-        total_steps, total_tokens, decay_start = _step_counts(config)
+        total_steps, total_tokens = _step_counts(config)
+        anneal_step = round(config.anneal_start * total_steps)
         mixture, phases = config.mixture, _phases(config, mixture_key)
-        boundaries = [decay_start if p.start == ANNEAL else round(p.start * total_steps) for p in phases]
+        boundaries = [anneal_step if p.start == ANNEAL else round(p.start * total_steps) for p in phases]
         for i, (first, stop) in enumerate(zip(boundaries, boundaries[1:] + [total_steps])):
             ramp = mixture.ramp_steps if i else 0
             if stop < first + ramp + 1:
@@ -267,7 +328,7 @@ class Schedule:
         matrix /= matrix.sum(axis=1, keepdims=True)
         matrix.flags.writeable = False
         return cls(config=config, sources=sources, total_steps=total_steps, total_tokens=total_tokens,
-                   decay_start=decay_start, phase_weights=matrix,
+                   anneal_step=anneal_step, phase_weights=matrix,
                    phase_boundaries=[(p.name, b) for p, b in zip(phases, boundaries)])
 
     def max_seq_len(self, step: int) -> int:
@@ -281,21 +342,6 @@ class Schedule:
     def tokens_at(self, step: int) -> int:
         """Tokens trained at ``step`` over all ranks: global batch size times the sequence length."""
         return self.config.global_batch_size * self.max_seq_len(step)
-
-    def lr(self, step: int) -> float:
-        """Warmup-stable-decay LR: ``peak * (step + 1) / warmup``, ``peak``, then linear to ``min``.
-
-        The decay runs from ``decay_start`` (at ``peak``) to exactly ``min`` at step ``total_steps - 1``.
-        """
-        lr, step = self.config.lr, min(_check_step(step), self.total_steps - 1)
-        if step < lr.warmup_steps:
-            return lr.peak * (step + 1) / lr.warmup_steps
-        if step < self.decay_start:
-            return lr.peak
-        if step == self.total_steps - 1:
-            return lr.min
-        fraction = (step - self.decay_start) / (self.total_steps - 1 - self.decay_start)
-        return lr.peak + (lr.min - lr.peak) * fraction
 
     def mixture_weights(self, step: int) -> dict[str, float]:
         """Token share per source at ``step``; non-negative and summing to 1, ramps included."""
@@ -331,14 +377,14 @@ class Schedule:
 
 def fixed_schedule(weights: Mapping[str, float], seq_len: int, global_batch_size: int = 1,
                    steps: int = 1_000_000) -> ScheduleConfig:
-    """A fixed mixture at one sequence length for ``steps`` steps, the LR at ``lr.peak`` throughout
-    (no warmup, no decay): the schedule of benchmarks and tests that need no schedule shape."""
+    """A fixed mixture at one sequence length for ``steps`` steps, no anneal (and so, with ``model.lr``'s
+    ``warmup_steps: 0``, the LR at its peak throughout): the schedule of benchmarks and tests that need no
+    schedule shape."""
     return ScheduleConfig(
         mixture=MixtureConfig(weights=dict(weights)),
         train_tokens=steps * global_batch_size * seq_len,
         global_batch_size=global_batch_size,
         seq_len=SeqLenConfig(start=seq_len, end=seq_len, warmup_steps=0, multiple=1),
-        lr=LRConfig(warmup_steps=0),
         anneal_start=1.0,
     )
 
@@ -431,10 +477,10 @@ def _phases(config: ScheduleConfig, mixture_key: str) -> list[PhaseConfig]:
     return list(mixture.phases)
 
 
-def _step_counts(config: ScheduleConfig) -> tuple[int, int, int]:
-    """(total steps, total tokens, the LR decay's first step) of the budget, the warmup's shorter sequences
-    counted; a budget that does not fit the warmups raises ConfigError."""
-    seq, lr, batch = config.seq_len, config.lr, config.global_batch_size
+def _step_counts(config: ScheduleConfig) -> tuple[int, int]:
+    """(total steps, total tokens) of the budget, the warmup's shorter sequences counted; a budget that does
+    not fit the sequence-length warmup raises ConfigError."""
+    seq, batch = config.seq_len, config.global_batch_size
     if config.train_tokens < batch * seq.start:
         raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens is below one batch "
                           f"(schedule.global_batch_size x seq_len.start = {batch * seq.start}); raise the budget")
@@ -444,19 +490,7 @@ def _step_counts(config: ScheduleConfig) -> tuple[int, int, int]:
         raise ConfigError(f"schedule.train_tokens: {config.train_tokens} tokens end within the "
                           f"{seq.warmup_steps} steps of schedule.seq_len.warmup_steps")
     after = -(-(config.train_tokens - warm_tokens) // (batch * seq.end))
-    total_steps = seq.warmup_steps + after
-    if total_steps <= lr.warmup_steps:
-        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} is not below the "
-                          f"{total_steps} total steps of schedule.train_tokens")
-    decay_start = round(config.anneal_start * total_steps)
-    if config.anneal_start < 1 and decay_start > total_steps - 2:
-        raise ConfigError(f"schedule.anneal_start: {config.anneal_start} leaves the LR decay under 2 of the "
-                          f"{total_steps} steps of schedule.train_tokens ({config.train_tokens}); raise the "
-                          "budget or lower anneal_start")
-    if lr.warmup_steps > decay_start:
-        raise ConfigError(f"schedule.lr.warmup_steps: {lr.warmup_steps} reaches into the LR decay, "
-                          f"which starts at step {decay_start} (schedule.anneal_start)")
-    return total_steps, warm_tokens + after * batch * seq.end, decay_start
+    return seq.warmup_steps + after, warm_tokens + after * batch * seq.end
 
 
 def _start_problem(phase: PhaseConfig, key: str, i: int, anneal_start: float,

@@ -26,6 +26,7 @@ from data.elastic import reseed
 from data.errors import ConfigError
 from data.manifest import Manifest
 from data.packer import ConsumerStream
+from data.schedules import LRConfig
 from data.steps import StepSchedule
 from data.types import TrainBatch
 
@@ -33,13 +34,15 @@ from data.types import TrainBatch
 class OrderSimulator:
     """All consumers of a job, stepping in lock-step the way the DataLoaders would deliver."""
 
-    def __init__(self, manifest: Manifest, cfg: DataConfig, world_size: int, num_workers: int, schedule=None):
+    def __init__(self, manifest: Manifest, cfg: DataConfig, world_size: int, num_workers: int, schedule=None,
+                 lr: LRConfig = LRConfig(warmup_steps=0)):  # noqa: B008 -- frozen
+        """``lr``: the run's ``model.lr``, for each line's ``lr`` (the default: no warmup, which fits any schedule)."""
         if world_size < 1 or num_workers < 0:
             raise ConfigError(f"--world-size must be >= 1 and --num-workers >= 0 (got {world_size}, {num_workers})")
         self.manifest, self.cfg = manifest, cfg
         self.world_size, self.workers = world_size, max(1, num_workers)
         self.steps = StepSchedule.from_config(cfg, schedule=schedule)
-        self.lr_at = self.steps.lr
+        self.lr_at = lr.build(self.steps.total_steps, self.steps.by_optimizer_step.anneal_step)
         fp = manifest.fingerprint()
         self.consumers = [
             [ConsumerStream(manifest, cfg, r, world_size, w, self.workers, self.steps.weights, self.steps.seq_len, fp)

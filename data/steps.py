@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
 from data.config import DataConfig
@@ -11,7 +9,7 @@ from data.schedules import Schedule, build_schedule
 
 
 class StepSchedule:
-    """Mixture weights, sequence length and LR as functions of the data step (the micro-batch index).
+    """Mixture weights and sequence length as functions of the data step (the micro-batch index).
 
     With gradient accumulation A, micro-batch m belongs to optimizer step m // A: the schedules are
     keyed on optimizer steps (units in names: a schedule step is an optimizer step), and the built
@@ -35,10 +33,6 @@ class StepSchedule:
 
     def seq_len(self, step: int) -> int:
         return self.by_optimizer_step.max_seq_len(step // self.accumulate)
-
-    @property
-    def lr(self) -> Callable[[int], float]:
-        return lambda step: self.by_optimizer_step.lr(step // self.accumulate)
 
     @property
     def total_steps(self) -> int:

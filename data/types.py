@@ -98,10 +98,10 @@ class TrainingContext:
     manifest: Manifest
     """The corpus: sources, shards, chunks, the held-out split."""
     schedule: Schedule
-    """The pure schedules of the global (optimizer) step: ``lr(step)``, ``tokens_at(step)``,
+    """The pure schedules of the global (optimizer) step: ``mixture_weights(step)``, ``tokens_at(step)``,
     ``total_steps``, ..."""
     steps: StepSchedule
-    """Mixture weights, sequence length and LR per data step (micro-batch), for the order log and workers."""
+    """Mixture weights and sequence length per data step (micro-batch), for the order log and workers."""
     held_out: Callable[[], Iterable[EvalBatch]] | None
     """A fresh iterable of this rank's held-out batches (tensors); None when the run holds none out."""
 

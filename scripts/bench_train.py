@@ -39,13 +39,14 @@ import torch  # noqa: E402
 from data.config import DataConfig, corpus_sources  # noqa: E402
 from data.corpus.demo import build_demo_corpus  # noqa: E402
 from data.manifest import build_manifest  # noqa: E402
-from data.schedules import build_schedule, fixed_schedule  # noqa: E402
+from data.schedules import LRConfig, build_schedule, fixed_schedule  # noqa: E402
 from data.simulate import OrderSimulator  # noqa: E402
 from data.steps import StepSchedule  # noqa: E402
 from data.types import TrainBatch, TrainingContext  # noqa: E402
 from train.datamodule import to_torch  # noqa: E402
 from train.model import GPT, load_model_config  # noqa: E402
 from train.module import PretrainModule  # noqa: E402
+from train.optim import OptimConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["web", "code", "books", "curated"]
@@ -54,7 +55,7 @@ SOURCES = ["web", "code", "books", "curated"]
 def demo_data(n: int, batch: int, seq: int, corpus: Path | None) -> tuple[list[TrainBatch[torch.Tensor]],
                                                                           TrainingContext]:
     """Real packed batches from the demo corpus (built into a temp dir unless given), and the prepared
-    data the module reads, with :func:`lr_schedule`'s LR."""
+    data the module reads, with :func:`lr_schedule`'s steps (and :data:`LR`)."""
     if corpus is None:
         corpus = Path(tempfile.mkdtemp()) / "demo_corpus"
         build_demo_corpus(corpus)
@@ -73,18 +74,22 @@ def demo_data(n: int, batch: int, seq: int, corpus: Path | None) -> tuple[list[T
     return [to_torch(b) for _, _, b in sim.batches(n)], context
 
 
+LR = LRConfig(peak=1e-3, min=0.0, warmup_steps=5)
+"""The LR of both loops (the module's ``model.lr``)."""
+
+
 def lr_schedule(total: int):
     return build_schedule({
         "train_tokens": max(total, 100) * 8 * 128, "global_batch_size": 8,  # >= 100 steps: a valid decay
-        "seq_len": {"start": 128, "end": 128, "warmup_steps": 0, "multiple": 64},
-        "lr": {"peak": 1e-3, "min": 0.0, "warmup_steps": 5}, "anneal_start": 0.9,
+        "seq_len": {"start": 128, "end": 128, "warmup_steps": 0, "multiple": 64}, "anneal_start": 0.9,
         "mixture": {"weights": {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}},
     })
 
 
 def plain_loop(model: GPT, batches: list[TrainBatch[torch.Tensor]], schedule) -> float:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule.lr(s) / 1e-3)
+    opt = OptimConfig(fused=True).build(model.named_parameters(), lr=1e-3)  # the module's default optimizer
+    lr_at = LR.build(schedule.total_steps, schedule.anneal_step)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s) / 1e-3)
     t0 = time.perf_counter()
     doc_mask = model.config.doc_mask
     for b in batches:  # the module's own forward call (train/module.py _token_losses): same loss path
@@ -113,7 +118,7 @@ class _Batches(L.LightningDataModule):
 
 
 def lightning_loop(model_cfg, batches: list[TrainBatch[torch.Tensor]], context: TrainingContext) -> float:
-    module = PretrainModule(model=model_cfg)
+    module = PretrainModule(model=model_cfg, lr=LR)
     trainer = L.Trainer(max_steps=len(batches), accelerator="cpu", devices=1, precision="32-true", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         gradient_clip_val=1.0, num_sanity_val_steps=0, limit_val_batches=0)

@@ -31,14 +31,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from data import files
 from data.config import (
-    DataConfig,
     ToolParser,
     check_weights,
     corpus_sources,
-    resolve_data_config,
+    resolve_sections,
     split_tool_args,
 )
 from data.errors import ConfigError, one_line_errors
@@ -94,22 +94,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve(args: argparse.Namespace, rest: list[str]) -> DataConfig:
-    """The data config of ``--config ... --data.* ...`` (``rest``) with the older flags mapped onto their keys
+def resolve(args: argparse.Namespace, rest: list[str]) -> Any:
+    """The data config (``.data``) and the LR schedule (``.model.lr``, for the lines' ``lr``) of ``--config ...
+    --data.* ...`` (``rest``) with the older flags mapped onto their keys
     (after the user's, so that they win as they did); ``--weights`` checked against the configured sources
     first, so an error names the flag at fault."""
     mapped = [a for flag, key in OLD_FLAGS.items() if getattr(args, flag) is not None
               for a in (f"--{key}", str(getattr(args, flag)))]
-    written = resolve_data_config(rest)
+    written = resolve_sections(rest)
     if args.weights is not None:
         weights = parse_weights(args.weights)
-        check_weights(weights, list(written.sources), "--weights")
+        check_weights(weights, list(written.data.sources), "--weights")
         fixed = {"weights": weights, "phases": [], "ramp_steps": 0, "fixed_equivalent_of": None}
         mapped += ["--data.schedule.mixture", json.dumps(fixed)]  # every key: the configured ones are replaced
     if args.seq_len is not None:
         one_length = {"start": args.seq_len, "end": args.seq_len, "warmup_steps": 0, "multiple": 1}
         mapped += ["--data.schedule.seq_len", json.dumps(one_length)]
-    return resolve_data_config(rest + mapped) if mapped else written
+    return resolve_sections(rest + mapped) if mapped else written
 
 
 def load_cursor(sim: OrderSimulator, path: str) -> None:
@@ -145,12 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     own, rest = split_tool_args(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(own)  # -h prints the help and exits
-    cfg = resolve(args, rest)
+    sections = resolve(args, rest)
+    cfg = sections.data
     if args.corpus:
         cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
     manifest = build_manifest(cfg)
     workers = cfg.num_workers if args.num_workers is None else args.num_workers
-    sim = OrderSimulator(manifest, cfg, args.world_size, workers)
+    sim = OrderSimulator(manifest, cfg, args.world_size, workers, lr=sections.model.lr)
     if args.resume_from:
         load_cursor(sim, args.resume_from)
     steps = sim.steps.total_steps if args.steps is None else args.steps

@@ -38,7 +38,7 @@ from data.config import ToolParser, corpus_sources, split_tool_args
 from data.errors import ConfigError, error_lines, one_line_errors
 from data.manifest import build_manifest
 from data.plan import available_tokens, check_epochs, parse_tokens, plan_table, plot_schedule, stream_table
-from data.schedules import build_schedule
+from data.schedules import LRConfig, build_schedule
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,13 +70,15 @@ def config_ranks(trainer) -> int:
 
 class Plan(NamedTuple):
     """What the plan prints and draws, resolved from the config before anything is printed: the config
-    files (for the header), the run's DataConfig (``--corpus`` applied) and ModelConfig, the built schedule,
-    where the available tokens came from, the plan table, the epoch limit and its warnings, the PNG."""
+    files (for the header), the run's DataConfig (``--corpus`` applied) and ModelConfig, the built schedule
+    and LR schedule (``model.lr``), where the available tokens came from, the plan table, the epoch limit and
+    its warnings, the PNG."""
 
     name: str
     cfg: Any
     model: Any
     schedule: Any
+    lr: Any
     origin: str
     table: str
     max_epochs: float
@@ -93,11 +95,12 @@ def make_plan(args: argparse.Namespace, resolved) -> Plan:
     if args.corpus:
         cfg.sources = corpus_sources(args.corpus, list(cfg.sources))
     schedule = build_schedule(cfg.schedule, sources=list(cfg.sources))
+    lr = LRConfig(**resolved.model.lr.as_dict()).build(schedule.total_steps, schedule.anneal_step)
     tokens, origin = available_tokens(cfg, None if args.tokens is None else parse_tokens(args.tokens))
-    table = plan_table(schedule, tokens)
+    table = plan_table(schedule, tokens, lr)
     max_epochs = cfg.max_epochs if args.max_epochs is None else args.max_epochs
     caught = epoch_warnings(schedule, tokens, max_epochs, strict=args.strict or cfg.max_epochs_error)
-    return Plan(name=config_sources(resolved), cfg=cfg, model=model, schedule=schedule, origin=origin,
+    return Plan(name=config_sources(resolved), cfg=cfg, model=model, schedule=schedule, lr=lr, origin=origin,
                 table=table, max_epochs=max_epochs, caught=caught, out=out_path(args, resolved))
 
 
@@ -125,6 +128,7 @@ def print_plan(plan: Plan, args: argparse.Namespace, resolved) -> None:
     """The header, the plan table, the epoch verdict, the streams per consumer and the memory plan."""
     from train.config import model_source
     from train.memory import memory_plan
+    from train.optim import OptimConfig
 
     print(f"plan for {plan.name}; available tokens: {plan.origin}\n")
     print(plan.table)
@@ -139,7 +143,8 @@ def print_plan(plan: Plan, args: argparse.Namespace, resolved) -> None:
         world_size = config_ranks(resolved.trainer) if args.world_size is None else args.world_size
         print_streams(cfg, world_size * max(1, cfg.num_workers))
     seq = plan.schedule.config.seq_len.end
-    print("\n" + memory_plan(plan.model, model_source(resolved), cfg.batch_size, seq, args.gpu_memory_gib))
+    optim = resolved.model.optim and OptimConfig(**resolved.model.optim.as_dict())
+    print("\n" + memory_plan(plan.model, model_source(resolved), cfg.batch_size, seq, args.gpu_memory_gib, optim))
 
 
 def print_streams(cfg, consumers: int) -> None:
@@ -168,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         print(error_lines(e), file=sys.stderr)
         return 2
     print_plan(plan, args, resolved)
-    plot_schedule(plan.schedule, plan.out)
+    plot_schedule(plan.schedule, plan.lr, plan.out)
     print(f"wrote {plan.out}")
     return 0
 

@@ -99,7 +99,7 @@ class DataStateCallback(L.Callback):
                 loss = (outputs["loss"].item() if isinstance(outputs, dict) else float(outputs))
                 loss *= trainer.accumulate_grad_batches
             try:
-                line = order_log_line(trainer.datamodule.context(), batch, loss)
+                line = order_log_line(trainer.datamodule.context(), batch, loss, pl_module.lr_at)
                 self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
                 self._file.flush()
             except OSError as e:
@@ -112,10 +112,11 @@ class DataStateCallback(L.Callback):
             self._file = None
 
 
-def order_log_line(ctx: TrainingContext, batch: TrainBatch[torch.Tensor], loss: float) -> dict:
-    """The order-dump line of a trained batch (data/simulate.py ``order_line``) plus its ``loss``."""
+def order_log_line(ctx: TrainingContext, batch: TrainBatch[torch.Tensor], loss: float, lr_at) -> dict:
+    """The order-dump line of a trained batch (data/simulate.py ``order_line``) plus its ``loss``; ``lr_at``:
+    the module's LR of an optimizer step."""
     plain = {**batch, "source_tokens": batch["source_tokens"].tolist(), "weights": batch["weights"].tolist()}
-    return {**order_line(plain, list(ctx.source_names), ctx.steps.lr), "loss": loss}
+    return {**order_line(plain, list(ctx.source_names), lambda step: lr_at(step // ctx.accumulate)), "loss": loss}
 
 
 def _drop_lines_from(path: Path, step: int) -> None:

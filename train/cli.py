@@ -7,7 +7,7 @@ tool. What this file adds to it (docs/training.md describes each for the user):
   on CPU, validation every ``run.val_every_n_steps`` steps of the (endless) stream, no distributed
   sampler (the data layer slices the global order itself), gradient clipping 1.0;
 - loggers from ``run.loggers`` (train/loggers.py), made once the start-up checks pass; ``--trainer.logger``,
-  ``--optimizer`` and ``--lr_scheduler`` are not offered (LightningCLI's would silently replace AdamW
+  ``--optimizer`` and ``--lr_scheduler`` are not offered (LightningCLI's would silently replace model.optim
   and the schedule's LR); only the ``fit`` and ``validate`` subcommands;
 - checkpoints every ``run.ckpt_every_n_steps`` plus ``last``; ``--ckpt_path`` found and verified before
   it is loaded (train/checkpoint.py) and its ``model:`` settings checked (train/resume.py); SIGTERM and
@@ -146,7 +146,8 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         if ckpt_path is None:
             return
         saved = saved_hparams(Path(ckpt_path))
-        for line in check_resume(ckpt_path, saved, dict(self.model.hparams)):
+        lr_may_change = self._section().run.allow_changed_schedule
+        for line in check_resume(ckpt_path, saved, dict(self.model.hparams), lr_may_change):
             log.warning("resume from %s: %s (a setting that may change on resume: applied)", ckpt_path, line)
 
     def before_validate(self) -> None:
@@ -180,8 +181,10 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
         fix_bucket_layout(self.trainer.strategy)  # DDP: a resume reduces its gradients as the run it continues
         self._check_resume_settings(ckpt_path)
+        steps = self.config_init[self.subcommand].data.schedule.build()  # the run's steps: no corpus read yet
+        lr = self.model.lr.build(steps.total_steps, steps.anneal_step)  # model.lr checked on them
         data = dm.prepare(self.trainer.accumulate_grad_batches)
-        self._check_data(data)
+        self._check_data(data, lr)
         self._check_memory(data, run)
         # validated: now the run dir is taken and written to
         if self.trainer.is_global_zero:  # nothing may touch the run dir another run holds
@@ -211,9 +214,9 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
                 f"again. Continue with --ckpt_path last, or give --ckpt_path {given} on the command line to go "
                 "back on purpose")
 
-    def _check_data(self, data: TrainingContext) -> None:
+    def _check_data(self, data: TrainingContext, lr) -> None:
         """The manifest (bad files, null texts), the schedule against the model's context, the plan table
-        and implied epochs."""
+        (with the LR schedule ``lr``) and implied epochs."""
         manifest, schedule, cfg = data.manifest, data.schedule, data.config
         if manifest.null_texts and cfg.on_bad_shard == "error":  # not hours in, when the reader gets there
             from data.manifest import null_text_problems
@@ -233,7 +236,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         available = {n: s.stream_tokens for n, s in manifest.sources.items()}
         if self.trainer.is_global_zero:
             print(manifest.summary())
-            print(plan_table(schedule, available))
+            print(plan_table(schedule, available, lr))
             print(self.model.model_config_summary())
         check_epochs(schedule, available, max_epochs=cfg.max_epochs, error=cfg.max_epochs_error)
 
@@ -252,7 +255,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         seq, batch_size = data.schedule.config.seq_len.end, data.config.batch_size
         total = torch.cuda.get_device_properties(root).total_memory
         try:
-            parts = check_fits(self.model.model_config, batch_size, seq, total)
+            parts = check_fits(self.model.model_config, batch_size, seq, total, optim=self.model.optim)
         except ValueError as e:
             from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 

@@ -98,7 +98,7 @@ class RunConfig:
     memory_check: bool = True
     """On a GPU, refuse a micro-batch whose estimated peak memory (train/memory.py) exceeds the device."""
     allow_changed_schedule: bool = False
-    """Resume although data.schedule (budget, LR, sequence lengths, mixture) changed: the new schedule
+    """Resume although data.schedule (budget, sequence lengths, mixture) or model.lr changed: the new schedule
     applies from the resumed step (:func:`check_schedule_unchanged`). Refused by default."""
     branch: bool = False
     """A decay branch (ablations/branch.py): resume under another mixture from the checkpoint's step on,
@@ -187,7 +187,7 @@ class ConfigCLI(LightningCLI):
             None,  # the data: section is a DataConfig (add_arguments_to_parser); the DataModule holds it
             save_config_callback=run_loggers.RunConfigSaver,
             seed_everything_default=1234,
-            # AdamW + schedule.lr(step) are the module's; LightningCLI's --optimizer/--lr_scheduler would
+            # model.optim + model.lr are the module's; LightningCLI's --optimizer/--lr_scheduler would
             # silently replace both, so they are not offered
             auto_configure_optimizers=False,
             parser_class=WellMixedParser,

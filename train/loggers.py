@@ -186,7 +186,7 @@ def derived_values(context, module, trainer) -> dict[str, Any]:
     schedule = context.schedule  # data/types.py TrainingContext
     out["total_steps"] = schedule.total_steps
     out["total_tokens"] = schedule.total_tokens
-    out["anneal_step"] = schedule.decay_start
+    out["anneal_step"] = schedule.anneal_step
     out["phase_start_steps"] = {name: step for name, step in schedule.phase_boundaries}
     out["planned_tokens_per_source"] = {k: int(v) for k, v in tokens_per_source(schedule).items()}
     out["max_steps"] = trainer.max_steps

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from train.loss import default_chunk_tokens
 from train.model import ModelConfig
+from train.optim import OptimConfig
 
 GB = 1e9
 
@@ -44,10 +45,12 @@ def loss_bytes(cfg: ModelConfig, tokens: int, loss: str) -> tuple[int, int]:
 
 
 def estimate_peak_memory(config: ModelConfig, micro_batch: int, seq_len: int, loss: str = "chunked",
-                         activation_checkpointing: bool = False, precision: str = "bf16-mixed") -> dict[str, float]:
+                         activation_checkpointing: bool = False, precision: str = "bf16-mixed",
+                         optim: OptimConfig | None = None) -> dict[str, float]:
     """Estimated peak bytes per GPU of one DDP training step, by part, with ``total``.
 
-    Parameters, gradients and AdamW's two moments are fp32 (16 bytes per parameter); under bf16-mixed
+    Parameters and gradients are fp32 (8 bytes per parameter), the optimizer's state is what ``optim``
+    (train/optim.py; default AdamW: 8 bytes) says; under bf16-mixed
     autocast also keeps a bf16 copy of every matmul weight for the step (2 bytes). The peak is taken at
     the start of backward: every saved activation plus the loss backward's transients.
     Only ``bf16-mixed`` is modelled.
@@ -59,7 +62,8 @@ def estimate_peak_memory(config: ModelConfig, micro_batch: int, seq_len: int, lo
     from train.model import GPT
 
     with torch.device("meta"):
-        n_params = GPT(config).num_params()
+        model = GPT(config)
+    n_params = model.num_params()
     tokens = micro_batch * seq_len
     per_block = block_saved_bytes_per_token(config)
     d = config.d_model
@@ -70,7 +74,8 @@ def estimate_peak_memory(config: ModelConfig, micro_batch: int, seq_len: int, lo
     blocks += tokens * 8 * d  # final norm: its fp32 input (the last block's output) and output
     saved, transient = loss_bytes(config, tokens, loss)
     parts = {
-        "params_grads_adamw": 16.0 * n_params,
+        "params_grads": 8.0 * n_params,
+        "optimizer_state": float((optim or OptimConfig()).state_bytes(model.named_parameters())),
         "bf16_weight_copies": 2.0 * n_params,
         "block_activations": float(blocks),
         "loss_saved": float(saved),
@@ -95,30 +100,31 @@ context, NCCL buffers and torch.compile's workspace live in the rest."""
 
 
 def check_fits(config: ModelConfig, micro_batch: int, seq_len: int, device_bytes: float, *,
-               precision: str = "bf16-mixed") -> dict[str, float]:
+               precision: str = "bf16-mixed", optim: OptimConfig | None = None) -> dict[str, float]:
     """Refuse (ValueError naming the knobs) a micro-batch whose estimated peak exceeds the device.
 
     Returns the estimate. The knobs, cheapest first: the chunked loss (``model.loss_impl``), activation
     checkpointing (``model.activation_checkpointing``: ~25% more compute), a smaller ``data.batch_size``
     with a larger ``trainer.accumulate_grad_batches`` (same global batch, more steps per update)."""
     parts = estimate_peak_memory(config, micro_batch, seq_len, loss=config.loss_impl,
-                                 activation_checkpointing=config.activation_checkpointing, precision=precision)
+                                 activation_checkpointing=config.activation_checkpointing, precision=precision,
+                                 optim=optim)
     budget = FIT_FRACTION * device_bytes
     if parts["total"] <= budget:
         return parts
     fixes = []
     if config.loss_impl != "chunked":
         alt = estimate_peak_memory(config, micro_batch, seq_len, loss="chunked",
-                                   activation_checkpointing=config.activation_checkpointing)["total"]
+                                   activation_checkpointing=config.activation_checkpointing, optim=optim)["total"]
         fixes.append(f"model.loss_impl chunked ({alt / GB:.1f} GB)")
     if not config.activation_checkpointing:
         alt = estimate_peak_memory(config, micro_batch, seq_len, loss=config.loss_impl,
-                                   activation_checkpointing=True)["total"]
+                                   activation_checkpointing=True, optim=optim)["total"]
         fixes.append(f"model.activation_checkpointing true ({alt / GB:.1f} GB)")
     mb = micro_batch // 2
     while mb >= 1:
         alt = estimate_peak_memory(config, mb, seq_len, loss=config.loss_impl,
-                                   activation_checkpointing=config.activation_checkpointing)["total"]
+                                   activation_checkpointing=config.activation_checkpointing, optim=optim)["total"]
         if alt <= budget:
             fixes.append(f"data.batch_size {mb} with trainer.accumulate_grad_batches x{micro_batch // mb} "
                          f"({alt / GB:.1f} GB)")
@@ -131,17 +137,19 @@ def check_fits(config: ModelConfig, micro_batch: int, seq_len: int, device_bytes
     )
 
 
-def memory_plan(cfg, label: str, micro_batch: int, seq_len: int, gpu_gib: float) -> str:
+def memory_plan(cfg, label: str, micro_batch: int, seq_len: int, gpu_gib: float,
+                optim: OptimConfig | None = None) -> str:
     """The estimated peak memory per GPU (train/memory.py) of model ``cfg`` (a ModelConfig; ``label`` names
     it) at its micro-batch and longest sequence, for each loss path with and without activation
     checkpointing; the start-up check refuses what does not fit the GPU it runs on."""
     budget = FIT_FRACTION * gpu_gib * 2**30
-    lines = [f"memory per GPU (DDP, bf16-mixed; model {label}, "
+    lines = [f"memory per GPU (DDP, bf16-mixed, {(optim or OptimConfig()).name}; model {label}, "
              f"data.batch_size {micro_batch} x {seq_len} tokens; fits = under {FIT_FRACTION:.0%} of "
              f"{gpu_gib:g} GiB, --gpu-memory-gib):"]
     for loss in ("chunked", "plain"):
         for ckpt in (False, True):
-            total = estimate_peak_memory(cfg, micro_batch, seq_len, loss=loss, activation_checkpointing=ckpt)["total"]
+            total = estimate_peak_memory(cfg, micro_batch, seq_len, loss=loss, activation_checkpointing=ckpt,
+                                         optim=optim)["total"]
             chosen = loss == cfg.loss_impl and ckpt == cfg.activation_checkpointing
             lines.append(f"  model.loss_impl {loss:<8} activation_checkpointing {str(ckpt).lower():<5} "
                          f"{total / GB:7.1f} GB  {'fits' if total <= budget else 'DOES NOT FIT'}"

@@ -1,40 +1,30 @@
-"""The LightningModule: the model, AdamW with the warmup-stable-decay LR, per-source losses.
+"""The LightningModule: the model, its optimizer (train/optim.py) with the LR schedule, per-source losses.
 
 The training step is the whole story (torchtitan's rule: keep control flow visible here):
 forward, token losses without reduction, the mean for backward, and per-source sums and counts that
 are all-reduced across ranks before logging (so a source with few tokens in a batch weighs little).
-The learning rate is ``schedule.lr(step)`` -- a pure function of the optimizer step, so resuming
+The learning rate is ``lr_at(step)`` (``model.lr``) -- a pure function of the optimizer step, so resuming
 only needs the step.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
-from dataclasses import dataclass
 from typing import Literal, Optional
 
 import lightning as L
 import torch
 
+from data.schedules import LRConfig
 from data.types import EvalBatch, TrainBatch, TrainingContext
 from train.architecture import Architecture, ArchitectureConfig, build_model
 from train.model import ModelConfig, load_model_config
+from train.optim import OptimConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class OptimConfig:
-    """AdamW; the learning rate itself comes from ``data.schedule.lr``."""
-
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.1
-    """Applied to matrices (embeddings included), not to norm gains."""
-    eps: float = 1e-8
-    fused: Optional[bool] = None
-    """Fused AdamW kernel; None = wherever the device supports it (CUDA, and CPU in recent torch)."""
 
 
 class WeightsDiffer(FloatingPointError):
@@ -47,6 +37,7 @@ class PretrainModule(L.LightningModule):
         self,
         model: ModelConfig = ModelConfig(),  # noqa: B008 -- never changed in place (copied below)
         optim: Optional[OptimConfig] = None,
+        lr: LRConfig = LRConfig(),  # noqa: B008 -- frozen
         compile: bool | Literal["auto"] = False,
         on_nonfinite: Literal["stop", "skip"] = "stop",
         log_every_n_steps: int = 1,
@@ -58,7 +49,9 @@ class PretrainModule(L.LightningModule):
                 names it), ``--model.model.d_model 64`` changes one field of it. In Python a ModelConfig,
                 the path of a model YAML, a checkpoint's dict, or another architecture's config
                 (train/architecture.py, docs/model.md).
-            optim: AdamW settings.
+            optim: the optimizer (train/optim.py): ``name`` adamw or muon, and its settings.
+            lr: the LR schedule (data/schedules.py ``LRConfig``): ``shape`` wsd, cosine or linear, ``peak``,
+                ``min``, ``warmup_steps``, ``decay_start``; built on the run's steps (``data.schedule``).
             compile: wrap the model in torch.compile (GPU runs; sequence lengths are multiples of 64);
                 ``auto`` compiles on CUDA only, so one config serves the GPU run and a CPU smoke test.
             on_nonfinite: a non-finite loss stops the run with a clear message, or skips the step
@@ -69,7 +62,8 @@ class PretrainModule(L.LightningModule):
         if isinstance(model, dict):  # a checkpoint's hparams (below) given to the class directly
             model = ModelConfig(**model)
         if isinstance(optim, dict):
-            optim = OptimConfig(**{**optim, "betas": tuple(optim.get("betas", OptimConfig.betas))})
+            optim = OptimConfig(**optim)
+        self.lr = LRConfig(**lr) if isinstance(lr, dict) else lr
         if isinstance(model, (str, os.PathLike)):
             model = load_model_config(model)
         elif isinstance(model, ModelConfig):
@@ -83,7 +77,7 @@ class PretrainModule(L.LightningModule):
         # class. Loggers get the whole run config from the CLI instead (logger=False).
         self.save_hyperparameters({
             "model": dict(vars(self.model_config)),
-            "optim": {**vars(self.optim), "betas": list(self.optim.betas)},
+            "optim": self.optim.hparams(), "lr": dataclasses.asdict(self.lr),
             "compile": compile, "on_nonfinite": on_nonfinite, "log_every_n_steps": log_every_n_steps,
             "_class_path": f"{type(self).__module__}.{type(self).__qualname__}",
             "_instantiator": "lightning.pytorch.cli.instantiate_module",
@@ -104,8 +98,8 @@ class PretrainModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         self.ctx: TrainingContext = self.trainer.datamodule.context()
         self.source_names = list(self.ctx.source_names)
-        # keyed on the optimizer step (the schedule's own unit, whatever the accumulation)
-        self.lr_at = self.ctx.schedule.lr
+        # keyed on the optimizer step (the schedule's own unit, whatever the accumulation), on the run's steps
+        self.lr_at = self.lr.build(self.ctx.schedule.total_steps, self.ctx.schedule.anneal_step)
 
     def configure_model(self) -> None:
         if self.device_mesh is not None:  # ModelParallelStrategy (train/parallel.py: fsdp2)
@@ -119,25 +113,16 @@ class PretrainModule(L.LightningModule):
             self.model = torch.compile(self.model)
 
     def configure_optimizers(self):
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        fused = self.optim.fused
-        if fused is None:
-            fused = self.device.type == "cuda" or self.device.type == "cpu"
-        schedule = self.ctx.schedule
-        base = schedule.config.lr.peak
+        lr_at, base = self.lr_at, self.lr.peak
         # (Safe here although it dropped a stateful loader's state, Lightning #20550: the cursors are the DataModule's.)
-        if self.trainer.estimated_stepping_batches < schedule.total_steps:
+        if self.trainer.estimated_stepping_batches < lr_at.total_steps:
             log.warning("trainer.max_steps=%d stops before the schedule's %d steps: the LR will not finish "
                         "its decay and the anneal is cut short", self.trainer.estimated_stepping_batches,
-                        schedule.total_steps)
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": self.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=base, betas=tuple(self.optim.betas), eps=self.optim.eps, fused=fused,
-        )
+                        lr_at.total_steps)
+        opt = self.optim.build(self.model.named_parameters(), lr=base)
         # A plain function, not a callable object: LambdaLR would pickle an object's __dict__ (the
         # schedule) into the checkpoint. The LR is a pure function of the step; only the step is saved.
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule.lr(step) / base)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step) / base)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     # -- steps -------------------------------------------------------------------------------
@@ -174,7 +159,7 @@ class PretrainModule(L.LightningModule):
             if self.on_nonfinite == "stop":
                 raise FloatingPointError(
                     f"non-finite loss at step {self.global_step} (rank {self.global_rank}: {loss.item()}); "
-                    "lower data.schedule.lr.peak, or set model.on_nonfinite: skip to skip such steps"
+                    "lower model.lr.peak, or set model.on_nonfinite: skip to skip such steps"
                 )
             self._mark_skipped("loss")
             backward = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
@@ -193,12 +178,12 @@ class PretrainModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         """After the step's last backward, before clipping and the update: a non-finite gradient (the loss
         may be finite) stops the run or skips the step like a non-finite loss; a skipped step's gradients
-        are dropped, so AdamW leaves every parameter and its moments untouched."""
+        are dropped, so the optimizer leaves every parameter and its state untouched."""
         if not self._skip and not self._finite(p.grad for p in self.parameters()):
             if self.on_nonfinite == "stop":
                 raise FloatingPointError(
                     f"non-finite gradient at step {self.global_step} (the loss was finite); no update was made. "
-                    "Lower data.schedule.lr.peak, or set model.on_nonfinite: skip to skip such steps")
+                    "Lower model.lr.peak, or set model.on_nonfinite: skip to skip such steps")
             self._mark_skipped("gradient")
         if self._skip:
             for group in optimizer.param_groups:
@@ -228,7 +213,7 @@ class PretrainModule(L.LightningModule):
         if not self._finite(p.detach() for p in self.parameters()):
             raise FloatingPointError(
                 f"the weights hold non-finite values at step {self.global_step}: no checkpoint written (the last "
-                "one written stands). Resume from it with --ckpt_path FILE, and lower data.schedule.lr.peak or "
+                "one written stands). Resume from it with --ckpt_path FILE, and lower model.lr.peak or "
                 "set model.on_nonfinite: skip")
         if isinstance(self.trainer.strategy, DDPStrategy):
             names, params = zip(*self.named_parameters())

@@ -1,7 +1,8 @@
 """The resume rule: what a resume must keep from its checkpoint, and what it may change.
 
 - the ``model:`` settings (:func:`resume_differences`, :func:`check_resume`): the model's shape and math and
-  AdamW's settings must match; the few in :data:`MAY_CHANGE` are applied and logged;
+  the optimizer's settings must match; the few in :data:`MAY_CHANGE` and the optimizer's
+  ``OptimConfig.MAY_CHANGE`` (train/optim.py) are applied and logged;
 - the schedule the run trains with (:func:`schedule_fingerprint`, :func:`check_schedule_unchanged`, which
   the DataModule calls when it loads a checkpoint's data state);
 - the ``data:`` settings that decide the chunks the data order is built on (:func:`data_settings`,
@@ -23,7 +24,7 @@ from typing import Any
 from data.errors import ConfigError
 from data.schedules import ScheduleConfig
 from data.tokenizer import CL100K_IDENTITY
-from train.module import OptimConfig
+from train.optim import OptimConfig
 
 log = logging.getLogger("wellmixed")
 
@@ -36,8 +37,8 @@ MAY_CHANGE = {
     "model.doc_mask_impl": "how the document mask reaches attention: the same mask",
 }
 """``model:`` settings a resume may change: applied from the command line and config files, each change
-logged. Every other ``model:`` setting (the model's shape and math, AdamW's settings, which the
-optimizer state restores) must match the checkpoint; a difference is refused by name (docs/config.md)."""
+logged. Every other ``model:`` setting (the model's shape and math, the optimizer's settings, which its
+state restores) must match the checkpoint; a difference is refused by name (docs/config.md)."""
 
 
 def _flat(hparams: dict, prefix: str = "") -> dict[str, Any]:
@@ -52,28 +53,31 @@ def _flat(hparams: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resume_differences(saved: dict, requested: dict) -> tuple[list[tuple], list[tuple]]:
+def resume_differences(saved: dict, requested: dict, lr_may_change: bool = False) -> tuple[list[tuple], list[tuple]]:
     """(refused, applied): ``(key, checkpoint value, asked value)`` of the ``model:`` settings that differ
     between a checkpoint's hyper-parameters and the run's (keys as in the config: ``model.d_model`` is
-    ``--model.model.d_model``). ``optim`` missing on either side counts as the defaults; a setting the
-    checkpoint does not record (newer than it) is not compared."""
-    default_optim = {**vars(OptimConfig()), "betas": list(OptimConfig().betas)}
-    saved = _flat({**saved, "optim": saved.get("optim") or default_optim})
-    requested = _flat({**requested, "optim": requested.get("optim") or default_optim})
+    ``--model.model.d_model``). An ``optim`` field missing on either side (a checkpoint from before the field)
+    counts as its default; any other setting the checkpoint does not record (newer than it) is not compared.
+    ``model.lr`` may change with ``run.allow_changed_schedule`` (``lr_may_change``), like the schedule."""
+    default_optim = OptimConfig().hparams()
+    saved = _flat({**saved, "optim": {**default_optim, **(saved.get("optim") or {})}})
+    requested = _flat({**requested, "optim": {**default_optim, **(requested.get("optim") or {})}})
+    may_change = {*MAY_CHANGE, *(f"model.{k}" for k in MAY_CHANGE), *(f"optim.{k}" for k in OptimConfig.MAY_CHANGE)}
     refused, applied = [], []
     for key in sorted(saved):
         old, new = saved[key], requested.get(key)
         if old != new:
-            (applied if key in MAY_CHANGE or f"model.{key}" in MAY_CHANGE else refused).append((key, old, new))
+            allowed = key in may_change or f"model.{key}" in may_change or lr_may_change and key.startswith("lr.")
+            (applied if allowed else refused).append((key, old, new))
     return refused, applied
 
 
-def check_resume(path: str, saved: dict | None, requested: dict) -> list[str]:
+def check_resume(path: str, saved: dict | None, requested: dict, lr_may_change: bool = False) -> list[str]:
     """Refuse (ConfigError, one line naming each key) a resume whose must-match settings differ from the
     checkpoint's; return the allowed changes, one ``model.KEY: checkpoint V -> W`` line each, for the log."""
     if not saved:
         return []
-    refused, applied = resume_differences(saved, requested)
+    refused, applied = resume_differences(saved, requested, lr_may_change)
     if refused:
         diffs = "; ".join(f"model.{k} is {old!r} in the checkpoint, {new!r} here" for k, old, new in refused)
         fix = " ".join(f"--model.{k} {_flag_value(old)}" for k, old, _ in refused)
@@ -114,6 +118,7 @@ def schedule_changes(old: str | None, new: str, root: str = "data.schedule") -> 
             out.append(f"{key}: {a!r} -> {b!r}")
 
     a, b = json.loads(old), json.loads(new)
+    a.pop("lr", None)  # a checkpoint from before the LR moved to model.lr (compared with the module's settings)
     walk(a, b, root)
     return out
 

@@ -198,8 +198,10 @@ def test_bad_input_is_refused_before_compute_with_one_line(stable, tmp_path, cap
     assert "--run.branch is set by ablations.branch" in refused(capsys, base + ["--", "--run.branch", "false"])
     assert "--data.num_workers is set by" in refused(capsys, base + ["--", "--data.num_workers", "4"])
     # an override a branch cannot make: refused naming it before OUT is claimed (so the corrected command runs)
-    assert "change data.schedule.lr.peak: 0.001 -> 0.002: a branch changes only the mixture" in refused(
-        capsys, base + ["--", "--data.schedule.lr.peak", "2e-3"])
+    assert "change data.schedule.seq_len.end: 32 -> 64: a branch changes only the mixture" in refused(
+        capsys, base + ["--", "--data.schedule.seq_len.end", "64"])
+    assert "model.lr.peak is 0.001 in the checkpoint, 0.002 here" in refused(
+        capsys, base + ["--", "--model.lr.peak", "2e-3"])
     # the arms file itself
     for weights, says in [({**w, "web": "much"}, "arms[0] (a).weights.web: 'much' is not a share"),
                           ({**w, "web": None}, "arms[0] (a).weights.web: None is not a share"),

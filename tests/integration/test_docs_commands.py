@@ -113,7 +113,7 @@ TEST_SIZE = [
     "--run.wandb", "false", "--data.schedule.train_tokens", "400", "--data.schedule.anneal_start", "0.5",
     "--data.schedule.seq_len.start", "16", "--data.schedule.seq_len.end", "32",
     "--data.schedule.seq_len.multiple", "16", "--data.schedule.seq_len.warmup_steps", "2",
-    "--data.schedule.lr.warmup_steps", "1", "--data.val_tokens_per_source", "256", "--data.buffer_size", "16",
+    "--model.lr.warmup_steps", "1", "--data.val_tokens_per_source", "256", "--data.buffer_size", "16",
     "--run.val_every_n_steps", "1000", "--run.ckpt_every_n_steps", "1000", "--data.num_workers", "0",
 ]
 

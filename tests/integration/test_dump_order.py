@@ -34,9 +34,9 @@ SOURCES = ["web", "code", "books", "curated"]
 WEIGHTS = {"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08}
 STEPS, R, W, BATCH, SEQ = 6, 2, 2, 4, 128
 FIXED = {"mixture": {"weights": WEIGHTS}, "seq_len": {"start": SEQ, "end": SEQ, "warmup_steps": 0},
-         "lr": {"warmup_steps": 0}, "anneal_start": 1.0}
-"""A fixed mixture at one sequence length as a config spells it: the LR at its peak throughout, as in
-data/schedules.py fixed_schedule."""
+         "anneal_start": 1.0}
+"""A fixed mixture at one sequence length as a config spells it (with ``model.lr: {warmup_steps: 0}`` the LR
+at its peak throughout, as in data/schedules.py fixed_schedule)."""
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,8 @@ def work(tmp_path_factory, demo_corpus) -> Path:
         "schedule": FIXED, "seed": 1234, "batch_size": BATCH,
         "buffer_size": 16, "open_shards": 4, "num_workers": 3, "manifest_cache": str(d / "cache"),
     }
-    (d / "config.yaml").write_text(yaml.safe_dump({"data": data}, sort_keys=False))
+    config = {"data": data, "model": {"lr": {"warmup_steps": 0}}}
+    (d / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return d
 
 
@@ -128,7 +129,7 @@ def test_one_line_per_step_and_rank_in_the_documented_format(baseline, shard_inf
         assert set(x) == {"step", "rank", "seq_len", "pieces", "source_tokens", "weights", "lr"}
         assert x["seq_len"] == SEQ
         assert x["weights"] == WEIGHTS
-        assert x["lr"] == 3.0e-3  # schedule.lr.peak: no warmup, no decay
+        assert x["lr"] == 3.0e-3  # model.lr.peak: no warmup, no decay
         assert list(x["source_tokens"]) == SOURCES
         per_source = dict.fromkeys(SOURCES, 0)
         for doc_id, offset, n in x["pieces"]:
@@ -230,7 +231,7 @@ def test_flags_override_the_config(work, demo_corpus, make_cfg):
     user asked about). The config's globs point nowhere and every knob differs from the flags; the
     dump must equal the in-process order for exactly the flags' values."""
     cfg_path = work / "elsewhere.yaml"
-    cfg_path.write_text(yaml.safe_dump({"data": {
+    cfg_path.write_text(yaml.safe_dump({"model": {"lr": {"warmup_steps": 0}}, "data": {
         "sources": {s: {"paths": [str(work / "nowhere" / s / "*.parquet")]} for s in SOURCES},
         "schedule": FIXED, "seed": 1234, "batch_size": 4, "buffer_size": 64,
         "open_shards": 4, "num_workers": 2, "selector": "deficit", "manifest_cache": str(work / "cache"),
@@ -254,10 +255,12 @@ def test_schedule_drives_seq_len_weights_and_lr(work, demo_corpus):
     """Guards: the dump ignoring the schedule (a preview without the warmup or the anneal). With
     configs/demo.yaml and no --steps, the whole schedule is dumped: seq_len follows the warmup (128
     at step 0, 256 at the end), the anneal weights start at anneal_start, each line has the LR."""
-    from data.config import load_data_config
+    from data.config import resolve_sections
     from data.schedules import build_schedule
 
-    sched = build_schedule(load_data_config(ROOT / "configs" / "demo.yaml").schedule, sources=SOURCES)
+    demo = resolve_sections(["--config", str(ROOT / "configs" / "demo.yaml")])
+    sched = build_schedule(demo.data.schedule, sources=SOURCES)
+    lr = demo.model.lr.build(sched.total_steps, sched.anneal_step)
     out = work / "schedule.jsonl"
     dump_order(work, "--config", ROOT / "configs" / "demo.yaml", "--corpus", demo_corpus, "--world-size", 1,
                "--num-workers", 1, "--batch-size", 1, "--buffer-size", 16, "--out", out)
@@ -270,9 +273,9 @@ def test_schedule_drives_seq_len_weights_and_lr(work, demo_corpus):
         s = x["step"]
         assert x["seq_len"] == sched.max_seq_len(s) and x["seq_len"] % 64 == 0
         assert sum(x["source_tokens"].values()) == x["seq_len"]
-        assert x["weights"] == (anneal if s >= sched.decay_start else stable)
-        assert x["lr"] == pytest.approx(sched.lr(s))
-    assert 0 < sched.decay_start < sched.total_steps - 1
+        assert x["weights"] == (anneal if s >= sched.anneal_step else stable)
+        assert x["lr"] == pytest.approx(lr(s))
+    assert 0 < sched.anneal_step < sched.total_steps - 1
     assert lines[0]["lr"] < lines[30]["lr"] and lines[-1]["lr"] == pytest.approx(0.0)
 
 

@@ -307,7 +307,6 @@ def _assert_pieces_continue(lines: list[dict]) -> None:
 SCHEDULE = {
     "train_tokens": 60000, "global_batch_size": 4,
     "seq_len": {"start": 64, "end": 128, "warmup_steps": 10, "multiple": 64},
-    "lr": {"peak": 1e-3, "warmup_steps": 2},
     "anneal_start": 0.5,
     "mixture": {"phases": [
         {"name": "stable", "weights": {"web": 0.9, "curated": 0.1}},

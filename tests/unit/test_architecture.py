@@ -13,6 +13,7 @@ import yaml
 from causal_mixer import CausalMixer, MixerConfig
 
 from data.config import load_data_config
+from data.schedules import LRConfig
 from train.architecture import Architecture, ArchitectureConfig, build_model
 from train.callbacks import ThroughputCallback
 from train.datamodule import WellMixedData
@@ -51,11 +52,11 @@ def test_a_second_architecture_trains_three_steps_through_the_module(demo_corpus
         "manifest_cache": str(cache_dir), "num_workers": 0, "buffer_size": 16, "val_tokens_per_source": 0,
         "schedule": {"train_tokens": 3 * 4 * 32, "global_batch_size": 4,
                      "seq_len": {"start": 32, "end": 32, "warmup_steps": 0, "multiple": 16},
-                     "lr": {"peak": 1e-2, "min": 0.0, "warmup_steps": 1}, "anneal_start": 0.3,
+                     "anneal_start": 0.3,
                      "mixture": {"phases": [{"name": "stable", "weights": {s: 0.25 for s in SOURCES}}]}},
     })
     dm = WellMixedData(data)
-    module = PretrainModule(model=config)
+    module = PretrainModule(model=config, lr=LRConfig(peak=1e-2, min=0.0, warmup_steps=1))
     assert isinstance(module.model, CausalMixer) and isinstance(module.model, Architecture)
     before = module.model.tok_emb.weight.detach().clone()
     throughput = ThroughputCallback()

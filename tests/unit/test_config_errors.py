@@ -50,33 +50,47 @@ def fit_error(argv: list[str], capsys) -> str:
 
 
 def test_a_wrong_value_gets_the_same_line_from_fit_a_tool_and_from_dict(tmp_path, capsys):
-    """``lr.peak: abc`` was ``--data.schedule.lr.peak: Expected ...`` from fit and ``schedule.lr.peak:
+    """``seq_len.end: abc`` was ``--data.schedule.seq_len.end: Expected ...`` from fit and ``schedule.seq_len.end:
     expected a number, got 'abc'`` from ScheduleConfig.from_dict (two translators of one message)."""
     schedule = yaml.safe_load(Path(DEMO).read_text())["data"]["schedule"]
-    schedule["lr"]["peak"] = "abc"
+    schedule["seq_len"]["end"] = "abc"
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"data": {"schedule": {"lr": {"peak": "abc"}}}}))
+    bad.write_text(yaml.safe_dump({"data": {"schedule": {"seq_len": {"end": "abc"}}}}))
     with pytest.raises(ConfigError) as info:
         ScheduleConfig.from_dict(schedule, key="data.schedule")
     line = f"error: {info.value}"
-    assert line == "error: data.schedule.lr.peak: Expected a <class 'float'>. Got value: abc"
+    assert line == "error: data.schedule.seq_len.end: Expected a <class 'int'>. Got value: abc"
     assert fit_error(["--config", DEMO, "--config", str(bad)], capsys) == line
     assert tool_error("plan", ["--config", DEMO, "--config", str(bad)], capsys) == line
-    assert fit_error(["--config", DEMO, "--data.schedule.lr.peak", "abc"], capsys) == line
+    assert fit_error(["--config", DEMO, "--data.schedule.seq_len.end", "abc"], capsys) == line
+
+
+def test_the_lr_under_data_schedule_is_named_as_moved_to_model_lr(tmp_path, capsys):
+    """The LR schedule moved from ``data.schedule.lr`` to ``model.lr`` (train/module.py): an old config file
+    or flag gets the one line naming the new key, from fit and from the data tools (data/config.py
+    REMOVED_KEYS)."""
+    old = tmp_path / "old.yaml"
+    old.write_text("data:\n  schedule:\n    lr: {peak: 1.0e-3, warmup_steps: 20}\n")
+    line = ("error: data.schedule.lr: no longer a key; the LR schedule is the module's: give it as model.lr "
+            "(--model.lr.peak ...; the same fields, plus shape and decay_start)")
+    assert fit_error(["--config", DEMO, "--config", str(old)], capsys) == line
+    assert fit_error(["--config", DEMO, "--data.schedule.lr.peak", "1e-3"], capsys) == line
+    assert tool_error("dump_order", ["--config", DEMO, "--config", str(old), "--steps", "1", "--out",
+                                     str(tmp_path / "o.jsonl")], capsys) == line
 
 
 def test_an_unknown_key_in_a_stacked_config_names_its_file_and_the_key_meant(tmp_path, capsys):
-    """It was ``Group 'data' does not accept option 'schedule.lr.peek'``: no file, no suggestion."""
+    """It was ``Group 'data' does not accept option 'schedule.seq_len.ned'``: no file, no suggestion."""
     (tmp_path / "ok.yaml").write_text("data:\n  seed: 3\n")
     typo = tmp_path / "typo.yaml"
-    typo.write_text("data:\n  schedule:\n    lr: {peek: 0.1}\n")
+    typo.write_text("data:\n  schedule:\n    seq_len: {ned: 256}\n")
     argv = ["--config", DEMO, "--config", str(tmp_path / "ok.yaml"), "--config", str(typo)]
-    line = f"error: {typo}: data.schedule.lr.peek: unknown key (did you mean data.schedule.lr.peak?)"
+    line = f"error: {typo}: data.schedule.seq_len.ned: unknown key (did you mean data.schedule.seq_len.end?)"
     assert fit_error(argv, capsys) == line
     assert tool_error("dump_order", [*argv, "--steps", "1", "--out", str(tmp_path / "o.jsonl")], capsys) == line
-    with pytest.raises(ConfigError, match=r"^data\.schedule\.lr\.peek: unknown key \(did you mean data\.schedule\."
-                                          r"lr\.peak\?\)$"):
-        ScheduleConfig.from_dict({"lr": {"peek": 0.1}, "mixture": {"weights": {"web": 1.0}}}, key="data.schedule")
+    with pytest.raises(ConfigError, match=r"^data\.schedule\.seq_len\.ned: unknown key \(did you mean data\.schedule\."
+                                          r"seq_len\.end\?\)$"):
+        ScheduleConfig.from_dict({"seq_len": {"ned": 256}, "mixture": {"weights": {"web": 1.0}}}, key="data.schedule")
 
 
 def test_a_misspelt_key_holding_an_empty_mapping_is_refused_by_every_tool(tmp_path, capsys):
@@ -100,13 +114,13 @@ def test_a_misspelt_key_holding_an_empty_mapping_is_refused_by_every_tool(tmp_pa
 
 
 def test_a_number_where_a_group_goes_is_one_line_naming_the_file_from_fit_and_from_dict(tmp_path, capsys):
-    """``lr: 0.1`` in a config file ended ``train fit`` in a TypeError traceback naming no key."""
+    """``seq_len: 0.1`` in a config file ended ``train fit`` in a TypeError traceback naming no key."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text("data:\n  schedule:\n    lr: 0.1\n")
-    line = "data.schedule.lr: expected a mapping or a YAML file, got 0.1"
+    bad.write_text("data:\n  schedule:\n    seq_len: 0.1\n")
+    line = "data.schedule.seq_len: expected a mapping or a YAML file, got 0.1"
     assert fit_error(["--config", DEMO, "--config", str(bad)], capsys) == f"error: {bad}: {line}"
     with pytest.raises(ConfigError, match=f"^{re.escape(line)}$"):
-        ScheduleConfig.from_dict({"lr": 0.1, "mixture": {"weights": {"web": 1.0}}}, key="data.schedule")
+        ScheduleConfig.from_dict({"seq_len": 0.1, "mixture": {"weights": {"web": 1.0}}}, key="data.schedule")
 
 
 def test_a_key_given_twice_in_one_yaml_file_is_one_line_naming_the_file_the_key_and_both_lines(tmp_path, capsys):

@@ -94,7 +94,7 @@ def _root(monkeypatch):
 
 def test_the_real_config_is_the_real_run():
     """350M model, bf16-mixed, compile on CUDA, 38,929 steps of 256 x 2048 with the anneal at 35,036."""
-    from data.schedules import build_schedule
+    from data.schedules import LRConfig, build_schedule
     from train.launch import parse_run_config
 
     cfg = parse(["--config", "configs/pretrain_350m_20b.yaml"])
@@ -105,8 +105,9 @@ def test_the_real_config_is_the_real_run():
     schedule = build_schedule(dm.config.schedule, sources=dm.config.source_names)
     assert schedule.total_steps == 38_929
     assert schedule.config.global_batch_size == 256 and schedule.max_seq_len(schedule.total_steps - 1) == 2048
-    lr_at_anneal = [schedule.lr(s) for s in (35_035, 35_036, 35_037)]
-    assert lr_at_anneal[0] == lr_at_anneal[1] == schedule.config.lr.peak > lr_at_anneal[2]
+    lr = LRConfig(**cfg.model.lr.as_dict()).build(schedule.total_steps, schedule.anneal_step)
+    lr_at_anneal = [lr(s) for s in (35_035, 35_036, 35_037)]
+    assert lr.config.shape == "wsd" and lr_at_anneal[0] == lr_at_anneal[1] == 1e-3 > lr_at_anneal[2]
     assert schedule.mixture_weights(35_035) != schedule.mixture_weights(35_036)
     assert schedule.mixture_weights(35_036)["curated"] == pytest.approx(0.35)
 

@@ -114,8 +114,8 @@ CONFIG_ERRORS = [
       "--data.schedule.mixture.phases", PHASES], [
         "error: data.schedule.seq_len.start: 512 is above schedule.seq_len.end (256); the warmup goes from start "
         "up to end",
-        "error: data.schedule.anneal_start: 1.5 must be in (0, 1]: the fraction of the run where the LR decay and "
-        "the anneal start (e.g. 0.9; 1 = no decay)",
+        "error: data.schedule.anneal_start: 1.5 must be in (0, 1]: the fraction of the run where the anneal (and "
+        "by default the LR decay) starts (e.g. 0.9; 1 = none)",
         "error: data.schedule.mixture.phases[0].weights: weights sum to 0.98, must sum to 1 (±1e-06); rescale them",
         "error: data.schedule.mixture.phases[1].weights.web: weight -0.35 is negative; weights are token shares "
         "(0 leaves a source out)",
@@ -124,17 +124,23 @@ CONFIG_ERRORS = [
         "sources (0 is allowed)",
     ]),
     (["--data.schedule.anneal_start", "0"], [
-        "error: data.schedule.anneal_start: 0.0 must be in (0, 1]: the fraction of the run where the LR decay and "
-        "the anneal start (e.g. 0.9; 1 = no decay)"]),
+        "error: data.schedule.anneal_start: 0.0 must be in (0, 1]: the fraction of the run where the anneal (and "
+        "by default the LR decay) starts (e.g. 0.9; 1 = none)"]),
     (["--data.schedule.anneal_start", "1"], [
         "error: data.schedule.mixture.phases[1].start: 'anneal' needs schedule.anneal_start < 1 (got 1.0)"]),
     (["--data.schedule.train_tokens", "100"], [
         "error: data.schedule.train_tokens: 100 tokens is below one batch (schedule.global_batch_size x "
         "seq_len.start = 512); raise the budget"]),
     (["--data.schedule.train_tokens", "3000", "--data.schedule.seq_len.warmup_steps", "0",
-      "--data.schedule.lr.warmup_steps", "0"], [
-        "error: data.schedule.anneal_start: 0.9 leaves the LR decay under 2 of the 3 steps of "
-        "schedule.train_tokens (3000); raise the budget or lower anneal_start"]),
+      "--model.lr.warmup_steps", "0", "--model.lr.decay_start", "0.6", "--data.schedule.mixture.weights",
+      "{web: 0.62, code: 0.18, books: 0.12, curated: 0.08}", "--data.schedule.mixture.phases", "[]"], [
+        "error: model.lr.decay_start: the LR decay from step 2 is under 2 of the 3 steps of "
+        "data.schedule.train_tokens; raise the budget or start the decay earlier"]),
+    (["--model.lr.warmup_steps", "400"], [
+        "error: model.lr.warmup_steps: 400 is not below the 308 total steps of data.schedule.train_tokens"]),
+    (["--model.lr.shape", "step", "--model.lr.decay_start", "1.5"], [
+        "error: model.lr.shape: 'step' is not one of wsd, cosine, linear",
+        "error: model.lr.decay_start: 1.5 must be a fraction of the run in [0, 1]"]),
     (["--data.schedule.mixture.phases",
       "[{name: stable, weights: {web: 0.62, code: 0.18, books: 0.12, math: 0.08}}, "
       "{name: anneal, start: anneal, weights: {web: 0.35, code: 0.20, books: 0.10, math: 0.35}}]"], [

@@ -95,14 +95,14 @@ def test_per_phase_shares_with_books(long_corpus):
     schedule = {
         "train_tokens": 800_000, "global_batch_size": 4,
         "seq_len": {"start": 512, "end": 512, "warmup_steps": 0, "multiple": 64},
-        "lr": {"peak": 1e-3, "min": 0.0, "warmup_steps": 10}, "anneal_start": 0.5,
+        "anneal_start": 0.5,
         "mixture": {"phases": [{"name": "stable", "weights": WEIGHTS},
                                {"name": "anneal", "start": "anneal", "weights": ANNEAL}]},
     }
     cfg = cfg_for(long_corpus, "sequence", 1, schedule=schedule)
     sim = OrderSimulator(build_manifest(cfg), cfg, 1, 1)
     per_step = [(step, b["source_tokens"].copy()) for step, _, b in sim.batches(sim.steps.total_steps)]
-    boundary = sim.steps.by_optimizer_step.decay_start
+    boundary = sim.steps.by_optimizer_step.anneal_step
     for name, in_phase, target in [("stable", lambda s: s < boundary, WEIGHTS),
                                    ("anneal", lambda s: s >= boundary, ANNEAL)]:
         tokens = sum(t for s, t in per_step if in_phase(s))

@@ -38,10 +38,24 @@ def test_activation_checkpointing_and_the_chunked_loss_shrink_the_estimate():
     ckpt = estimate_peak_memory(cfg, 32, 2048, loss="chunked", activation_checkpointing=True)["total"]
     assert ckpt < chunked < full
     # linear in the micro-batch beyond the fixed parameter state
-    fixed = estimate_peak_memory(cfg, 1, 2048)["params_grads_adamw"]
+    fixed = sum(estimate_peak_memory(cfg, 1, 2048)[k] for k in ("params_grads", "optimizer_state"))
     assert estimate_peak_memory(cfg, 16, 2048)["block_activations"] * 2 == \
         estimate_peak_memory(cfg, 32, 2048)["block_activations"]
     assert fixed == pytest.approx(16 * 359_703_552)
+
+
+def test_the_estimate_asks_the_optimizer_for_its_state():
+    """AdamW keeps two fp32 moments per parameter; Muon one momentum per hidden matrix (train/optim.py):
+    the Muon estimate is 4 bytes smaller per block-matrix parameter, the embeddings and norms unchanged."""
+    from train.optim import OptimConfig
+
+    cfg = real()
+    adamw = estimate_peak_memory(cfg, 32, 2048, optim=OptimConfig(name="adamw"))
+    muon = estimate_peak_memory(cfg, 32, 2048, optim=OptimConfig(name="muon"))
+    assert adamw == estimate_peak_memory(cfg, 32, 2048)  # the default is AdamW
+    assert adamw["optimizer_state"] == 8 * 359_703_552
+    matrices = 20 * (4 * 1024 * 1024 + 3 * 1024 * 2816)  # 20 blocks: wq, wk, wv, wo; w1, w3, w2
+    assert adamw["total"] - muon["total"] == adamw["optimizer_state"] - muon["optimizer_state"] == 4 * matrices
 
 
 def test_a_model_too_large_for_the_device_names_the_knobs_and_the_table():
@@ -73,7 +87,7 @@ def test_the_start_up_check_on_a_gpu_refuses_what_cannot_fit(monkeypatch):
     trainer = SimpleNamespace(strategy=strategy, precision="bf16-mixed", is_global_zero=True)
     schedule = fixed_schedule({"web": 1.0}, 2048).build()
     dm = SimpleNamespace(schedule=schedule, config=SimpleNamespace(batch_size=32))  # the TrainingContext it reads
-    cli = SimpleNamespace(trainer=trainer, model=SimpleNamespace(model_config=real()))
+    cli = SimpleNamespace(trainer=trainer, model=SimpleNamespace(model_config=real(), optim=None))
     WellMixedCLI._check_memory(cli, dm, RunConfig())  # 86.6 GB: fits
     cli.model.model_config.loss_impl = "plain"
     with pytest.raises(ConfigError, match=r"(?s)model.loss_impl chunked.*run.memory_check false"):

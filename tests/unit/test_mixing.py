@@ -22,7 +22,6 @@ def schedule_dict(mixture: dict, tokens: int = 600_000) -> dict:
         "train_tokens": tokens,
         "global_batch_size": 8,
         "seq_len": {"start": 128, "end": 256, "warmup_steps": 20, "multiple": 64},
-        "lr": {"peak": 1e-3, "min": 0.0, "warmup_steps": 10},
         "anneal_start": 0.5,  # long phases: the in-flight documents of 8 rows are small next to them
         "mixture": mixture,
     }
@@ -42,7 +41,7 @@ def longest_doc(m) -> int:
 
 def test_realised_shares_follow_each_phase(make_cfg):
     m, sim, per_step = run(make_cfg, {"phases": PHASES})
-    boundary = sim.steps.by_optimizer_step.decay_start
+    boundary = sim.steps.by_optimizer_step.anneal_step
     for name, steps, target in [("stable", lambda s: s < boundary, PHASES[0]["weights"]),
                                 ("anneal", lambda s: s >= boundary, PHASES[1]["weights"])]:
         tokens = sum(t for s, t in per_step if steps(s))

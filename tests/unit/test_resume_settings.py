@@ -64,6 +64,40 @@ def test_the_rule_refuses_a_changed_model_and_applies_what_may_change():
         check_resume("x.ckpt", saved, optim)
 
 
+def test_another_optimizer_is_refused_by_name_and_fused_may_change(tmp_path, capsys):
+    """The optimizer config (train/optim.py) says what may change: an AdamW checkpoint (written before
+    ``optim.name`` existed: its missing fields are the defaults) resumed with ``name: muon`` from a YAML
+    file is refused naming model.optim.name, before anything is written; ``fused`` is applied."""
+    from train.resume import check_resume
+
+    assert check_resume("x.ckpt", hparams(), {**hparams(), "optim": {"fused": True}}) == [
+        "model.optim.fused: checkpoint None -> True"]
+    run = tmp_path / "run"
+    fake_checkpoint(run / "checkpoints" / "last.ckpt", hparams())
+    muon = tmp_path / "muon.yaml"
+    muon.write_text("model:\n  optim: {name: muon}\n")
+    rc, _, err = fit(["--config", DEMO, "--model.model", TINY, "--config", str(muon), "--run.dir", str(run),
+                      "--run.wandb", "false", "--ckpt_path", "last"], capsys)
+    assert rc == 2, err
+    line = err.strip().splitlines()[-1]
+    assert "model.optim.name is 'adamw' in the checkpoint, 'muon' here" in line and "--model.optim.name adamw" in line
+    assert not (run / ".run.lock").exists() and not (run / "csv").exists()
+
+
+def test_a_changed_lr_is_refused_by_name_unless_the_schedule_may_change():
+    """``model.lr`` (the module's LR schedule) is compared like the rest of the module's settings; like the data
+    schedule it was part of, it may change with ``run.allow_changed_schedule`` (applied and logged)."""
+    from data.errors import ConfigError
+    from train.resume import check_resume
+
+    lr = {"shape": "wsd", "peak": 1e-3, "min": 0.0, "warmup_steps": 20, "decay_start": None}
+    saved, cosine = {**hparams(), "lr": lr}, {**hparams(), "lr": {**lr, "shape": "cosine"}}
+    with pytest.raises(ConfigError, match=r"model\.lr\.shape is 'wsd' in the checkpoint, 'cosine' here"):
+        check_resume("x.ckpt", saved, cosine)
+    assert check_resume("x.ckpt", saved, cosine, lr_may_change=True) == ["model.lr.shape: checkpoint 'wsd' -> 'cosine'"]
+    assert check_resume("x.ckpt", hparams(), cosine) == []  # a checkpoint from before model.lr: not compared
+
+
 @pytest.mark.parametrize("how", ["file", "last"])
 def test_a_resume_with_another_model_is_refused_by_name_before_compute(how, tmp_path, capsys):
     """Named file: the flag was replaced by the checkpoint's; ``last``: a size-mismatch traceback."""

@@ -175,8 +175,8 @@ def test_a_flag_typo_is_one_line_with_did_you_mean(capsys):
     rc, _, err = fit(["--config", DEMO, "--data.sed", "7"], capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: ") and "did you mean --data.seed" in err
-    rc, _, err = fit(["--config", DEMO, "--data.schedule.lr.peek", "1e-3"], capsys)
-    assert rc == 2 and "did you mean --data.schedule.lr.peak" in err and len(err.strip().splitlines()) == 1, err
+    rc, _, err = fit(["--config", DEMO, "--model.lr.peek", "1e-3"], capsys)
+    assert rc == 2 and "did you mean --model.lr.peak" in err and len(err.strip().splitlines()) == 1, err
     rc, _, err = fit(["--config", DEMO, "--data.bat", "4"], capsys)
     assert rc == 2 and "did you mean --data.batch_size" in err, err
 
@@ -214,7 +214,7 @@ def test_fit_help_shows_the_schedule_and_not_what_the_cli_sets(capsys):
     rc, out, _ = fit(["--help"], capsys)
     assert rc == 0
     options = set(re.findall(r"^\s+(?:ARG:\s+)?(--[\w.]+)", out, re.M))
-    assert "--data.schedule.lr.peak" in out and "--data.schedule.seq_len.end" in out
+    assert "--model.lr.peak" in out and "--model.lr.shape" in out and "--data.schedule.seq_len.end" in out
     for shown in ("--data.seed", "--model.model.d_model", "--run.dir", "--trainer.devices", "--model.on_nonfinite"):
         assert shown in options, shown
     for hidden in ("--trainer.logger", "--trainer.log_every_n_steps", "--model.log_every_n_steps",

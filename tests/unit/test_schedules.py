@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from data.errors import ConfigError
 from data.plan import check_epochs, implied_epochs, plan_table, plot_schedule
 from data.schedules import (
+    LR_SHAPES,
+    LRConfig,
     Schedule,
     ScheduleConfig,
     build_schedule,
@@ -34,7 +36,6 @@ schedule:
   train_tokens: 20_000_000_000
   global_batch_size: 256
   seq_len: {start: 512, end: 2048, warmup_steps: 2000, multiple: 64}
-  lr: {peak: 3.0e-3, min: 0.0, warmup_steps: 2000}
   anneal_start: 0.9
   mixture:
     ramp_steps: 0
@@ -54,6 +55,7 @@ def build(d: dict) -> Schedule:
 
 
 DEFAULT = build(default_dict())
+DEFAULT_LR = LRConfig(peak=3.0e-3, min=0.0, warmup_steps=2000).build(DEFAULT.total_steps, DEFAULT.anneal_step)
 
 
 @st.composite
@@ -65,7 +67,6 @@ def schedule_dicts(draw) -> dict:
     seq_warmup, batch = draw(st.integers(0, 300)), draw(st.integers(1, 8))
     steps_floor = seq_warmup + draw(st.integers(100, 1500))  # the budget needs at least this many steps
     train_tokens = draw(st.integers(batch * end * (steps_floor - 1) + 1, batch * end * steps_floor))
-    peak = draw(st.floats(1e-5, 1e-1))
     sources = [f"s{i}" for i in range(draw(st.integers(1, 5)))]
     n_phases = draw(st.integers(1, 4))
     middle = sorted(draw(st.lists(st.sampled_from([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]),
@@ -82,8 +83,6 @@ def schedule_dicts(draw) -> dict:
         "train_tokens": train_tokens,
         "global_batch_size": batch,
         "seq_len": {"start": start, "end": end, "warmup_steps": seq_warmup, "multiple": multiple},
-        "lr": {"peak": peak, "min": peak * draw(st.sampled_from([0.0, 0.1, 0.3])),
-               "warmup_steps": draw(st.integers(0, steps_floor // 3))},
         "anneal_start": draw(st.floats(0.8, 0.95)),
         "mixture": {"ramp_steps": draw(st.integers(0, 4)), "phases": phases},
     }
@@ -101,7 +100,7 @@ def test_default_total_steps_hand_computed():
     # (20e9 - warm) / (256 * 2048) = 36_928.47 full-length steps -> 36_929 after the warmup
     assert DEFAULT.total_steps == 2000 + 36_929 == 38_929
     assert DEFAULT.total_tokens == warm + 36_929 * 256 * 2048
-    assert DEFAULT.decay_start == round(0.9 * 38_929) == 35_036
+    assert DEFAULT.anneal_step == round(0.9 * 38_929) == 35_036 == DEFAULT_LR.decay_start
     assert DEFAULT.phase_boundaries == [("stable", 0), ("anneal", 35_036)]
     assert DEFAULT.sources == SOURCES
 
@@ -109,8 +108,8 @@ def test_default_total_steps_hand_computed():
 def test_default_values_at_chosen_steps():
     assert DEFAULT.max_seq_len(0) == 512 and DEFAULT.max_seq_len(1999) == 1984
     assert DEFAULT.max_seq_len(2000) == 2048 and DEFAULT.tokens_at(2000) == 256 * 2048
-    assert DEFAULT.lr(0) == pytest.approx(3e-3 / 2000) and DEFAULT.lr(1999) == pytest.approx(3e-3)
-    assert DEFAULT.lr(35_036) == pytest.approx(3e-3) and DEFAULT.lr(38_928) == 0.0
+    assert DEFAULT_LR(0) == pytest.approx(3e-3 / 2000) and DEFAULT_LR(1999) == pytest.approx(3e-3)
+    assert DEFAULT_LR(35_036) == pytest.approx(3e-3) and DEFAULT_LR(38_928) == 0.0
     assert DEFAULT.mixture_weights(35_035) == pytest.approx({"web": 0.62, "code": 0.18, "books": 0.12, "curated": 0.08})
     assert DEFAULT.mixture_weights(35_036) == pytest.approx({"web": 0.35, "code": 0.20, "books": 0.10, "curated": 0.35})
 
@@ -119,10 +118,10 @@ def test_steps_past_the_end_behave_like_the_last_step():
     """A prefetching loader may ask for step total_steps; a negative step is a bug."""
     last = DEFAULT.total_steps - 1
     for step in (last + 1, last + 100):
-        assert DEFAULT.lr(step) == DEFAULT.lr(last) and DEFAULT.max_seq_len(step) == 2048
+        assert DEFAULT_LR(step) == DEFAULT_LR(last) and DEFAULT.max_seq_len(step) == 2048
         assert DEFAULT.mixture_weights(step) == DEFAULT.mixture_weights(last)
     with pytest.raises(ValueError):
-        DEFAULT.lr(-1)
+        DEFAULT_LR(-1)
 
 
 def test_mixture_forms_from_yaml():
@@ -138,7 +137,7 @@ def test_mixture_forms_from_yaml():
 
 def test_shortest_budget_is_one_step_past_the_warmup():
     d = default_dict()
-    d["train_tokens"], d["lr"]["warmup_steps"] = 638_844_928 + 1, 100
+    d["train_tokens"] = 638_844_928 + 1
     assert build(d).total_steps == 2001
 
 
@@ -147,13 +146,14 @@ def test_anneal_start_one_means_no_decay():
     d["anneal_start"] = 1.0
     d["mixture"] = {"weights": {"web": 1.0}}
     s = build(d)
-    assert s.decay_start == s.total_steps and s.lr(s.total_steps - 1) == s.lr(s.total_steps) == 3e-3
+    lr = LRConfig(peak=3e-3, warmup_steps=2000).build(s.total_steps, s.anneal_step)
+    assert s.anneal_step == lr.decay_start == s.total_steps and lr(s.total_steps - 1) == lr(s.total_steps) == 3e-3
 
 
 def test_ramp_interpolates_strictly_between_phases():
     d = default_dict()
     d["mixture"]["ramp_steps"] = 3
-    s, b = build(d), DEFAULT.decay_start
+    s, b = build(d), DEFAULT.anneal_step
     before, after = DEFAULT.mixture_weights(b - 1), DEFAULT.mixture_weights(b)
     assert s.mixture_weights(b - 1) == before and s.mixture_weights(b + 3) == pytest.approx(after)
     curated = [s.mixture_weights(step)["curated"] for step in range(b - 1, b + 4)]
@@ -186,28 +186,61 @@ def test_total_steps_minimal_and_sufficient(d):
 
 
 @PROPERTY
-@given(schedule_dicts())
-def test_lr_warmup_stable_decay(d):
-    s, lr = build(d), d["lr"]
-    values = [s.lr(step) for step in range(s.total_steps)]
-    warm = lr["warmup_steps"]
-    assert 0 < values[0] <= lr["peak"] and values[-1] == lr["min"]
-    assert all(a < b for a, b in zip(values[:warm], values[1:warm]))
-    assert values[warm:s.decay_start + 1] == pytest.approx([lr["peak"]] * (s.decay_start + 1 - warm))
-    decay = values[s.decay_start:]
-    assert all(a > b for a, b in zip(decay, decay[1:]))
+@given(schedule_dicts(), st.data())
+def test_lr_shapes_step_by_step(d, data):
+    """Every shape: the linear warmup, ``peak`` until the decay start (the anneal start for wsd unless
+    ``decay_start`` is given; the end of the warmup for cosine and linear), the shape's decay to exactly
+    ``min`` at the last step; recomputed here from the definition, step by step."""
+    s = build(d)
+    peak = data.draw(st.floats(1e-5, 1e-1))
+    cfg = LRConfig(shape=data.draw(st.sampled_from(LR_SHAPES)), peak=peak,
+                   min=peak * data.draw(st.sampled_from([0.0, 0.1, 0.3])),
+                   warmup_steps=data.draw(st.integers(0, s.total_steps // 3)),
+                   decay_start=data.draw(st.none() | st.sampled_from([0.4, 0.5, 0.75])))
+    lr = cfg.build(s.total_steps, s.anneal_step)
+    n, warm = s.total_steps, cfg.warmup_steps
+    start = (round(cfg.decay_start * n) if cfg.decay_start is not None else s.anneal_step if cfg.shape == "wsd"
+             else warm)
+    assert lr.decay_start == start
+    for step in range(n):
+        if step < warm:
+            want = peak * (step + 1) / warm
+        elif step < start:
+            want = peak
+        else:
+            f = (step - start) / (n - 1 - start)
+            want = (cfg.min + (peak - cfg.min) * (1 + math.cos(math.pi * f)) / 2 if cfg.shape == "cosine"
+                    else peak + (cfg.min - peak) * f)
+        assert lr(step) == pytest.approx(want, rel=1e-12, abs=1e-15), (step, cfg)
+    assert lr(n - 1) == cfg.min
+
+
+def test_the_decay_start_is_no_longer_the_anneal_start():
+    """The anneal phase may start elsewhere than 'anneal' (it was refused: the LR decay began there), and
+    ``model.lr.decay_start`` moves the decay away from the anneal start; a bad value names its key."""
+    d = default_dict()
+    d["mixture"]["phases"][1]["start"] = 0.5
+    s = build(d)
+    assert s.phase_boundaries[1][1] == round(0.5 * s.total_steps) and s.anneal_step == 35_036
+    lr = LRConfig(peak=3e-3, warmup_steps=2000, decay_start=0.8).build(s.total_steps, s.anneal_step)
+    assert lr.decay_start == round(0.8 * 38_929) and lr(lr.decay_start) == 3e-3 > lr(lr.decay_start + 1)
+    for bad, key in [(dict(decay_start=1.5), "model.lr.decay_start"), (dict(shape="step"), "model.lr.shape"),
+                     (dict(warmup_steps=36_000), "model.lr.warmup_steps"), (dict(min=1.0), "model.lr.min"),
+                     (dict(warmup_steps=40_000), "model.lr.warmup_steps"), (dict(peak=0.0), "model.lr.peak")]:
+        with pytest.raises(ConfigError, match=rf"^{re.escape(key)}"):
+            LRConfig(**{"peak": 3e-3, "warmup_steps": 2000, **bad}).build(s.total_steps, s.anneal_step)
 
 
 @PROPERTY
 @given(schedule_dicts())
-def test_boundaries_and_decay_start_come_from_one_value(d):
+def test_boundaries_come_from_the_anneal_start(d):
     s = build(d)
-    assert s.decay_start == round(d["anneal_start"] * s.total_steps)
-    expected = [0] + [round(p["start"] * s.total_steps) if p["start"] != "anneal" else s.decay_start
+    assert s.anneal_step == round(d["anneal_start"] * s.total_steps)
+    expected = [0] + [round(p["start"] * s.total_steps) if p["start"] != "anneal" else s.anneal_step
                       for p in d["mixture"]["phases"][1:]]
     assert [first for _, first in s.phase_boundaries] == expected
     if len(expected) > 1:
-        assert s.phase_boundaries[-1][1] == s.decay_start
+        assert s.phase_boundaries[-1][1] == s.anneal_step
 
 
 @PROPERTY
@@ -267,8 +300,6 @@ INVALID = [
      "schedule.mixture.phases[1].weights: weights sum to 0.97, must sum to 1 (±1e-06)"),
     (_set("mixture.phases[1].weights", {"web": 0.45, "code": 0.2, "curated": 0.35}),
      "schedule.mixture.phases[1].weights"),
-    (_set("mixture.phases[1].start", 0.9), "schedule.mixture.phases[-1].start"),
-    (_set("mixture.phases[1].start", 0.5), "schedule.mixture.phases[-1].start"),
     (_set("mixture.phases[0].start", 0.2), "schedule.mixture.phases[0].start"),
     (_set("mixture.phases[1].start", 1.5), "schedule.mixture.phases[1].start"),
     (_set("mixture.phases[1].name", "stable"), "schedule.mixture.phases"),
@@ -286,12 +317,8 @@ INVALID = [
     (_set("train_tokens", 0), "schedule.train_tokens"),
     (_set("global_batch_size", 0), "schedule.global_batch_size"),
     (_set("global_batch_size", -4), "schedule.global_batch_size"),
-    (_set("lr.warmup_steps", 36_000), "schedule.lr.warmup_steps"),  # reaches into the decay at 35,036
-    (_set("lr.warmup_steps", 40_000), "schedule.lr.warmup_steps"),  # longer than the run
-    (_set("lr.peak", "three"), "schedule.lr.peak: Expected a <class 'float'>. Got value: three"),
-    (_set("lr.min", 1.0), "schedule.lr.min"),
     (_set("anneal_start", 1.5), "schedule.anneal_start"),
-    (_set("anneal_start", 0.99999), "schedule.anneal_start"),
+    (_set("anneal_start", 0.99999), "schedule.mixture.phases[1].start"),  # an anneal phase of no step
     (_set("epochs", 1), "schedule.epochs: unknown key"),
     (_set("mixture", None), "schedule.mixture: give exactly one of phases"),
     (_set("mixture.phases[1].name", None), "schedule.mixture.phases: the following arguments are required: name"),
@@ -302,7 +329,7 @@ INVALID = [
                                       "got 2.5"),
     (_set("train_tokens", True), "schedule.train_tokens: Not of type Count: expected a whole number, got True"),
     (_set("train_tokens", "2.5e0"), "schedule.train_tokens: Not of type Count: expected a whole number, got 2.5"),
-    (_set("lr", 0.1), "schedule.lr: expected a mapping or a YAML file, got 0.1"),
+    (_set("seq_len", 0.1), "schedule.seq_len: expected a mapping or a YAML file, got 0.1"),
     (_set("mixture", "no_such_mixture.yaml"), "schedule.mixture: Unable to load config 'no_such_mixture.yaml'"),
 ]
 
@@ -348,25 +375,24 @@ def test_epochs_warn_or_raise_per_source():
 
 
 def test_plan_table_lists_sources_and_totals():
-    table = plan_table(DEFAULT, AVAILABLE)
-    for text in SOURCES + ["38,929", "35,036", "stable @ 0", "anneal @ 35,036", "20.00B", "step 2,000", "4.30"]:
+    table = plan_table(DEFAULT, AVAILABLE, DEFAULT_LR)
+    for text in SOURCES + ["38,929", "35,036", "stable @ 0", "anneal @ 35,036", "20.00B", "step 2,000", "4.30",
+                           "wsd: peak 3.00e-03 after 2,000 steps, decay from step 35,036"]:
         assert text in table, text
 
 
 def test_plot_is_a_png_written_atomically(tmp_path):
     out = tmp_path / "schedule.png"
-    plot_schedule(DEFAULT, out)
+    plot_schedule(DEFAULT, DEFAULT_LR, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["schedule.png"]
 
 
 def test_numbers_given_as_text_are_read():
-    """Command-line overrides (--data.schedule.lr.peak 1e-3) and YAML 1.1's '3e-3' arrive as text."""
+    """Command-line overrides (--data.schedule.train_tokens 2e10) and YAML 1.1's '3e-3' arrive as text."""
     d = default_dict()
-    d["lr"]["peak"] = "3e-3"
     d["train_tokens"] = "20_000_000_000"
-    schedule = build_schedule(d)
-    assert schedule.config.lr.peak == 3e-3 and schedule.total_steps == 38_929
+    assert build_schedule(d).total_steps == 38_929
 
 
 def test_a_mixture_given_as_a_yaml_file_is_read_as_train_fit_reads_it(tmp_path):

@@ -44,11 +44,11 @@ def write_corpus(folder: Path, texts: list, compression: str | None = "snappy") 
     path.parent.mkdir(parents=True)
     pq.write_table(table, path, row_group_size=300, compression=compression)
     fixed = {"mixture": {"weights": {"web": 1.0}}, "seq_len": {"start": 64, "end": 64, "warmup_steps": 0},
-             "lr": {"warmup_steps": 0}, "anneal_start": 1.0}
+             "anneal_start": 1.0}
     data = {"sources": {"web": {"paths": [str(folder / "web" / "*.parquet")]}}, "schedule": fixed,
             "seed": 1, "batch_size": 2, "buffer_size": 8, "open_shards": 1, "num_workers": 1,
             "min_chunks_per_source": 1, "manifest_cache": str(folder / "cache")}
-    (folder / "config.yaml").write_text(yaml.safe_dump({"data": data}))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"data": data, "model": {"lr": {"warmup_steps": 0}}}))
     return path
 
 

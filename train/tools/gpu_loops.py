@@ -18,6 +18,7 @@ from torch.nn.attention import flex_attention as flex
 from train.callbacks import default_peak_flops
 from train.memory import estimate_peak_memory
 from train.model import GPT, Attention, document_block_mask, load_model_config, rope_tables
+from train.optim import OptimConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = {  # flex vs dense: max |logit diff|, |loss diff|, max over parameters of |grad diff| / |grad|
@@ -213,7 +214,7 @@ def _train_step(cfg, tokens, compiled: bool, device: str, dry: bool):
     """A fresh model and fused AdamW; the step (forward with the loss, backward, clipping, optimizer) and the model."""
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    opt = OptimConfig(fused=True).build(model.named_parameters(), lr=1e-4)  # the run's default: AdamW
     fwd = torch.compile(model, backend="eager" if dry else "inductor") if compiled else model
 
     def step():
