@@ -1,4 +1,4 @@
-"""The decision rule's error rates, measured on real decay branches (ablations/decision.py, issue 41's evidence).
+"""The decision rule's error rates, measured on real decay branches (ablations/decision.py).
 
     python ablations/branch.py --from runs/demo --train-stable --arms ablations/demo_branch_arms.yaml \
         --replicates 12 --out runs/branch-evidence -- --config configs/demo.yaml

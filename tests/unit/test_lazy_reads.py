@@ -16,12 +16,16 @@ from data.manifest import build_manifest
 from data.packer import ConsumerStream
 from data.reader import SLICE_ROWS, ShardReader
 from data.schedules import fixed_schedule
+from data.tokenizer import Tokenizer, TokenizerConfig
+
+TOKENIZER = TokenizerConfig().build()
 
 
 def write(path: Path, texts: list, row_group: int) -> None:
     n = len(texts)
     table = pa.table({"source": ["web"] * n, "date": ["2024-01-01"] * n, "text": pa.array(texts, pa.string()),
-                      "token_count": pa.array([0 if t is None else len(t.split()) for t in texts], pa.int64()),
+                      "token_count": pa.array([0 if t is None else n for t, n in zip(texts, TOKENIZER.count(
+                          [t or "" for t in texts]))], pa.int64()),
                       "category": ["web"] * n})
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, row_group_size=row_group)
@@ -37,15 +41,15 @@ def cfg_for(tmp_path: Path, **kw) -> DataConfig:
 
 @pytest.fixture
 def counted(monkeypatch) -> list[int]:
-    """Documents tokenized so far (reader.encode_docs is counted)."""
+    """Documents tokenized so far (the reader's Tokenizer.encode_docs is counted)."""
     seen = [0]
-    encode = reader_mod.encode_docs
+    encode = Tokenizer.encode_docs
 
-    def counting(texts, num_threads=1):
+    def counting(self, texts, num_threads=1):
         seen[0] += len(texts)
-        return encode(texts, num_threads)
+        return encode(self, texts, num_threads)
 
-    monkeypatch.setattr(reader_mod, "encode_docs", counting)
+    monkeypatch.setattr(Tokenizer, "encode_docs", counting)
     return seen
 
 
@@ -136,4 +140,4 @@ def test_a_buffer_holds_compressed_text_until_a_document_leaves_it(tmp_path):
     assert sum(len(h.data) for h in held) < 0.1 * sum(h.size for h in held)
     d = c.sources[0].buffer[0]
     assert d.text.text() == texts[d.row]
-    assert c.reader.encode(d.text).tolist() == reader_mod.encode_docs([texts[d.row]])[0].tolist()
+    assert c.reader.encode(d.text).tolist() == TOKENIZER.encode_docs([texts[d.row]])[0].tolist()
