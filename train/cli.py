@@ -289,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # anything else is fatal: end the DataLoader workers, then the traceback
         pids = end_worker_processes()
         if report_lost_peers(e):  # ranks stopped answering: one line names them; train.sbatch requeues on this code
-            return EXIT_PEER_LOST
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_PEER_LOST)  # now: the exit-time teardown of the process group can wait on the lost ranks
         if pids:
             print(f"fatal {type(e).__name__}: ended its DataLoader worker(s) {pids}", file=sys.stderr)
         raise

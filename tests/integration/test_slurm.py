@@ -41,6 +41,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 from training_runs import TINY, assert_same_order, checkpoint_steps, copy_checkpoint, make_workdir, order_log
 
 from data.config import DataConfig, SourceConfig
@@ -282,9 +283,9 @@ def jobs(cluster, tmp_path_factory, demo_corpus, cache_dir):
     j = Jobs(cluster, work, cache_dir)
     four = TRAIN_ARGS + ["--data.batch_size", "1"]  # 4 ranks x 1 = the demo's global batch of 4
     holder = j.submit_with_its_port_taken("ref", TWO_NODES, four)
-    # the time limit's signal for real: --time 2 minutes, warned 100 s before; slurmctld looks every 30 s,
-    # so it comes 20 to 50 s after the start, mid-training
-    j.submit("fault", [*TWO_NODES, "--time=2", "--signal=B:USR1@100"], four)
+    # the time limit's signal for real: --time 5 minutes, warned 270 s before; slurmctld looks every 30 s, so it
+    # comes 30 to 60 s after the start (a signal during the start-up is kept: the first step checkpoints)
+    j.submit("fault", [*TWO_NODES, "--time=5", "--signal=B:USR1@270"], four)
     j.submit("dry", TWO_NODES, four, DRY_RUN="1")
     j.submit("no-scontrol", [*TWO_NODES, f"--export=ALL,PATH={_path_without_scontrol(work)}"], four)
     j.submit("unresolvable", TWO_NODES, four, MASTER_ADDR="no-such-node.invalid")
@@ -400,6 +401,27 @@ def test_time_limit_signal_then_a_vanished_node_resume_from_the_newest_checkpoin
     ckpts = jobs.run_dir("fault") / "checkpoints"
     assert not list(ckpts.glob("hpc_ckpt*")), "Lightning's own SLURM requeue checkpoint must not be used"
     _assert_same_order_4_ranks(order_log(jobs.run_dir("ref")), order_log(jobs.run_dir("fault")))
+
+
+def _tensors(ckpt: Path) -> dict[str, torch.Tensor]:
+    """Every weight and every optimizer-state tensor of a checkpoint, by name."""
+    c = torch.load(ckpt, map_location="cpu", weights_only=True)
+    out = {f"weight {k}": v for k, v in c["state_dict"].items()}
+    for i, opt in enumerate(c["optimizer_states"]):
+        out.update({f"optimizer {i} param {p} {k}": v for p, st in opt["state"].items() for k, v in st.items()
+                    if torch.is_tensor(v)})
+    return out
+
+
+def test_the_twice_resumed_job_ends_bitwise_equal_to_the_reference(jobs):
+    """The final checkpoints of the reference and of the job resumed twice (time limit, vanished node) at 4
+    ranks: every weight and Adam tensor torch.equal, every logged loss the same float."""
+    _assert_completed(jobs, "fault")
+    ref, got = (_tensors(jobs.run_dir(n) / "checkpoints" / "last.ckpt") for n in ("ref", "fault"))
+    assert ref.keys() == got.keys()
+    differ = {k: f"{int((ref[k] != got[k]).sum())}/{ref[k].numel()}" for k in ref if not torch.equal(ref[k], got[k])}
+    assert not differ, f"{len(differ)} of {len(ref)} tensors differ: {dict(list(differ.items())[:6])}"
+    assert_same_order(order_log(jobs.run_dir("ref")), order_log(jobs.run_dir("fault")))
 
 
 def test_a_taken_derived_port_is_skipped_and_jobs_sharing_nodes_get_distinct_ports(jobs):
