@@ -2,6 +2,7 @@
 
     python scripts/bench_train.py                        # (a) CPU: Lightning step vs a plain PyTorch loop
     python scripts/bench_train.py --cpu-precision        # (c) CPU: fp32 vs bf16 autocast, the demo model
+    python scripts/bench_train.py --ddp 4                # (d) CPU: DDP's fixed bucket layout vs its default
 
 (a) The same tiny model, the same batches (real packed batches of the demo corpus), the same AdamW,
     gradient clipping and LR schedule: our LightningModule under a Trainer (its per-source loss
@@ -184,14 +185,76 @@ def bench_cpu_precision(rounds: int) -> None:
     print(f"    fp32 {fp32:.2f} s   bf16 autocast {bf16:.2f} s   bf16/fp32 = {bf16 / fp32:.2f}x")
 
 
+def _ddp_rank(rank: int, world: int, port: int, steps: int, rounds: int, out) -> None:
+    """(d), one rank: rank 0 puts [(default s, fixed s) per round] on ``out``."""
+    import os
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = load_model_config(ROOT / "configs/model/tiny.yaml")
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    tokens = torch.randint(0, cfg.vocab_size, (steps, 4, 129), generator=torch.Generator().manual_seed(rank))
+    wrappers = {}
+    for name, kwargs in (("default", {}), ("fixed", {"find_unused_parameters": True})):
+        ddp = DistributedDataParallel(GPT(cfg), **kwargs)
+        ddp.module.load_state_dict(model.state_dict())
+        wrappers[name] = (ddp, torch.optim.AdamW(ddp.parameters(), lr=1e-3, fused=True))
+
+    def run(name: str, n: int) -> float:
+        ddp, opt = wrappers[name]
+        dist.barrier()
+        t0 = time.perf_counter()
+        for x in tokens[:n]:
+            ddp(x[:, :-1], targets=x[:, 1:]).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    for name in wrappers:  # the default rebuilds its buckets after its first step: not timed
+        run(name, 2)
+    times = [(run("default", steps), run("fixed", steps)) for _ in range(rounds)]
+    if rank == 0:
+        out.put(times)
+    dist.destroy_process_group()
+
+
+def bench_ddp(args) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_ddp_rank, args=(args.ddp, port, args.steps, args.rounds, out), nprocs=args.ddp)
+    times = out.get()
+    ratios = [b / a for a, b in times]
+    print(f"(d) CPU, {args.ddp} gloo ranks x 1 thread, tiny model, {args.steps} steps of 4 x 128 per rank, "
+          f"{args.rounds} alternating rounds")
+    for i, name in enumerate(("DDP default", "DDP fixed layout")):
+        print(f"    {name:<20} {statistics.median(t[i] for t in times) / args.steps * 1e3:7.1f} ms/step")
+    print(f"    per-round ratios     {' '.join(f'{x:.3f}' for x in ratios)}")
+    print(f"    cost ratio (median): {statistics.median(ratios):.3f}  (target <= 1.02)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=40, help="(a): timed steps")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     p.add_argument("--corpus", type=Path, default=None, help="(a): demo corpus dir (default: build one)")
     p.add_argument("--cpu-precision", action="store_true", help="(c) only: fp32 vs bf16 autocast on this CPU")
+    p.add_argument("--ddp", type=int, default=0, metavar="RANKS", help="(d) only: DDP bucket layouts, RANKS ranks")
     args = p.parse_args(argv)
-    if args.cpu_precision:
+    if args.ddp:
+        bench_ddp(args)
+    elif args.cpu_precision:
         bench_cpu_precision(args.rounds)
     else:
         bench_cpu(args)

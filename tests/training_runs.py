@@ -172,14 +172,15 @@ def copy_checkpoint(path: Path, ckpt_dir: Path) -> Path:
     return ckpt_dir / path.name
 
 
-def assert_same_order(ref: dict[int, list[dict]], got: dict[int, list[dict]]) -> None:
+def assert_same_order(ref: dict[int, list[dict]], got: dict[int, list[dict]], first_step: int = 0) -> None:
     """Every rank's lines identical: pieces, loss (bitwise: JSON keeps a float's exact repr), lr,
-    sequence length, mixture weights, token counts -- and one line per step, none missing or doubled."""
+    sequence length, mixture weights, token counts -- and one line per step from ``first_step``, none
+    missing or doubled."""
     assert sorted(got) == sorted(ref), f"ranks {sorted(got)} != {sorted(ref)}"
     for rank, lines in ref.items():
         mine = got[rank]
         steps = [ln["step"] for ln in mine]
-        assert steps == list(range(len(ref[rank]))), f"rank {rank}: steps {steps}"
+        assert steps == list(range(first_step, first_step + len(lines))), f"rank {rank}: steps {steps}"
         for a, b in zip(lines, mine):
             if a != b:
                 diff = {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)}
@@ -241,3 +242,26 @@ def fit_in_process(args: list[str], capsys) -> tuple[int, str, str]:
             log.handlers[:] = handlers.get(name, [])
     out = capsys.readouterr()
     return rc, out.out, out.err
+
+
+def assert_same_weights(ref: Path, got: Path) -> None:
+    """Two checkpoint files hold bitwise the same model weights and optimizer state (every tensor
+    ``torch.equal``, every other value ``==``) at the same step: what a resume must reproduce."""
+    import torch
+
+    a, b = (torch.load(p, map_location="cpu", weights_only=True) for p in (ref, got))
+    assert a["global_step"] == b["global_step"], (a["global_step"], b["global_step"])
+
+    def differ(x, y, path: str) -> list[str]:
+        if isinstance(x, torch.Tensor):
+            same = isinstance(y, torch.Tensor) and x.shape == y.shape and torch.equal(x, y)
+            return [] if same else [f"{path}: {int((x != y).sum()) if x.shape == y.shape else 'shape'} of {x.numel()}"]
+        if isinstance(x, dict) and isinstance(y, dict) and x.keys() == y.keys():
+            return [d for k in x for d in differ(x[k], y[k], f"{path}.{k}")]
+        if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and len(x) == len(y):
+            return [d for i, (u, v) in enumerate(zip(x, y)) for d in differ(u, v, f"{path}[{i}]")]
+        return [] if x == y else [f"{path}: {x!r} != {y!r}"]
+
+    off = differ(a["state_dict"], b["state_dict"], "state_dict") + \
+        differ(a["optimizer_states"], b["optimizer_states"], "optimizer_states")
+    assert not off, f"{got} differs from {ref} (elements differing): " + "; ".join(off[:12])

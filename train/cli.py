@@ -48,7 +48,7 @@ from train.datamodule import WellMixedData
 from train.launch import EXIT_PEER_LOST, report_lost_peers
 from train.model import ModelConfigError
 from train.module import PretrainModule
-from train.parallel import check_checkpoint_layout, resolve_strategy
+from train.parallel import check_checkpoint_layout, fix_bucket_layout, resolve_strategy
 from train.resume import check_resume
 from train.rundir import RunDir
 from train.rundir_lock import acquire_run_dir
@@ -191,6 +191,7 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         self._refuse_rewind_from_a_config_file(ckpt_path, ckpt_dir)
         self.config_init[self.subcommand]["ckpt_path"] = ckpt_path
         check_checkpoint_layout(ckpt_path, self.trainer.strategy)
+        fix_bucket_layout(self.trainer.strategy)  # DDP: a resume reduces its gradients as the run it continues
         self._check_resume_settings(ckpt_path)
         data = dm.prepare(self.trainer.accumulate_grad_batches)
         self._check_data(data)

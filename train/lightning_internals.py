@@ -9,6 +9,7 @@ installed, because each item below reads or overrides something Lightning does n
 - :func:`dead_loader_workers`: the DataLoader's worker processes, through the fit loop's data fetcher;
 - :class:`ResumableCSVLogger`: CSVLogger's writer without its deletion of ``metrics.csv`` at start;
 - :class:`FSDP2Strategy`: ModelParallelStrategy's private mesh sizes, set to pure data parallelism;
+- :func:`ddp_kwargs`: what DDPStrategy passes to DistributedDataParallel, also when Lightning chose it;
 - :class:`CheckpointHooks`, :class:`CLIHooks`: ModelCheckpoint's private saves of a step file and of
   ``last.ckpt`` (and what it saved last), LightningCLI's ``_parse_ckpt_path`` and ``_instantiate_trainer``,
   under public names that train/checkpoint_io.py and train/cli.py override.
@@ -91,6 +92,12 @@ def align_accumulation_phase(trainer) -> None:
         tracker.started += shift
         tracker.processed += shift
         tracker.completed += shift
+
+
+def ddp_kwargs(strategy) -> dict:
+    """The keyword arguments a DDPStrategy (also the one ``auto`` picks) passes to DistributedDataParallel;
+    changes take effect when it wraps the model (train/parallel.py fix_bucket_layout)."""
+    return strategy._ddp_kwargs
 
 
 class CheckpointHooks(ModelCheckpoint):

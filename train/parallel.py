@@ -13,6 +13,19 @@ model as one flat unit. FSDP2 because it is the maintained path and runs on CPU 
 (tests/integration/test_fsdp.py); ``fsdp1`` gives Lightning's FSDPStrategy with the same per-block
 policy, for GPUs only. Checkpoints are ``torch.distributed.checkpoint`` folders; crossing between a
 DDP file and a sharded folder on resume is refused.
+
+**DDP reduces every step in one order, so a resume is bitwise** (docs/checkpoints.md). A sum over more
+than 2 ranks depends on the order of its terms, and DDP's order is its gradient bucket layout (which
+elements share an all-reduce, at which offset). By default DDP reduces a process's first step in one
+bucket of every parameter and then rebuilds the buckets in the order backward produced the gradients:
+a resumed process reduced its first step unlike the uninterrupted run, whose first step was long past
+(4 gloo ranks, the tiny model: 34,077 of 3.2M gradient elements differ in the last bits; 2 ranks: none).
+:func:`fix_bucket_layout` asks for ``find_unused_parameters=True``, the one mode in which DDP never
+rebuilds: buckets of 25 MB (the first 1 MB) in reverse parameter order, the order backward produces
+them, from every process's first step. Its cost per step: one walk of the autograd graph and one small
+all-reduce, a flag per parameter tensor (scripts/bench_train.py --ddp); DDP warns once per rank that it
+found no unused parameter. FSDP2 needs nothing: each unit reduce-scatters its gradients in the layout
+``fully_shard`` fixed at wrapping.
 """
 
 from __future__ import annotations
@@ -72,6 +85,17 @@ def resolve_strategy(strategy: Any) -> Any:
     if name == "fsdp1":  # FullyShardedDataParallel, GPUs only
         return fsdp_strategy()
     return strategy
+
+
+def fix_bucket_layout(strategy: Any) -> None:
+    """DDP: one gradient bucket layout from every process's first step on (see the module docstring); set
+    before the strategy wraps the model. Any other strategy is left as it is."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from train.lightning_internals import ddp_kwargs
+
+    if isinstance(strategy, DDPStrategy):
+        ddp_kwargs(strategy)["find_unused_parameters"] = True
 
 
 def shard_per_block(model: Architecture, mesh) -> None:
