@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -326,6 +327,11 @@ def _assert_completed(jobs: Jobs, name: str) -> None:
         f"{name}: {info['JobState']} {info['ExitCode']}:\n{_log(jobs, name)[-5000:]}"
 
 
+def _checksums(out: str) -> dict[int, str]:
+    """step -> the checksum of the weights that all 4 ranks agreed on at that checkpoint (train/module.py)."""
+    return {int(m[1]): m[2] for m in re.finditer(r"step (\d+): the weights of 4 ranks agree \(checksum (\w+)\)", out)}
+
+
 def _pieces(lines: list[dict]) -> list[tuple[str, int]]:
     return [(p[0], p[1]) for ln in lines for p in ln["pieces"]]
 
@@ -367,6 +373,9 @@ def test_four_ranks_on_two_hosts_read_disjoint_slices(jobs):
     for rank in range(4):  # printed by each rank as it joins the process group (not the script's banner)
         assert f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/4" in out, out[-4000:]
     assert "All distributed processes registered. Starting with 4 processes" in out
+    # the 4 ranks hold the same weights at every checkpoint (compared across ranks, not only rank 0's file)
+    steps = checkpoint_steps(jobs.run_dir("ref"))
+    assert set(steps) <= set(_checksums(out)) and len(steps) >= 5, (steps, _checksums(out))
 
 
 def test_time_limit_signal_then_a_vanished_node_resume_from_the_newest_checkpoint_exactly(jobs):
@@ -399,6 +408,9 @@ def test_time_limit_signal_then_a_vanished_node_resume_from_the_newest_checkpoin
     # exactly once and bitwise: every order-log line (pieces, losses, lr) and the final weights and Adam state
     assert_same_order(order_log(jobs.run_dir("ref")), order_log(jobs.run_dir("fault")))
     assert_same_weights(jobs.run_dir("ref") / "checkpoints" / "last.ckpt", ckpts / "last.ckpt")
+    ref_sums, sums = _checksums(_log(jobs, "ref")), _checksums(out)  # every checkpoint: ranks agree, as in ref
+    assert {st: sums[st] for st in ref_sums if st in sums} == {st: ref_sums[st] for st in sums if st in ref_sums}
+    assert set(checkpoint_steps(jobs.run_dir("fault"))) <= set(sums), (sums, checkpoint_steps(jobs.run_dir("fault")))
 
 
 def test_a_taken_derived_port_is_skipped_and_jobs_sharing_nodes_get_distinct_ports(jobs):
