@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     except (WellMixedError, ModelConfigError) as e:
         print(error_lines(e), file=sys.stderr)
         return 2
-    except FloatingPointError as e:  # model.on_nonfinite: stop
+    except FloatingPointError as e:  # model.on_nonfinite: stop; WeightsDiffer (the DDP ranks disagree)
         print(f"error: {e}", file=sys.stderr)
         end_worker_processes()
         return 3

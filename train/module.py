@@ -37,6 +37,11 @@ class OptimConfig:
     """Fused AdamW kernel; None = wherever the device supports it (CUDA, and CPU in recent torch)."""
 
 
+class WeightsDiffer(FloatingPointError):
+    """The DDP ranks hold different weights at a checkpoint: the run stops like one whose weights went
+    non-finite (exit 3, no checkpoint written)."""
+
+
 class PretrainModule(L.LightningModule):
     def __init__(
         self,
@@ -211,13 +216,38 @@ class PretrainModule(L.LightningModule):
         return bool(self.trainer.strategy.reduce(ok, reduce_op="min") > 0)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """No checkpoint holds non-finite weights: a run whose parameters went NaN or inf stops here (every
-        rank decides alike), and the checkpoint is not written, so the last one written stays the newest."""
+        """No checkpoint holds non-finite weights, nor weights the DDP ranks disagree on: such a run stops
+        here (every rank decides alike), and the checkpoint is not written, so the last one written stays
+        the newest.
+
+        The ranks' agreement: each rank sums the bit patterns of each parameter tensor as integers (exact
+        in any order, so one flipped bit anywhere changes the sum), one all-gather of those sums compares
+        them, and rank 0 logs their checksum. Under FSDP every rank holds other shards: nothing to compare."""
+        from lightning.pytorch.strategies import DDPStrategy
+
         if not self._finite(p.detach() for p in self.parameters()):
             raise FloatingPointError(
                 f"the weights hold non-finite values at step {self.global_step}: no checkpoint written (the last "
                 "one written stands). Resume from it with --ckpt_path FILE, and lower data.schedule.lr.peak or "
                 "set model.on_nonfinite: skip")
+        if isinstance(self.trainer.strategy, DDPStrategy):
+            names, params = zip(*self.named_parameters())
+            bits = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+            sums = torch.stack([torch.sum(p.detach().view(bits[p.element_size()]), dtype=torch.int64) for p in params])
+            ranks: dict[tuple[int, ...], list[int]] = {}
+            for rank, row in enumerate(self.trainer.strategy.all_gather(sums).view(-1, len(params)).tolist()):
+                ranks.setdefault(tuple(row), []).append(rank)
+            a, *others = ranks
+            if others:
+                held = "; ".join(f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))}" for r in ranks.values())
+                first = next(n for n, x, y in zip(names, a, others[0]) if x != y)
+                raise WeightsDiffer(
+                    f"the ranks hold different weights at step {self.global_step} ({held}: one set each; the "
+                    f"first tensor that differs: {first}): no checkpoint written (the last one written stands, "
+                    "and every rank loads it alike). Resume from it with --ckpt_path last")
+            if self.global_rank == 0:
+                log.info("step %d: the weights of %d ranks agree (checksum %016x)", self.global_step,
+                         self.trainer.world_size, sum(a) % 2**64)
         checkpoint["skipped_steps"] = self.skipped_steps
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

@@ -53,6 +53,23 @@ def test_strategy_names_resolve():
     assert resolve_strategy("auto") == "auto" and resolve_strategy("ddp") == "ddp"
 
 
+def test_ddp_keeps_one_bucket_layout_also_where_lightning_picks_it():
+    """``auto`` on several devices is Lightning's DDPStrategy: it too wraps the model with
+    find_unused_parameters (one gradient bucket layout from the first step: a resume is bitwise,
+    tests/integration/test_resume.py); FSDP is left as it is."""
+    import lightning as L
+
+    from train.lightning_internals import ddp_kwargs
+    from train.parallel import fix_bucket_layout, resolve_strategy
+
+    trainer = L.Trainer(accelerator="cpu", devices=4, strategy="auto", logger=False)
+    fix_bucket_layout(trainer.strategy)
+    assert ddp_kwargs(trainer.strategy) == {"find_unused_parameters": True}
+    fsdp = resolve_strategy("fsdp")
+    fix_bucket_layout(fsdp)
+    assert not hasattr(fsdp, "_ddp_kwargs")
+
+
 def test_a_checkpoint_of_the_other_layout_is_refused_naming_the_way_out(tmp_path):
     from lightning.pytorch.strategies import DDPStrategy
 

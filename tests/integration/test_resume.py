@@ -6,7 +6,8 @@ with an uninterrupted run of the same config: the document pieces of every step 
 rank, the loss bitwise identical (fp32 on CPU), and lr / sequence length / mixture weights those of
 the same step. Variants: one process with 2 DataLoader workers, killed in the middle of the anneal;
 2 DDP ranks with 2 workers each; a kill across a source's epoch boundary; a run cut short by
-``--trainer.max_steps`` and continued. The uninterrupted runs are shared with
+``--trainer.max_steps`` and continued; 4 DDP ranks resumed from a checkpoint, the final weights and
+Adam state compared bitwise. The uninterrupted 1- and 2-rank runs are shared with
 tests/integration/test_faults.py (tests/conftest.py: ref_single, ref_ddp).
 
 Kill points vary from run to run; the seed is printed with every failure and can be fixed with
@@ -126,7 +127,8 @@ def test_resume_at_four_ranks_is_bitwise(workdir, env):
     step in another layout than a process that had trained one (train/parallel.py); over 2 ranks the
     order cannot matter, so the 2-rank tests above cannot see it."""
     ref_dir, run_dir, at = workdir / "ref4", workdir / "resumed4", 3
-    run_to_end(workdir, ref_dir, TINY + DDP4, env, "ref4")
+    first = run_to_end(workdir, ref_dir, TINY + DDP4, env, "ref4")
+    assert "step 9: the weights of 4 ranks agree (checksum" in first.log(tail=10**6)
     ref, n = order_log(ref_dir), len(order_log(ref_dir)[0])
     assert sorted(ref) == [0, 1, 2, 3] and n == 10, (sorted(ref), n)
     ckpt = copy_checkpoint(ref_dir / "checkpoints" / f"step{at:07d}.ckpt", run_dir / "checkpoints")

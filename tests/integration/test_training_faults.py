@@ -3,7 +3,9 @@
 - non-finite losses and gradients (train/module.py ``on_nonfinite``): a skipped step changes no weight, no
   checkpoint holds a non-finite weight, and the logs keep NaN as NaN (a module subclass injects the fault);
 - a full disk (or no inodes left) while the run writes: one ``error:`` line naming the file, exit 2;
-- a damaged data cursor file of one DDP rank: one ``error:`` line for the whole run (a subprocess on 2 ranks).
+- a damaged data cursor file of one DDP rank: one ``error:`` line for the whole run (a subprocess on 2 ranks);
+- DDP ranks holding different weights at a checkpoint (one rank's weight nudged by a test-only callback,
+  :class:`NudgeRank1`): one ``error:`` line naming the ranks, exit 3, no checkpoint written.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import math
 import os
 import shutil
 import sys
+from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from training_runs import DDP, TINY, Run, copy_checkpoint
@@ -124,6 +128,68 @@ def test_a_checkpoint_of_nonfinite_weights_is_refused_before_it_is_written():
     with pytest.raises(FloatingPointError, match=r"^the weights hold non-finite values at step 7: no checkpoint "
                                                  r"written \(the last one written stands\)"):
         module.on_save_checkpoint({})
+
+
+def test_ranks_that_hold_different_weights_are_named_before_the_checkpoint_is_written(caplog):
+    """Two ranks as one all-gather sees them (DDP replicas): equal sums pass and are logged; one bit of one
+    tensor flipped on rank 1 stops the save with one line naming the ranks and the tensor."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from train.module import WeightsDiffer
+
+    class TwoRanks(DDPStrategy):  # no process group: reduce is the identity, all_gather stacks rank 1's sums
+        def all_gather(self, tensor, group=None, sync_grads=False):
+            return torch.stack([tensor, self.rank1(tensor.clone())])
+
+    module = PretrainModule(model=str(TINY[TINY.index("--model.model") + 1]))
+    strategy = TwoRanks()
+    module._trainer = SimpleNamespace(global_step=6, global_rank=0, world_size=2, strategy=strategy)
+    strategy.rank1 = lambda sums: sums
+    with caplog.at_level("INFO", logger="train.module"):
+        module.on_save_checkpoint({})
+    assert "step 6: the weights of 2 ranks agree (checksum " in caplog.text
+
+    def flip(sums):  # what one flipped low bit of a block weight on rank 1 does to its sums
+        sums[3] += 1
+        return sums
+
+    strategy.rank1 = flip
+    with pytest.raises(WeightsDiffer, match=r"^the ranks hold different weights at step 6 \(rank 0; rank 1: one set "
+                                            r"each; the first tensor that differs: model.blocks.0.attn.wk.weight\): "
+                                            r"no checkpoint written"):
+        module.on_save_checkpoint({})
+
+
+class NudgeRank1(L.Callback):
+    """Test-only, given as ``--trainer.callbacks+ test_training_faults.NudgeRank1``: rank 1's first weight one
+    ulp up after step 3, just before that step's checkpoint (checkpoint callbacks run last). DDP never
+    re-syncs weights, so from there on the two replicas differ."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_rank == 1 and trainer.global_step == 3:
+            with torch.no_grad():
+                w = next(pl_module.parameters()).view(-1)
+                w[0] = torch.nextafter(w[0], torch.tensor(1.0))
+
+
+@pytest.mark.slow
+def test_ranks_holding_different_weights_stop_the_run_at_the_checkpoint(workdir, env, tmp_path):
+    """Before: nothing compared the ranks' weights; the run went on with two models and rank 0's was saved."""
+    tests = Path(__file__).resolve().parents[1]
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(tests / "integration"), str(tests), env.get("PYTHONPATH", "")])}
+    run_dir = tmp_path / "run"
+    run = Run(workdir, run_dir, TINY + DDP + ["--trainer.max_steps", "5", "--trainer.callbacks+",
+                                              "test_training_faults.NudgeRank1"], env, "nudged")
+    rc = run.wait(timeout=300)
+    out = run.log(tail=10**6)
+    errors = {ln for ln in out.splitlines() if ln.startswith("error:")}
+    assert rc == 3, out[-3000:]
+    assert errors == {"error: the ranks hold different weights at step 3 (rank 0; rank 1: one set each; the first "
+                      "tensor that differs: model.tok_emb.weight): no checkpoint written (the last one written "
+                      "stands, and every rank loads it alike). Resume from it with --ckpt_path last"}, out[-3000:]
+    assert not list((run_dir / "checkpoints").glob("*.ckpt")), "a checkpoint of two different models was written"
 
 
 def _no_space(*a, **kw):
