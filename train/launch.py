@@ -278,8 +278,10 @@ def report_lost_peers(error: BaseException, grace_s: float = PEER_ANSWER_S) -> b
     Gloo's own message names neither the rank nor the node. Every rank whose collective failed says so in
     the rendezvous store (rank 0's TCPStore, which outlives the process group's broken connections) and
     waits ``grace_s`` for the others: a rank that never says so is lost. Its node is the job's node list
-    (``SLURM_JOB_NODELIST``) at index rank // ``SLURM_NTASKS_PER_NODE``. A store that does not answer
-    means rank 0 (its node) is the lost one. False for any other error, and when every rank answered."""
+    (``SLURM_JOB_NODELIST``) at index rank // ``SLURM_NTASKS_PER_NODE``. A store whose node does not answer
+    means rank 0 (its node) is the lost one; a store that refuses or resets the connection means rank 0's
+    process has ended (a survivor whose collective failed later than rank 0's grace), so nothing more is
+    printed. False for any other error, and when every rank answered."""
     import time
     from datetime import timedelta
 
@@ -301,6 +303,8 @@ def report_lost_peers(error: BaseException, grace_s: float = PEER_ANSWER_S) -> b
                 break
             time.sleep(0.2)
     except RuntimeError as e:  # DistStoreError, DistNetworkError: rank 0's store is gone
+        if any(s in str(e) for s in ("Connection reset by peer", "Connection refused", "Broken pipe")):
+            return True  # rank 0's process has ended (its node answers): after its own line, or with its own error
         print(f"error: rank {rank} on {host}: a collective failed ({cause}) and the rendezvous store on rank 0 "
               f"({os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}) does not answer "
               f"({str(e).splitlines()[0]}): rank 0's node is unreachable or its process ended; this job ends "
