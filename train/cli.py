@@ -46,6 +46,7 @@ from train.checkpoint import (
 from train.checkpoint_io import AtomicCheckpointIO, FinalCheckpoint, remove_stale_temp_files
 from train.config import ConfigCLI, RunConfig, config_sources
 from train.datamodule import WellMixedData
+from train.launch import EXIT_PEER_LOST, report_lost_peers
 from train.model import ModelConfigError
 from train.module import PretrainModule
 from train.parallel import check_checkpoint_layout, fix_bucket_layout, resolve_strategy
@@ -167,6 +168,10 @@ class WellMixedCLI(internals.CLIHooks, ConfigCLI):
         run: RunConfig = self._section().run
         ckpt_dir = RunDir(run.dir).checkpoints
         internals.check_version()
+        if not run.collective_timeout_s > 0:
+            raise ConfigError(f"run.collective_timeout_s is {run.collective_timeout_s}: give the seconds a collective "
+                              "may wait for the other ranks (> 0; default 600)")
+        internals.set_collective_timeout(self.trainer.strategy, run.collective_timeout_s)
         if self._section().get("ckpt_path") is None and ckpt_dir.is_dir() and any(ckpt_dir.glob("*.ckpt")):
             raise ConfigError(
                 f"run.dir {ckpt_dir.parent} already holds checkpoints: resume with --ckpt_path last, "
@@ -284,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except BaseException as e:  # anything else is fatal: end the DataLoader workers, then the traceback
         pids = end_worker_processes()
+        if report_lost_peers(e):  # ranks stopped answering: one line names them; train.sbatch requeues on this code
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_PEER_LOST)  # now: the exit-time teardown of the process group can wait on the lost ranks
         if pids:
             print(f"fatal {type(e).__name__}: ended its DataLoader worker(s) {pids}", file=sys.stderr)
         raise

@@ -95,6 +95,11 @@ class RunConfig:
     allow_changed_data: bool = False
     """Resume although the corpus fingerprint or data.seed changed: the data order starts afresh at the
     resumed step (exactly-once is void across the change). Refused by default."""
+    collective_timeout_s: float = 600.0
+    """Seconds a collective (all-reduce, barrier, the checkpoint's gathers) may wait for the other ranks
+    before this rank gives up: a node that vanished (power, a cut link) ends the job with one line naming
+    the ranks that stopped answering, and scripts/slurm/train.sbatch requeues it. Must exceed the longest
+    gap between two collectives (a checkpoint write, the first step's compile); docs/slurm.md, step 8."""
     memory_check: bool = True
     """On a GPU, refuse a micro-batch whose estimated peak memory (train/memory.py) exceeds the device."""
     allow_changed_schedule: bool = False

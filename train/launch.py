@@ -342,6 +342,73 @@ def checked_fit(argv: list[str]) -> int:
     return train_main()
 
 
+# -- a rank that stops answering ------------------------------------------------------------------
+EXIT_PEER_LOST = 75
+"""Exit code of a rank whose collective failed because other ranks stopped answering (EX_TEMPFAIL):
+scripts/slurm/train.sbatch requeues the job on it."""
+PEER_ANSWER_S = 5.0
+"""How long a rank whose collective failed waits for the other survivors to say so (through the store)."""
+GLOO_PEER_ERRORS = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer",
+                    "timeout caused pair closure")
+"""What gloo's error says when a peer stopped answering (a timeout) or its process ended (a closed socket)."""
+
+
+def report_lost_peers(error: BaseException, grace_s: float = PEER_ANSWER_S) -> bool:
+    """After ``error``: True when it is a collective that failed because ranks stopped answering, and the
+    lowest surviving rank has printed one ``error:`` line naming the silent ranks and their nodes.
+
+    Gloo's own message names neither the rank nor the node. Every rank whose collective failed says so in
+    the rendezvous store (rank 0's TCPStore, which outlives the process group's broken connections) and
+    waits ``grace_s`` for the others: a rank that never says so is lost. Its node is the job's node list
+    (``SLURM_JOB_NODELIST``) at index rank // ``SLURM_NTASKS_PER_NODE``. A store whose node does not answer
+    means rank 0 (its node) is the lost one; a store that refuses or resets the connection means rank 0's
+    process has ended (a survivor whose collective failed later than rank 0's grace), so nothing more is
+    printed. False for any other error, and when every rank answered."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if not (isinstance(error, RuntimeError) and dist.is_available() and dist.is_initialized()
+            and any(s in str(error) for s in GLOO_PEER_ERRORS)):
+        return False
+    rank, world, host = dist.get_rank(), dist.get_world_size(), socket.gethostname()
+    cause = str(error).splitlines()[0].split("] ", 1)[-1]  # without gloo's source location
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=grace_s))
+        store.set(f"wellmixed/failed/{rank}", host)
+        deadline = time.monotonic() + grace_s
+        while True:
+            alive = [r for r in range(world) if store.check([f"wellmixed/failed/{r}"])]
+            if len(alive) == world or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    except RuntimeError as e:  # DistStoreError, DistNetworkError: rank 0's store is gone
+        if any(s in str(e) for s in ("Connection reset by peer", "Connection refused", "Broken pipe")):
+            return True  # rank 0's process has ended (its node answers): after its own line, or with its own error
+        print(f"error: rank {rank} on {host}: a collective failed ({cause}) and the rendezvous store on rank 0 "
+              f"({os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}) does not answer "
+              f"({str(e).splitlines()[0]}): rank 0's node is unreachable or its process ended; this job ends "
+              f"(exit {EXIT_PEER_LOST}: train.sbatch requeues it)", file=sys.stderr, flush=True)
+        return True
+    lost = [r for r in range(world) if r not in alive]
+    if not lost:
+        return False
+    if rank == min(alive):
+        per_node = os.environ.get("SLURM_NTASKS_PER_NODE", "")
+        nodes = ""
+        if per_node.isdigit() and os.environ.get("SLURM_JOB_NODELIST"):
+            hosts = expand_nodelist(os.environ["SLURM_JOB_NODELIST"])
+            names = sorted({hosts[r // int(per_node)] for r in lost if r // int(per_node) < len(hosts)})
+            nodes = f" on {', '.join(names)}"
+        print(f"error: rank {rank} on {host}: rank(s) {', '.join(map(str, lost))}{nodes} stopped answering: "
+              f"{cause} (run.collective_timeout_s); their node is unreachable or their processes ended. This job "
+              f"ends (exit {EXIT_PEER_LOST}: train.sbatch requeues it and it resumes from the newest complete "
+              "checkpoint)", file=sys.stderr, flush=True)
+    return True
+
+
 # -- the config, parsed as `python -m train fit` parses it --------------------------------------
 def parse_run_config(args: list[str]):
     """(data module, trainer namespace, run config) from CLI arguments, instantiating only the data:

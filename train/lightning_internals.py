@@ -5,6 +5,7 @@ installed, because each item below reads or overrides something Lightning does n
 
 - :func:`set_max_steps`, :func:`align_accumulation_phase`: the fit loop's ``max_steps`` and micro-batch
   counters (``fit_loop.epoch_loop``);
+- :func:`set_collective_timeout`: a parallel strategy's ``_timeout``, handed to ``init_process_group``;
 - :func:`dead_loader_workers`: the DataLoader's worker processes, through the fit loop's data fetcher;
 - :class:`ResumableCSVLogger`: CSVLogger's writer without its deletion of ``metrics.csv`` at start;
 - :class:`FSDP2Strategy`: ModelParallelStrategy's private mesh sizes, set to pure data parallelism;
@@ -26,6 +27,7 @@ another accumulation, the dead-worker checkpoint, a resumed metrics.csv, last.ck
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import logging
 import os
@@ -65,6 +67,14 @@ def check_version() -> None:
 def set_max_steps(trainer, max_steps: int) -> None:
     """The Trainer's step budget after construction (the schedule decides it, after the config is parsed)."""
     trainer.fit_loop.epoch_loop.max_steps = max_steps
+
+
+def set_collective_timeout(strategy, seconds: float) -> None:
+    """The process group's timeout (torch.distributed.init_process_group's ``timeout``: gloo's per-operation
+    timeout, NCCL's watchdog) of a parallel strategy not yet set up: its private ``_timeout``, which
+    Lightning passes on (default: 30 minutes for every backend). A single-device strategy has none."""
+    if hasattr(strategy, "_timeout"):
+        strategy._timeout = datetime.timedelta(seconds=seconds)
 
 
 def align_accumulation_phase(trainer) -> None:

@@ -7,6 +7,8 @@
 #   scripts/slurm/local_cluster.sh exec DIR CMD ...    # a client command on the controller (sbatch, squeue, ...)
 #   scripts/slurm/local_cluster.sh kill-node DIR N     # node N (1 or 2) dies: SIGKILL every process on it
 #   scripts/slurm/local_cluster.sh start-node DIR N    # node N's slurmd starts again
+#   scripts/slurm/local_cluster.sh cut-link DIR N      # node N vanishes from the network: its link goes down
+#   scripts/slurm/local_cluster.sh restore-link DIR N  # its link comes back up
 #   scripts/slurm/local_cluster.sh down DIR            # stop everything, remove every namespace and file made
 #
 # Layout: three network namespaces, wm<TAG>-ctl, wm<TAG>-node1, wm<TAG>-node2 (TAG random per cluster,
@@ -25,6 +27,8 @@
 # machine has (several small jobs side by side), AuthInfo cred_expire=10 (a requeued job may start
 # again after 11 s instead of 121 s), SlurmdTimeout=30, KillWait=5, ReturnToService=2 (a node set
 # DOWN returns when its slurmd registers again).
+# cut-link sets both ends of node N's veth pair down: packets to and from it are dropped without a reset,
+# as after a power loss or a cut cable (no process on either side learns of it until a timeout).
 #
 # `down` ends every process still in the three namespaces (the daemons and whatever jobs left behind)
 # by pid, TERM then KILL, and deletes the namespaces (their bridge and veth pairs go with them); it is
@@ -182,7 +186,7 @@ down() {
 }
 
 cmd=${1:-}
-[[ $# -ge 2 ]] || die "usage: $0 up|down|exec|kill-node|start-node DIR [...]"
+[[ $# -ge 2 ]] || die "usage: $0 up|down|exec|kill-node|start-node|cut-link|restore-link DIR [...]"
 load "$2"
 shift 2
 case "$cmd" in
@@ -191,5 +195,11 @@ case "$cmd" in
   exec) [[ -n ${TAG:-} ]] || die "no cluster in $DIR"; client "$@" ;;
   kill-node) [[ -n ${TAG:-} ]] || die "no cluster in $DIR"; kill_ns "node${1:?node number}" KILL ;;
   start-node) [[ -n ${TAG:-} ]] || die "no cluster in $DIR"; start_node "${1:?node number}" ;;
-  *) die "unknown command $cmd (up, down, exec, kill-node, start-node)" ;;
+  cut-link | restore-link)
+    [[ -n ${TAG:-} ]] || die "no cluster in $DIR"
+    state=$([[ $cmd == cut-link ]] && echo down || echo up)
+    ip -n "$(ns ctl)" link set "v${1:?node number}" "$state"
+    ip -n "$(ns "node$1")" link set eth0 "$state"
+    ;;
+  *) die "unknown command $cmd (up, down, exec, kill-node, start-node, cut-link, restore-link)" ;;
 esac

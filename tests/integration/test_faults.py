@@ -4,6 +4,7 @@ event; in-process where it is a file-system event."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import os
@@ -11,6 +12,7 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -23,6 +25,7 @@ from training_runs import DDP, TINY, Run, assert_same_order, checkpoint_steps, g
 from data.errors import ConfigError
 from train.checkpoint import checkpoint_problem, checksum_path, resolve_checkpoint
 from train.checkpoint_io import AtomicCheckpointIO, remove_stale_temp_files
+from train.launch import master_port
 
 SHORT = ["--data.schedule.train_tokens", "800"]  # 7 steps: for the faults that need no long run
 
@@ -558,3 +561,45 @@ def test_a_killed_dataloader_worker_names_it_checkpoints_the_last_step_and_resum
     assert global_step_of(run_dir / "checkpoints" / "last.ckpt") == done  # nothing trained after it, nothing lost
     run_to_end(workdir, run_dir, TINY + ["--ckpt_path", "last"], env, "resumed")
     assert_same_order(ref_lines, order_log(run_dir))
+
+
+# -- a rank that vanishes inside a checkpoint save ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_rank_that_vanishes_inside_a_checkpoint_save_leaves_no_checkpoint_a_resume_would_use(workdir, env):
+    """Rank 1 stops dead (SIGSTOP, as a node whose link is cut: no exit, no closed socket) inside step 4's save,
+    after writing its cursor file. Rank 0 waits in the save's gather for run.collective_timeout_s, not 30
+    minutes, then ends with exit 75 and one line naming rank 1. Step 4 has no checkpoint (no file, no
+    temporary); the resume takes step 2's, verified, whose cursors are step 2's (no checkpoint names step 4's)."""
+    run_dir = workdir / "vanish_in_save"
+    ckpts = run_dir / "checkpoints"
+    timeout = 15
+    # both ranks started together, as srun starts them (Lightning's own launcher starts rank 1 only once rank 0
+    # is set up, which on a busy machine can take longer than the timeout that also bounds the rendezvous)
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "vanish_in_save.py"), "fit", *TINY, *DDP, *SHORT,
+           "--run.ckpt_every_n_steps", "2", "--run.collective_timeout_s", str(timeout), "--run.dir", str(run_dir)]
+    rank_env = {**env, "WELLMIXED_TEST_VANISH_AT_STEP": "4", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(master_port({})), "WORLD_SIZE": "2", "NODE_RANK": "0"}
+    logs = [workdir / f"vanish_in_save.rank{r}.log" for r in (0, 1)]
+    procs = [subprocess.Popen(cmd, cwd=workdir, env={**rank_env, "LOCAL_RANK": str(r)}, stdout=open(logs[r], "w"),
+                              stderr=subprocess.STDOUT, start_new_session=True) for r in (0, 1)]
+    try:
+        rc = procs[0].wait(timeout=300)
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # rank 1, still stopped (and rank 0, should it hang)
+            p.wait()
+    out = logs[0].read_text()
+    errors = [ln for ln in out.splitlines() if ln.startswith("error:")]
+    assert rc == 75 and len(errors) == 1, out[-4000:]
+    assert "rank(s) 1 stopped answering: Timed out waiting 15000ms" in errors[0], errors
+    assert "Traceback" not in out, out[-4000:]
+    assert (ckpts / "cursors" / "step0000004" / "rank00001.pt").is_file()  # the save was under way
+    assert sorted(p.name for p in ckpts.iterdir()) == ["cursors", "last.ckpt", "last.ckpt.sha256",
+                                                       "step0000002.ckpt", "step0000002.ckpt.sha256"]
+    assert sorted(p.name for p in (ckpts / "cursors").iterdir()) == ["step0000002", "step0000004"]
+    resumed = torch.load(resolve_checkpoint("last", ckpts, fallback=False, cursor_ranks=[0, 1]), map_location="cpu",
+                         weights_only=True, mmap=True)
+    assert resumed["global_step"] == 2 and resumed["WellMixedData"]["cursor_dir"] == "cursors/step0000002"

@@ -184,3 +184,26 @@ def test_rank_0_refuses_a_master_port_another_process_holds():
 def test_rendezvous_settings_that_are_not_numbers_are_one_line(extra, match):
     with pytest.raises(ConfigError, match=match):
         check_task(_env(nodes=1, rank=1, MASTER_ADDR="127.0.0.1", **extra))
+
+
+def _fake_scontrol(tmp_path, script: str) -> str:
+    """A PATH whose ``scontrol`` is ``script`` (a shell script body), as a broken or misconfigured client."""
+    (tmp_path / "scontrol").write_text(f"#!/bin/sh\n{script}\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    return str(tmp_path)
+
+
+def test_a_failing_scontrol_show_hostnames_is_refused_naming_the_command(tmp_path):
+    env = _env(PATH=_fake_scontrol(tmp_path, 'echo "scontrol: error: Unable to contact slurm controller" >&2; exit 1'))
+    with pytest.raises(ConfigError, match=r"^rank 3 on .*: `scontrol show hostnames node\[00-01\]` failed \(1: "
+                                          r"scontrol: error: Unable to contact slurm controller\): export MASTER_ADDR"):
+        check_task(env)
+    assert "MASTER_ADDR" not in env
+
+
+def test_an_unresolvable_first_node_without_master_addr_is_refused(tmp_path):
+    env = _env(PATH=_fake_scontrol(tmp_path, 'echo no-such-node.invalid; echo node01'))
+    with pytest.raises(ConfigError, match=r"^rank 3 on .*: the rendezvous address 'no-such-node.invalid' "
+                                          r"\(MASTER_ADDR, default: the job's first node\) does not resolve here"):
+        check_task(env)
+    assert "MASTER_ADDR" not in env
