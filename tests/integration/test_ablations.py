@@ -131,7 +131,7 @@ def test_every_ablation_yaml_loads():
 
 
 # thin command lines over an ablations/ library module
-SCRIPTS_OVER_ABLATIONS = {"scripts/diagnose_run.py"}
+SCRIPTS_OVER_ABLATIONS = {"scripts/diagnose_run.py", "scripts/bench_decision.py"}
 
 
 def test_imports_run_one_way():
@@ -346,7 +346,7 @@ def test_decision_rule_from_flags(ablation_out, tmp_path):
     assert report.main([str(out), *TINY_REPORT, "--improve", "heldout/code", "--max-regression", "5",
                         "--alpha", "0.2"]) == 0
     md = (out / "report.md").read_text()
-    assert "| `heldout/code` | improve + guard | 2 |" in md and "worsens when its mean loss" in md
+    assert "| `heldout/code` | improve + guard | 2 |" in md and "worsens when -t exceeds" in md
     assert "Student's 1 - 0.2/A quantile" in md and "--improve, --max-regression, --alpha" in md
 
 
