@@ -206,6 +206,8 @@ def misread_line(key: str, value: Any, known: Iterable[str] = (), files: Iterabl
 def _child(node: Any, name: str) -> Any:
     if node is None or isinstance(node, Mapping):
         return (node or {}).get(name, _ABSENT)
+    if isinstance(node, (str, list, tuple)):  # a value where the config has a group (an untyped section)
+        return _ABSENT
     if hasattr(node, "__contains__") and hasattr(node, "__getitem__"):  # jsonargparse's Namespace
         return node[name] if name in node else _ABSENT
     return getattr(node, name, _ABSENT)

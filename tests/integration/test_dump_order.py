@@ -204,6 +204,17 @@ def test_cursor_continues_exactly_in_a_fresh_process(work, baseline, head):
     assert head_lines + tail == baseline
 
 
+@pytest.mark.parametrize("flags", [["--trainer.precision", "bf16-mixed"], ["--run.dir", "elsewhere"],
+                                   ["--model.model.d_model", "64"], ["--trainer.max_steps", "5"]])
+def test_flags_of_fits_other_sections_are_accepted_and_change_nothing(work, baseline, flags):
+    """The help promises every option of `train fit`; before, --trainer.precision or --run.dir over a config
+    that has those sections (a run's config.yaml, configs/demo.yaml) ended in a TypeError traceback."""
+    sections = work / "sections.yaml"
+    sections.write_text(yaml.safe_dump({"trainer": {"precision": "32-true", "max_steps": 3}, "run": {"dir": "runs/x"},
+                                        "model": {"model": {"d_model": 32}}}))
+    assert run_dump(work, "other_sections.jsonl", "--config", sections, *flags) == baseline
+
+
 def test_ranks_never_share_a_document_piece(work, shard_info):
     """Guards: ranks reading the same documents (each rank shuffling the whole corpus on its own).
     A short run in which no source wraps into its next epoch (only web and curated drawn, tiny
