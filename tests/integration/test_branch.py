@@ -309,7 +309,7 @@ def test_the_report_refuses_a_run_that_is_not_the_planned_one(branched, tmp_path
     assert "the runs started from different checkpoints" in capsys.readouterr().err
 
 
-def test_train_stable_dry_run_names_the_stable_command(tmp_path, capsys, demo_corpus):
+def test_train_stable_dry_run_names_the_stable_command(tmp_path, capsys, demo_corpus, monkeypatch):
     sources = {s: {"paths": [str(demo_corpus / s / "*.parquet")]} for s in SOURCES}
     argv = ["--from", str(tmp_path / "stable"), "--train-stable", "--dry-run", "--", *TINY,
             "--data.sources", json.dumps(sources)]
@@ -320,6 +320,12 @@ def test_train_stable_dry_run_names_the_stable_command(tmp_path, capsys, demo_co
     printed = capsys.readouterr().out
     assert printed.startswith("[stable to step 8] ") and "--trainer.max_steps 8 --ckpt_path last_or_new" in printed
     assert not (tmp_path / "stable").exists()
+    # relative corpus globs from outside the repository root: the plan would read one corpus, the arms another
+    monkeypatch.chdir(demo_corpus.parent)
+    relative = {s: {"paths": [f"{demo_corpus.name}/{s}/*.parquet"]} for s in SOURCES}
+    assert branch.main(argv + ["--data.sources", json.dumps(relative)]) == 2
+    assert "is relative, and the runs of an ablation start in the repository root" in capsys.readouterr().err
+    monkeypatch.chdir(ROOT)
     # the arms are read before the stable phase would train
     (tmp_path / "arms.yaml").write_text("arms: [{name: a, weights: {web: 1.5}}]\n")
     assert branch.main(argv[:4] + ["--arms", str(tmp_path / "arms.yaml")] + argv[4:]) == 2
