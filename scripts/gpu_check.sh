@@ -37,8 +37,8 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 $PY -c "
 import torch, lightning, jsonargparse, tiktoken, pyarrow, numpy, yaml
 from lightning.pytorch.cli import LightningCLI  # refuses without jsonargparse[signatures]
-from data.tokenizer import get_encoding, bpe_file
-get_encoding()
+from data.tokenizer import cl100k_encoding, bpe_file
+cl100k_encoding()
 print('gpu_check: python', __import__('sys').version.split()[0], '| torch', torch.__version__, '| lightning',
       lightning.__version__, '| jsonargparse', jsonargparse.__version__, '| cl100k', bpe_file())
 " || { echo "gpu_check: the environment is missing a package (above); nothing was run" >&2; exit 1; }

@@ -112,7 +112,7 @@ def test_a_token_count_may_be_written_as_a_whole_float(plan, tmp_path):
     assert rc == 0, stderr
     assert plan(*args, "--data.schedule.train_tokens", "2e9")[:2] == (0, as_int)
     (tmp_path / "floats.yaml").write_text("data:\n  schedule:\n    train_tokens: 2.0e9\n"
-                                          "    lr: {warmup_steps: 2.0e3}\n")
+                                          "model:\n  lr: {warmup_steps: 2.0e3}\n")
     rc, stdout, stderr = plan(*args, "--config", str(tmp_path / "floats.yaml"))
     assert rc == 0 and stdout.split("\n", 1)[1] == as_int.split("\n", 1)[1], stderr  # the first line names the files
     rc, _, stderr = plan(*args, "--data.schedule.train_tokens", "2.5e0")
