@@ -81,10 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     rule = DecisionRule.load(DEFAULT_RULE)
     rng = np.random.default_rng(args.seed)
     sets, disjoint = draws(len(reps), 2 * args.n, args.draws, rng)
-    aa = [verdict([control[i] for i in s[:args.n]], [control[i] for i in s[args.n:]], rule).keep for s in sets]
+    aa = [verdict([control[i] for i in s[:args.n]], [control[i] for i in s[args.n:]], rule) for s in sets]
+    keep = [v.keep for v in aa]
+    improves = [next(a for a in v.assessments if a.metric == args.metric).status == IMPROVES for v in aa]
     print(f"{args.out}: {len(reps)} replicates of control and {args.arm}; ablations of n = {args.n}; rule "
           f"{DEFAULT_RULE.name} (alpha {rule.alpha:g})")
-    print(f"(a) A/A false KEEP: {rate(aa)}; the {disjoint} disjoint: {rate(aa[:disjoint])}")
+    print(f"(a) A/A false KEEP: {rate(keep)}; the {disjoint} disjoint: {rate(keep[:disjoint])}; {args.metric} "
+          f"alone called improves: {rate(improves)}")
     sets, disjoint = draws(len(reps), args.n, args.draws, rng)
     found = [next(a for a in verdict([arm[i] for i in s], [control[i] for i in s], rule).assessments
                   if a.metric == args.metric) for s in sets]
