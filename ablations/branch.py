@@ -40,7 +40,7 @@ from data.files import write_json, write_text
 from data.manifest import build_manifest
 from data.plan import implied_epochs
 from data.schedules import ScheduleConfig, validate_sources
-from train.checkpoint import checkpoint_problem, file_sha256, read_checkpoint, recorded_step, sidecar_digests
+from train.checkpoint import checkpoint_problem, content_sha256, read_checkpoint, recorded_step
 from train.config import data_config, resolve_config
 from train.resume import check_data_settings, check_resume, data_settings, schedule_changes, schedule_fingerprint
 from train.rundir import RunDir
@@ -235,8 +235,6 @@ def make_plan(source: Path, arms_file: Path | None, replicates: int, extra: list
             "stable phase with --train-stable"))
     step, ckpt = before[0]
     loaded = read_checkpoint(ckpt, "stable checkpoint", "choose another --from")  # verified against its sidecar
-    digests = sidecar_digests(ckpt)
-    sha256 = digests[0] if len(digests) == 1 else file_sha256(ckpt)  # two: a replacement was interrupted
     check_resume(str(ckpt), loaded.get("hyper_parameters"), cfg.model.as_dict())
     state = loaded.get("WellMixedData") or {}
     if state.get("seed") != data.seed:
@@ -257,7 +255,7 @@ def make_plan(source: Path, arms_file: Path | None, replicates: int, extra: list
     return Plan(str(source), str(repo_relative(ckpt)), step, s, schedule.total_steps, arms,
                 [data.num_workers] * replicates, available,
                 sum(schedule.tokens_at(t) for t in range(s)), schedule.total_tokens, extra,
-                start_losses(ROOT / source, step), sha256,
+                start_losses(ROOT / source, step), content_sha256(ckpt),
                 str(out / "stable-to-S") if step < s else None)
 
 

@@ -123,13 +123,12 @@ def plan_jobs(pair: Pair, seeds: list[int], out: Path, name: str, extra: list[st
 def record_start(job: Job, todo: list[str]) -> None:
     """Before a job's first start from ``job.start``: which checkpoint it is, by path and sha256."""
     if job.start and todo[-2:] == ["--ckpt_path", job.start]:
-        from train.checkpoint import file_sha256, sidecar_digests
+        from train.checkpoint import content_sha256
 
-        digests = sidecar_digests(ROOT / job.start)
         run_dir = ROOT / job.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_text(run_dir / BRANCHED_FROM, json.dumps({"checkpoint": job.start, "sha256": digests[0] if len(
-            digests) == 1 else file_sha256(ROOT / job.start)}))
+        write_text(run_dir / BRANCHED_FROM, json.dumps({"checkpoint": job.start,
+                                                        "sha256": content_sha256(ROOT / job.start)}))
 
 
 def task_args(job: Job, resume: bool = True) -> list[str] | None:

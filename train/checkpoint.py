@@ -89,6 +89,13 @@ def sidecar_digests(path: Path) -> list[str]:
     return [d.lower() for d in digests]
 
 
+def content_sha256(path: Path) -> str:
+    """A checkpoint's sha256: its sidecar's one digest (every reader verifies the file against it), else the file
+    hashed (no sidecar, or two digests while a replacement was interrupted)."""
+    digests = sidecar_digests(path)
+    return digests[0] if len(digests) == 1 else file_sha256(path)
+
+
 def _digest(path: Path) -> str:
     """sha256 of ``path``, remembered for a file last changed over a second before it was hashed: a
     later change then gets a later mtime, so a remembered digest never stands for other bytes."""
